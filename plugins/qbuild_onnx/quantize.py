@@ -1,0 +1,307 @@
+"""Static quantization from saved ranges, and dynamic quantization, with onnxruntime.
+
+Owns the two steps end to end, as plain functions over paths: read and check inputs
+(calibration made on this exact model file), bring the model to an opset the result is
+valid at, run onnxruntime's QDQ / QOperator / dynamic quantizer (static: with the saved
+ranges in place of a calibrator, never recalibrating), validate, write the model and
+``report.json``, and return the info dependents read. The rules in ``rules_quantize`` are
+thin wrappers over ``quantize_static_model`` and ``quantize_dynamic_model``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from .quantize_errors import QuantizeError
+from .quantize_opset import ai_onnx_opset, bump_ir_version, required_opset, upgrade
+from .quantize_options import (
+    DYNAMIC_OP_TYPES,
+    STATIC_OP_TYPES,
+    DynamicOptions,
+    StaticOptions,
+    check_dynamic_options,
+    check_static_options,
+)
+from .quantize_overrides import build_tensor_overrides, check_nodes_exist, quant_type
+from .quantize_ranges import (
+    check_calibration_matches,
+    load_calibration,
+    sha256_bytes,
+    tensors_data,
+)
+from .quantize_report import build_report, describe_values, graph_inputs
+from .quantize_validate import check_interface, check_onnx, check_onnxruntime
+
+Log = Callable[[str], None]
+_INFER_KEY = "onnx.infer"  # metadata onnxruntime's quantizer adds; not part of our output
+_MAX_PROTO = 2**31 - 1
+
+
+def _load(path: Path) -> tuple[bytes, onnx.ModelProto]:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise QuantizeError(f"model file {path} does not exist", attr="model") from None
+    try:
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf's DecodeError and onnx's own errors
+        raise QuantizeError(f"model file {path} is not an ONNX model: {exc}",
+                            attr="model") from None
+    return data, model
+
+
+def _drop_initializer_inputs(model: onnx.ModelProto, log: Log) -> None:
+    # IR < 4 models list weights as graph inputs; once a weight is quantized its float
+    # initializer is gone and the input would become a required one.
+    inits = {i.name for i in model.graph.initializer}
+    dropped = [i.name for i in model.graph.input if i.name in inits]
+    if dropped:
+        kept = [i for i in model.graph.input if i.name not in inits]
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+        log(f"initializers listed as graph inputs are treated as constants: {len(dropped)}")
+
+
+def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelProto:
+    from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    current = ai_onnx_opset(model)
+    if target_opset > current:
+        log(f"upgrading the model from opset {current} to {target_opset}")
+    model = upgrade(model, target_opset)
+    bump_ir_version(model)
+    _drop_initializer_inputs(model, log)
+    model = onnx.shape_inference.infer_shapes(model)
+    add_infer_metadata(model)  # tells the quantizer shapes are inferred: no temp-file reload
+    return model
+
+
+@contextmanager
+def _ort_warnings(warn: Log) -> Iterator[None]:
+    """Route onnxruntime quantizer warnings (root logger) to ``warn``."""
+
+    class _Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            warn(f"onnxruntime: {record.getMessage()}")
+
+    handler = _Handler(level=logging.WARNING)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+
+
+def _run_quantizer(build: Callable[[], Any], warn: Log) -> onnx.ModelProto:
+    with _ort_warnings(warn):
+        try:
+            quantizer = build()
+            quantizer.quantize_model()
+        except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError) as exc:
+            raise QuantizeError(f"onnxruntime's quantizer rejected the model or options: "
+                                f"{type(exc).__name__}: {exc}") from None
+        quantizer.model.topological_sort()
+    return quantizer.model.model
+
+
+def _finish(original: onnx.ModelProto, quantized: onnx.ModelProto, output_path: Path,
+            report_path: Path | None, float_bytes: int, settings: dict[str, Any],
+            had_infer_key: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    bump_ir_version(quantized)
+    if not had_infer_key:
+        props = [p for p in quantized.metadata_props if p.key != _INFER_KEY]
+        del quantized.metadata_props[:]
+        quantized.metadata_props.extend(props)
+    if quantized.ByteSize() > _MAX_PROTO:
+        raise QuantizeError("the quantized model is over 2 GiB, which needs external data; "
+                            "not supported yet")
+    data = quantized.SerializeToString()
+    check_onnx(quantized)
+    check_onnxruntime(data)
+    check_interface(original, quantized)
+    output_path = Path(output_path)
+    output_path.write_bytes(data)
+    report = build_report(quantized, model_bytes=len(data), float_model_bytes=float_bytes,
+                          settings=settings)
+    if report_path is not None:
+        Path(report_path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n",
+                                     encoding="utf-8")
+    info = {
+        **settings,
+        "opset": ai_onnx_opset(quantized),
+        "ir_version": quantized.ir_version,
+        "inputs": describe_values(graph_inputs(quantized)),
+        "outputs": describe_values(quantized.graph.output),
+        "quantized_nodes": report["quantized_nodes"],
+        "model_sha256": sha256_bytes(data),
+    }
+    return info, report
+
+
+def _warn_lost_per_channel(report: dict[str, Any], overridden: set[str], warn: Log) -> None:
+    nodes = [n for n in report["weights"]["per_tensor_nodes"] if n not in overridden]
+    if nodes:
+        warn(f"per_channel is on but these nodes got per-tensor weights: {', '.join(nodes)}")
+
+
+def quantize_static_model(
+    model_path: Path,
+    calibration_path: Path,
+    output_path: Path,
+    options: StaticOptions,
+    *,
+    report_path: Path | None = None,
+    log: Log | None = None,
+    warn: Log | None = None,
+) -> dict[str, Any]:
+    """Quantize ``model_path`` statically with the ranges saved in ``calibration_path``.
+
+    Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
+    returns the info for dependents. Raises ``QuantizeError`` for bad input.
+    """
+    log = log or (lambda _msg: None)
+    warn = warn or log
+    check_static_options(options)
+    data, model = _load(model_path)
+    calibration = load_calibration(calibration_path)
+    check_calibration_matches(calibration, Path(model_path), sha256_bytes(data))
+    check_nodes_exist(options.nodes_to_quantize, model, "nodes_to_quantize")
+    check_nodes_exist(options.nodes_to_exclude, model, "nodes_to_exclude")
+
+    # Overrides are checked on the model as given, before any opset conversion renames.
+    overrides = build_tensor_overrides(options.tensor_overrides, options.node_overrides, model,
+                                       options.weight_type, options.activation_type)
+    types = {options.weight_type, options.activation_type}
+    types |= _override_type_names(options)
+    per_axis = options.per_channel or any(len(v) > 1 or "axis" in v[0]
+                                          for v in overrides.values())
+    target = required_opset(
+        ai_onnx_opset(model), per_axis=per_axis, types=types,
+        block_size=int(options.extra_options.get("BlockSize", 0) or 0),
+        contrib_qdq=bool(options.extra_options.get("UseQDQContribOps", False)))
+    had_infer_key = any(p.key == _INFER_KEY for p in model.metadata_props)
+    original = model
+    model = _prepare(model, target, log)
+
+    names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
+    ranges = tensors_data(calibration, names)
+    extra: dict[str, Any] = dict(options.extra_options)
+    extra["ActivationSymmetric"] = options.activation_symmetric
+    if options.weight_symmetric is not None:
+        extra["WeightSymmetric"] = options.weight_symmetric
+    if overrides:
+        extra["TensorQuantOverrides"] = overrides
+    op_types = sorted(options.op_types or STATIC_OP_TYPES)
+    wtype = quant_type(options.weight_type, "weight_type", "weight_type")
+    atype = quant_type(options.activation_type, "activation_type", "activation_type")
+
+    def build():
+        if options.quant_format == "qoperator":
+            from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+            from onnxruntime.quantization.quant_utils import QuantizationMode
+
+            return ONNXQuantizer(model, options.per_channel, options.reduce_range,
+                                 QuantizationMode.QLinearOps, True, wtype, atype, ranges,
+                                 list(options.nodes_to_quantize), list(options.nodes_to_exclude),
+                                 op_types, extra)
+        from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
+
+        return QDQQuantizer(model, options.per_channel, options.reduce_range, wtype, atype,
+                            ranges, list(options.nodes_to_quantize),
+                            list(options.nodes_to_exclude), op_types, extra)
+
+    quantized = _run_quantizer(build, warn)
+    settings = {
+        "mode": "static",
+        "format": options.quant_format,
+        "weight_type": options.weight_type,
+        "activation_type": options.activation_type,
+        "per_channel": options.per_channel,
+        "reduce_range": options.reduce_range,
+        "calibration_method": calibration.method,
+        "input_model_sha256": calibration.model_sha256,
+    }
+    info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
+                           had_infer_key)
+    if options.per_channel:
+        overridden = {n.name for n in quantized.graph.node
+                      if any(i in overrides for i in n.input)}
+        _warn_lost_per_channel(report, overridden, warn)
+    return info
+
+
+def _override_type_names(options: StaticOptions) -> set[str]:
+    found: set[str] = set()
+    for table in (options.tensor_overrides, options.node_overrides):
+        for value in table.values():
+            for entry in value if isinstance(value, (list, tuple)) else [value]:
+                for part in (entry, entry.get("convert") or {}):
+                    if isinstance(part, dict) and isinstance(part.get("quant_type"), str):
+                        found.add(part["quant_type"])
+    return found
+
+
+def quantize_dynamic_model(
+    model_path: Path,
+    output_path: Path,
+    options: DynamicOptions,
+    *,
+    report_path: Path | None = None,
+    log: Log | None = None,
+    warn: Log | None = None,
+) -> dict[str, Any]:
+    """Quantize ``model_path`` dynamically (weights now, activations at run time).
+
+    Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
+    returns the info for dependents. Raises ``QuantizeError`` for bad input.
+    """
+    log = log or (lambda _msg: None)
+    warn = warn or log
+    check_dynamic_options(options)
+    data, model = _load(model_path)
+    check_nodes_exist(options.nodes_to_quantize, model, "nodes_to_quantize")
+    check_nodes_exist(options.nodes_to_exclude, model, "nodes_to_exclude")
+    target = required_opset(ai_onnx_opset(model), per_axis=options.per_channel,
+                            types={options.weight_type})
+    had_infer_key = any(p.key == _INFER_KEY for p in model.metadata_props)
+    original = model
+    model = _prepare(model, target, log)
+    extra: dict[str, Any] = {"MatMulConstBOnly": True, **options.extra_options}
+    op_types = sorted(options.op_types or DYNAMIC_OP_TYPES)
+    wtype = quant_type(options.weight_type, "weight_type", "weight_type")
+
+    def build():
+        from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
+        from onnxruntime.quantization.quant_utils import QuantizationMode, QuantType
+
+        return ONNXQuantizer(model, options.per_channel, options.reduce_range,
+                             QuantizationMode.IntegerOps, False, wtype, QuantType.QUInt8, None,
+                             list(options.nodes_to_quantize), list(options.nodes_to_exclude),
+                             op_types, extra)
+
+    quantized = _run_quantizer(build, warn)
+    settings = {
+        "mode": "dynamic",
+        "format": "dynamic",
+        "weight_type": options.weight_type,
+        "activation_type": "uint8",
+        "per_channel": options.per_channel,
+        "reduce_range": options.reduce_range,
+        "input_model_sha256": sha256_bytes(data),
+    }
+    info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
+                           had_infer_key)
+    if options.per_channel:
+        # onnxruntime's dynamic Conv (ConvInteger) always takes per-tensor weights.
+        convs = {n.name for n in quantized.graph.node if n.op_type == "ConvInteger"}
+        _warn_lost_per_channel(report, convs, warn)
+    return info
