@@ -1,0 +1,56 @@
+"""qbuild: a Bazel-style, content-addressed build system for ONNX model artifacts.
+
+The public API for plugin authors is what this module exports (``__all__``): the
+``Rule`` base class, the ``attr`` schema constructors, ``Dep`` and ``ActionContext``,
+the ``hookimpl`` marker, the errors, and ``dist_version`` for environment facts.
+Everything in underscore modules is internal. See ``qbuild.hookspecs`` for the hooks and
+``qbuild.testing`` for the test helpers.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+from ._attrs import Attr, attr
+from ._errors import BuildFailed, ConfigError, PluginError, QbuildError, RuleError, UsageError
+from ._rule import ActionContext, Dep, Rule
+
+__version__ = "0.1.0"
+
+hookimpl = pluggy.HookimplMarker("qbuild")
+"""Decorator for hook implementations in a plugin module (``@qbuild.hookimpl``)."""
+
+_versions: dict[str, str] = {}
+
+
+def dist_version(distribution: str) -> str:
+    """The installed version of a distribution ("absent" if not installed), without
+    importing it: for ``Rule.env()`` facts such as the onnxruntime version."""
+    version = _versions.get(distribution)
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            version = "absent"
+        _versions[distribution] = version
+    return version
+
+
+__all__ = [
+    "ActionContext",
+    "Attr",
+    "BuildFailed",
+    "ConfigError",
+    "Dep",
+    "PluginError",
+    "QbuildError",
+    "Rule",
+    "RuleError",
+    "UsageError",
+    "__version__",
+    "attr",
+    "dist_version",
+    "hookimpl",
+]

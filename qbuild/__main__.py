@@ -1,0 +1,5 @@
+"""``python -m qbuild``: the same as the ``qbuild`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,214 @@
+"""Typed attribute schemas for rules: what a BUILD.toml key may hold, its default and help.
+
+Rules declare ``attrs = {"name": attr.int(default=3, doc="...")}``; the loader checks
+every value against its schema and applies defaults, so a rule's ``run`` only ever sees
+well-typed values, and the action key covers every attribute after defaults.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._errors import ConfigError
+
+_REQUIRED = object()
+
+_TYPE_NAMES = {
+    "label": "label",
+    "label_list": "list of labels",
+    "file": "file (path relative to the package, or a label)",
+    "files": "list of files (globs allowed) or labels",
+    "string": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "enum": "one of",
+    "string_list": "list of strings",
+    "int_list": "list of integers",
+    "float_list": "list of numbers",
+    "mapping": "table",
+}
+
+
+def _type_word(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a table"
+    return type(value).__name__
+
+
+def _plain(value: Any) -> Any:
+    """TOML values as JSON-compatible data (dates become ISO strings)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, (datetime.date, datetime.time)):
+        return value.isoformat()
+    return value
+
+
+@dataclass(frozen=True)
+class Attr:
+    """One attribute's schema. Build instances with the ``attr.*`` constructors."""
+
+    type: str
+    doc: str = ""
+    default: Any = None
+    required: bool = False
+    values: tuple[str, ...] = field(default=())
+
+    def type_name(self) -> str:
+        name = _TYPE_NAMES[self.type]
+        if self.type == "enum":
+            return f"one of {', '.join(repr(v) for v in self.values)}"
+        return name
+
+    def is_dependency(self) -> bool:
+        return self.type in ("label", "label_list", "file", "files")
+
+    def check(self, value: Any) -> Any:
+        """Return the canonical value, or raise ConfigError(message) (caller adds location)."""
+        kind = self.type
+        if kind in ("label", "file", "string"):
+            if not isinstance(value, str):
+                raise ConfigError(f"expected a {self.type_name()}, got {_type_word(value)}")
+            if kind != "string" and not value:
+                raise ConfigError(f"expected a {self.type_name()}, got an empty string")
+            return value
+        if kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigError(f"expected an integer, got {_type_word(value)}")
+            return value
+        if kind == "float":
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f"expected a number, got {_type_word(value)}")
+            return float(value)
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise ConfigError(f"expected true or false, got {_type_word(value)}")
+            return value
+        if kind == "enum":
+            if value not in self.values:
+                raise ConfigError(
+                    f"expected one of {', '.join(repr(v) for v in self.values)}, got {value!r}"
+                )
+            return value
+        if kind == "mapping":
+            if not isinstance(value, dict):
+                raise ConfigError(f"expected a table, got {_type_word(value)}")
+            return _plain(value)
+        # list kinds
+        if isinstance(value, str) and kind in ("files", "label_list", "string_list"):
+            value = [value]
+        if not isinstance(value, list):
+            raise ConfigError(f"expected a {self.type_name()}, got {_type_word(value)}")
+        element = {"label_list": "label", "files": "file", "string_list": "string",
+                   "int_list": "int", "float_list": "float"}[kind]
+        item_schema = Attr(element)
+        out = []
+        for index, item in enumerate(value):
+            try:
+                out.append(item_schema.check(item))
+            except ConfigError as exc:
+                raise ConfigError(f"item {index}: {exc.message}") from None
+        return out
+
+    def default_value(self) -> Any:
+        if self.default is not None:
+            return _plain(self.default)
+        if self.type in ("label_list", "files", "string_list", "int_list", "float_list"):
+            return []
+        if self.type == "mapping":
+            return {}
+        return None
+
+    def describe_default(self) -> str:
+        if self.required:
+            return "required"
+        return repr(self.default_value())
+
+
+class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's ``attr``
+    """Constructors for attribute schemas. Each takes ``doc`` (help text) and ``default``
+    (or ``required=True``)."""
+
+    @staticmethod
+    def label(*, doc: str = "", required: bool = False) -> Attr:
+        """Another target (``:name`` or ``//pkg:name``); the rule gets a ``Dep``."""
+        return Attr("label", doc, None, required)
+
+    @staticmethod
+    def label_list(*, doc: str = "", required: bool = False) -> Attr:
+        """A list of targets; the rule gets ``list[Dep]``."""
+        return Attr("label_list", doc, None, required)
+
+    @staticmethod
+    def file(*, doc: str = "", required: bool = False) -> Attr:
+        """A source file relative to the package, or a label of a target with one output
+        file; the rule gets a ``pathlib.Path``."""
+        return Attr("file", doc, None, required)
+
+    @staticmethod
+    def files(*, doc: str = "", required: bool = False) -> Attr:
+        """Source files (glob patterns allowed, expanded in sorted order) or labels; the
+        rule gets ``list[Path]``."""
+        return Attr("files", doc, None, required)
+
+    @staticmethod
+    def string(*, default: str | None = None, doc: str = "", required: bool = False) -> Attr:
+        return Attr("string", doc, default, required)
+
+    @staticmethod
+    def int(*, default: int | None = None, doc: str = "", required: bool = False) -> Attr:
+        return Attr("int", doc, default, required)
+
+    @staticmethod
+    def float(*, default: float | None = None, doc: str = "", required: bool = False) -> Attr:
+        return Attr("float", doc, default, required)
+
+    @staticmethod
+    def bool(*, default: bool | None = None, doc: str = "", required: bool = False) -> Attr:
+        return Attr("bool", doc, default, required)
+
+    @staticmethod
+    def enum(
+        values: Sequence[str], *, default: str | None = None, doc: str = "",
+        required: bool = False,
+    ) -> Attr:
+        if default is not None and default not in values:
+            raise ValueError(f"enum default {default!r} is not one of {list(values)}")
+        return Attr("enum", doc, default, required, tuple(values))
+
+    @staticmethod
+    def string_list(*, default: list[str] | None = None, doc: str = "",
+                    required: bool = False) -> Attr:
+        return Attr("string_list", doc, default, required)
+
+    @staticmethod
+    def int_list(*, default: list[int] | None = None, doc: str = "",
+                 required: bool = False) -> Attr:
+        return Attr("int_list", doc, default, required)
+
+    @staticmethod
+    def float_list(*, default: list[float] | None = None, doc: str = "",
+                   required: bool = False) -> Attr:
+        return Attr("float_list", doc, default, required)
+
+    @staticmethod
+    def mapping(*, default: dict[str, Any] | None = None, doc: str = "",
+                required: bool = False) -> Attr:
+        """A free-form TOML table (JSON-like values)."""
+        return Attr("mapping", doc, default, required)

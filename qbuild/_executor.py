@@ -1,0 +1,252 @@
+"""Running one action: stage its declared inputs in a private sandbox, call the rule
+(in a worker process when the rule is heavy), check and store its declared outputs.
+
+``Action`` is a plain, picklable description (rule reference, attributes, input digests),
+so a distributed executor can take the same object: it needs only the store's blobs and
+the rule's importable module. ``LocalExecutor`` is the implementation on this machine.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import importlib
+import multiprocessing
+import os
+import shutil
+import time
+import traceback
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ._digest import SourceDigests, hash_file
+from ._errors import QbuildError, RuleError
+from ._rule import ActionContext, Dep
+from ._store import LocalStore
+
+OUT_PREFIX = "qbuild-out"
+
+
+@dataclass
+class Action:
+    """Everything needed to run one target's action, with no absolute paths."""
+
+    label: str
+    build_file: str
+    rule_ref: str
+    heavy: bool
+    attrs: dict[str, Any]
+    attr_types: dict[str, str]
+    sources: dict[str, tuple[str, str]]  # workspace-relative path -> (digest, stat key)
+    deps: dict[str, dict[str, Any]]  # label -> {"outputs": [...], "declared": [...], "info"}
+    outputs: list[str]
+    key: str
+
+
+@dataclass
+class Outcome:
+    """What an action produced: output entries, info, warnings, timing."""
+
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class ActionFailed(Exception):
+    """The action failed; ``error`` is user-facing, ``log_tail`` the end of its log."""
+
+    def __init__(self, error: QbuildError | str, log_tail: str = "") -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.log_tail = log_tail
+
+
+class MissingBlob(Exception):
+    """A dependency's output blob is missing or corrupt: the dependency must rebuild."""
+
+    def __init__(self, dep_label: str) -> None:
+        super().__init__(dep_label)
+        self.dep_label = dep_label
+
+
+def label_dir(label: str) -> str:
+    """``//pkg/sub:name`` -> ``pkg/sub/name`` (the target's folder under qbuild-out)."""
+    package, name = label[2:].split(":", 1)
+    return f"{package}/{name}" if package else name
+
+
+def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str]]:
+    """Import and run a rule; also the entry point of worker processes."""
+    module_name, qualname = rule_ref.split(":", 1)
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    try:
+        info = obj().run(ctx)
+    except QbuildError as exc:
+        raise exc.located(file=ctx.build_file, target=ctx.label) from None
+    except Exception as exc:
+        ctx.log(traceback.format_exc())
+        raise RuleError(f"{type(exc).__name__}: {exc}", file=ctx.build_file,
+                        target=ctx.label) from None
+    if info is None:
+        info = {}
+    if not isinstance(info, dict):
+        raise RuleError(f"rule returned {type(info).__name__} from run(); expected a dict",
+                        target=ctx.label)
+    return info, ctx.warnings
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip("\n").splitlines()[-lines:])
+
+
+def clean_stale_sandboxes(tmp: Path) -> None:
+    """Remove sandboxes left by killed qbuild processes (their pid is gone)."""
+    for entry in tmp.iterdir() if tmp.is_dir() else ():
+        pid_text = entry.name.split("-", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid_text), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
+class LocalExecutor:
+    """Runs actions on this machine: light ones in the calling thread, heavy ones in a
+    pool of worker processes."""
+
+    def __init__(self, store: LocalStore, root: Path, digests: SourceDigests, jobs: int) -> None:
+        self.store = store
+        self.root = root
+        self.digests = digests
+        self.jobs = jobs
+        self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = concurrent.futures.ProcessPoolExecutor(
+                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn")
+            )
+        return self._pool
+
+    def execute(self, action: Action) -> Outcome:
+        """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""
+        started = time.monotonic()
+        sandbox = self.store.tmp / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        sandbox.mkdir(parents=True)
+        log_path = sandbox / "_action.log"
+        log_path.touch()
+        try:
+            ctx = self._stage(action, sandbox, log_path)
+            try:
+                if action.heavy:
+                    info, warnings = self._workers().submit(_invoke, action.rule_ref, ctx).result()
+                else:
+                    info, warnings = _invoke(action.rule_ref, ctx)
+            except QbuildError as exc:
+                raise ActionFailed(exc, _tail(log_path)) from None
+            except concurrent.futures.process.BrokenProcessPool:
+                self._pool = None
+                raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
+                                             target=action.label), _tail(log_path)) from None
+            outcome = Outcome(info=info, warnings=list(warnings))
+            out_root = sandbox / OUT_PREFIX / label_dir(action.label)
+            outcome.outputs = self._collect(action, out_root, log_path)
+            for path, (digest, key) in action.sources.items():
+                if not self.digests.still(self.root / path, digest, key):
+                    raise ActionFailed(RuleError(
+                        f"input {path} changed while the action ran; its result was not "
+                        "cached. Run the build again.", target=action.label))
+            outcome.seconds = time.monotonic() - started
+            return outcome
+        finally:
+            shutil.rmtree(sandbox, ignore_errors=True)
+
+    def _collect(self, action: Action, out_root: Path, log_path: Path) -> list[dict[str, Any]]:
+        entries = []
+        for name in action.outputs:
+            path = out_root / name.rstrip("/")
+            if name.endswith("/"):
+                if not path.is_dir():
+                    raise ActionFailed(RuleError(f"the rule did not create declared output "
+                                                 f"directory '{name}'", target=action.label),
+                                       _tail(log_path))
+                files = sorted(p for p in path.rglob("*") if p.is_file() or p.is_symlink())
+            else:
+                if not path.is_file():
+                    raise ActionFailed(RuleError(f"the rule did not write declared output "
+                                                 f"'{name}'", target=action.label),
+                                       _tail(log_path))
+                files = [path]
+            for file in files:
+                if file.is_symlink():
+                    raise ActionFailed(RuleError(f"output {file.relative_to(out_root)} is a "
+                                                 "symlink; write real files",
+                                                 target=action.label))
+                digest = hash_file(file)
+                self.store.put_blob(file, digest)
+                entries.append({"path": file.relative_to(out_root).as_posix(), "digest": digest,
+                                "size": file.stat().st_size})
+        return entries
+
+    def _stage(self, action: Action, sandbox: Path, log_path: Path) -> ActionContext:
+        for rel in action.sources:
+            link = sandbox / rel
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(self.root / rel, link)
+        dep_objects: dict[str, Dep] = {}
+        for dep_label, dep in action.deps.items():
+            base = sandbox / OUT_PREFIX / label_dir(dep_label)
+            for entry in dep["outputs"]:
+                if not self.store.restore_blob(entry["digest"], base / entry["path"]):
+                    raise MissingBlob(dep_label)
+            files = [base / name.rstrip("/") for name in dep["declared"]]
+            dep_objects[dep_label] = Dep(dep_label, files, dict(dep["info"]), base)
+        out_root = sandbox / OUT_PREFIX / label_dir(action.label)
+        outputs = {}
+        for name in action.outputs:
+            path = out_root / name.rstrip("/")
+            if name.endswith("/"):
+                path.mkdir(parents=True, exist_ok=True)
+            else:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            outputs[name] = path
+        scratch = sandbox / "_scratch"
+        scratch.mkdir()
+        attrs = {name: _resolve(value, action.attr_types[name], sandbox, dep_objects)
+                 for name, value in action.attrs.items()}
+        return ActionContext(label=action.label, build_file=action.build_file, attrs=attrs,
+                             outputs=outputs, scratch=scratch, log_path=log_path,
+                             workdir=sandbox)
+
+
+def _resolve(value: Any, kind: str, sandbox: Path, deps: dict[str, Dep]) -> Any:
+    if value is None:
+        return None
+    if kind == "label":
+        return deps[value]
+    if kind == "label_list":
+        return [deps[v] for v in value]
+    if kind == "file":
+        return deps[value].file if value.startswith("//") else sandbox / value
+    if kind == "files":
+        out: list[Path] = []
+        for item in value:
+            out.extend(deps[item].files if item.startswith("//") else [sandbox / item])
+        return out
+    return value

@@ -1,0 +1,54 @@
+"""``qbuild explain LABEL``: what changed since the target was last built, without
+building anything. Dependencies that would rebuild are explained first, since their new
+outputs are what would change the target's inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._build import Session
+from ._keys import diff
+from ._label import Label
+from ._state import WorkspaceState
+
+
+def explain(session: Session, label: Label) -> list[str]:
+    graph = session.graph
+    order = graph.analyze([label])
+    state = WorkspaceState(session.workspace.output_dir)
+    store = session.store
+    results: dict[Label, dict[str, Any]] = {}
+    lines: list[str] = []
+    for item in order:
+        target = graph.targets[item]
+        if target.is_group:
+            continue
+        stale = [dep for dep in target.deps if dep not in results
+                 and not graph.targets[dep].is_group]
+        if stale:
+            if item == label:
+                lines.append(f"{item} would rebuild after its dependencies "
+                             f"{', '.join(str(d) for d in stale)} rebuild")
+            continue
+        parts, key, _ = session.key_for(target, results)
+        last = state.last_keys.get(str(item))
+        cached = store.get_action(key)
+        if cached is not None:
+            results[item] = cached
+        if item != label and cached is not None:
+            continue
+        old = store.get_components(last) if last else None
+        changes = diff(old, parts) if last != key else []
+        if item != label:
+            lines.append(f"{item} would rebuild: " + "; ".join(changes or ["not in the cache"]))
+            continue
+        if last == key and cached is not None:
+            lines.append(f"{item} is up to date (action key {key[:16]})")
+        elif cached is not None:
+            lines.append(f"{item} would be served from the cache (built before with exactly "
+                         "these inputs); since its last build here:")
+            lines += [f"  {line}" for line in changes]
+        else:
+            lines.append(f"{item} would rebuild:")
+            lines += [f"  {line}" for line in (changes or ["its cached result was removed"])]
+    return lines

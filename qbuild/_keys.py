@@ -1,0 +1,111 @@
+"""Action keys: the digest of everything that can change an action's outputs.
+
+The components are kept (``qbuild explain`` diffs them) and hashed as canonical JSON:
+rule kind and version, the providing distribution and its version, every attribute
+after defaults, the content digests of all inputs (sources and dependency outputs, by
+workspace-relative path), the dependencies' info, and the environment facts the rule
+declares. No absolute path enters a key, so moved or copied workspaces and caches hit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ._analysis import Target
+
+_env_cache: dict[type, dict[str, str]] = {}
+
+
+def rule_env(target: Target) -> dict[str, str]:
+    cls = type(target.rule)
+    env = _env_cache.get(cls)
+    if env is None:
+        env = {str(k): str(v) for k, v in (target.rule.env() or {}).items()}  # type: ignore[union-attr]
+        _env_cache[cls] = env
+    return env
+
+
+def components(
+    target: Target,
+    sources: dict[str, str],
+    deps: dict[str, dict[str, Any]],
+) -> dict[str, Any]:
+    """The key's parts. ``deps`` maps label -> {"outputs": [...], "info": {...}}."""
+    entry = target.entry
+    assert entry is not None
+    return {
+        "rule": entry.kind,
+        "rule_version": entry.cls.version,
+        "plugin": entry.dist,
+        "plugin_version": entry.dist_version,
+        "attrs": target.attrs,
+        "outputs": target.outputs,
+        "sources": sources,
+        "deps": {
+            label: {
+                "outputs": {e["path"]: e["digest"] for e in dep["outputs"]},
+                "info": dep["info"],
+            }
+            for label, dep in deps.items()
+        },
+        "env": rule_env(target),
+    }
+
+
+def action_key(parts: dict[str, Any]) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
+    """Human-readable differences between two sets of key components."""
+    if old is None:
+        return ["never built before (no record of an earlier build)"]
+    lines: list[str] = []
+    if old.get("rule") != new["rule"] or old.get("rule_version") != new["rule_version"]:
+        lines.append(f"rule: {old.get('rule')} v{old.get('rule_version')} -> "
+                     f"{new['rule']} v{new['rule_version']}")
+    if old.get("plugin") != new["plugin"] or old.get("plugin_version") != new["plugin_version"]:
+        lines.append(f"plugin: {old.get('plugin')} {old.get('plugin_version')} -> "
+                     f"{new['plugin']} {new['plugin_version']}")
+    old_attrs, new_attrs = old.get("attrs", {}), new["attrs"]
+    for name in sorted(set(old_attrs) | set(new_attrs)):
+        if old_attrs.get(name, "<absent>") != new_attrs.get(name, "<absent>"):
+            lines.append(f"attribute '{name}': {json.dumps(old_attrs.get(name))} -> "
+                         f"{json.dumps(new_attrs.get(name))}")
+    if old.get("outputs") != new["outputs"]:
+        lines.append(f"declared outputs: {old.get('outputs')} -> {new['outputs']}")
+    lines += _diff_files("input", old.get("sources", {}), new["sources"])
+    old_deps, new_deps = old.get("deps", {}), new["deps"]
+    for label in sorted(set(old_deps) | set(new_deps)):
+        if label not in old_deps:
+            lines.append(f"new dependency {label}")
+        elif label not in new_deps:
+            lines.append(f"dependency {label} removed")
+        else:
+            lines += _diff_files(f"output of {label}:", old_deps[label]["outputs"],
+                                 new_deps[label]["outputs"])
+            if old_deps[label]["info"] != new_deps[label]["info"]:
+                lines.append(f"info of {label} changed")
+    old_env, new_env = old.get("env", {}), new["env"]
+    for name in sorted(set(old_env) | set(new_env)):
+        if old_env.get(name) != new_env.get(name):
+            lines.append(f"environment '{name}': {old_env.get(name)} -> {new_env.get(name)}")
+    return lines
+
+
+def _diff_files(what: str, old: dict[str, str], new: dict[str, str]) -> list[str]:
+    lines = []
+    for path in sorted(set(old) | set(new)):
+        before, after = old.get(path), new.get(path)
+        if before == after:
+            continue
+        if before is None:
+            lines.append(f"{what} {path} added ({after[:12]})")
+        elif after is None:
+            lines.append(f"{what} {path} removed (was {before[:12]})")
+        else:
+            lines.append(f"{what} {path} changed: {before[:12]} -> {after[:12]}")
+    return lines

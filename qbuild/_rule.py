@@ -1,0 +1,187 @@
+"""The rule API: ``Rule`` (what a plugin subclasses), ``Dep`` and ``ActionContext``.
+
+A rule declares its kind, version, typed attributes and outputs; the engine resolves a
+target's attributes, stages its declared inputs in a private directory and calls
+``run(ctx)``. ``run`` reads only what ``ctx`` hands it, writes only ``ctx.output(...)``
+paths, and returns a JSON-serializable dict ("info") that dependents see as
+``Dep.info`` without re-reading any file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ._attrs import Attr
+from ._errors import ConfigError, RuleError
+
+RESERVED_KEYS = frozenset({"rule", "matrix"})
+_KIND = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class Rule:
+    """Base class of every rule. Subclass it and set the class attributes.
+
+    Attributes:
+        kind: the name users write as ``rule = "<kind>"``.
+        version: bump whenever the rule's outputs could change for the same inputs;
+            every cached result of the old version is then ignored.
+        doc: help text shown by ``qbuild rules <kind>``.
+        heavy: run in a worker process (CPU-heavy work, imports of large libraries).
+        attrs: the attribute schema, built with ``qbuild.attr``.
+        outputs: declared output names; ``{name}`` is replaced by the target name and a
+            trailing ``/`` declares a directory output.
+    """
+
+    kind: ClassVar[str] = ""
+    version: ClassVar[int] = 1
+    doc: ClassVar[str] = ""
+    heavy: ClassVar[bool] = False
+    attrs: ClassVar[Mapping[str, Attr]] = {}
+    outputs: ClassVar[Sequence[str]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.kind:
+            return  # an abstract intermediate class
+        if not _KIND.match(cls.kind):
+            raise TypeError(f"{cls.__qualname__}.kind {cls.kind!r}: use lower_snake_case")
+        if not isinstance(cls.version, int) or isinstance(cls.version, bool):
+            raise TypeError(f"{cls.__qualname__}.version must be an int")
+        for name, schema in cls.attrs.items():
+            if not isinstance(schema, Attr):
+                raise TypeError(f"{cls.__qualname__}.attrs[{name!r}] is not built with qbuild.attr")
+            if name in RESERVED_KEYS:
+                raise TypeError(f"{cls.__qualname__}: attribute name {name!r} is reserved")
+
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
+        """Output names for a target; override when they depend on attributes."""
+        return [out.replace("{name}", name) for out in self.outputs]
+
+    def validate(self, attrs: Mapping[str, Any]) -> None:
+        """Check attribute combinations before anything runs.
+
+        Raise ``ConfigError(message, attr=...)``; the engine adds file and target.
+        """
+
+    def env(self) -> dict[str, str]:
+        """Environment facts that change outputs (library versions, ...): part of the key."""
+        return {}
+
+    def run(self, ctx: ActionContext) -> dict[str, Any] | None:
+        """Produce every declared output; return info for dependents."""
+        raise NotImplementedError(f"rule {self.kind!r} has no run()")
+
+
+@dataclass
+class Dep:
+    """A built dependency as a rule sees it: its files and the info its rule returned."""
+
+    label: str
+    files: list[Path]
+    info: dict[str, Any] = field(default_factory=dict)
+    root: Path | None = None  # directory the outputs are relative to
+
+    @property
+    def file(self) -> Path:
+        """The dependency's single output file."""
+        if len(self.files) != 1:
+            names = ", ".join(p.name for p in self.files) or "none"
+            raise RuleError(f"{self.label} has {len(self.files)} outputs ({names}); "
+                            "expected exactly one")
+        return self.files[0]
+
+    def output(self, name: str) -> Path:
+        """The dependency's output called ``name`` (a declared output name)."""
+        for path in self.files:
+            if self.root is not None and path.relative_to(self.root).as_posix().rstrip("/") == \
+                    name.rstrip("/"):
+                return path
+            if path.name == name.rstrip("/"):
+                return path
+        names = ", ".join(p.name for p in self.files) or "none"
+        raise RuleError(f"{self.label} has no output {name!r} (it has: {names})")
+
+
+class ActionContext:
+    """What a rule's ``run`` gets: resolved attributes, output paths, a scratch dir, a log."""
+
+    def __init__(
+        self,
+        *,
+        label: str,
+        build_file: str,
+        attrs: dict[str, Any],
+        outputs: dict[str, Path],
+        scratch: Path,
+        log_path: Path,
+        workdir: Path,
+    ) -> None:
+        self.label = label
+        self.name = label.rsplit(":", 1)[1]
+        self.package = label[2:].rsplit(":", 1)[0]
+        self.build_file = build_file
+        self.attrs = attrs
+        self._outputs = outputs
+        self.scratch = scratch
+        self.workdir = workdir
+        self.log_path = log_path
+        self.warnings: list[str] = []
+
+    @property
+    def outputs(self) -> dict[str, Path]:
+        """Every declared output name mapped to the path to write."""
+        return dict(self._outputs)
+
+    def output(self, name: str) -> Path:
+        """The path to write the declared output ``name`` (``{name}`` allowed)."""
+        key = name.replace("{name}", self.name)
+        try:
+            return self._outputs[key]
+        except KeyError:
+            raise RuleError(
+                f"rule wrote undeclared output {key!r}; declared: {', '.join(self._outputs)}",
+                target=self.label,
+            ) from None
+
+    def log(self, message: str) -> None:
+        """Append a line to the action log (its tail is shown if the action fails)."""
+        with open(self.log_path, "a", encoding="utf-8") as handle:
+            handle.write(message.rstrip("\n") + "\n")
+
+    def warn(self, message: str) -> None:
+        """Show a warning to the user (also logged)."""
+        self.warnings.append(message)
+        self.log(f"WARNING: {message}")
+
+    def fail(self, message: str, attr: str | None = None) -> RuleError:
+        """An error naming this target (and attribute); ``raise ctx.fail(...)``."""
+        return RuleError(message, file=self.build_file, target=self.label, attr=attr)
+
+
+def check_attrs(rule: Rule, raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate raw BUILD values against the schema and apply defaults.
+
+    Raises ConfigError with ``attr`` set; the caller adds file and target.
+    """
+    unknown = [key for key in raw if key not in rule.attrs]
+    if unknown:
+        known = ", ".join(sorted(rule.attrs)) or "none"
+        raise ConfigError(f"unknown attribute for rule '{rule.kind}' (known: {known})",
+                          attr=unknown[0])
+    values: dict[str, Any] = {}
+    for name, schema in rule.attrs.items():
+        if name in raw:
+            try:
+                values[name] = schema.check(raw[name])
+            except ConfigError as exc:
+                raise exc.located(attr=name) from None
+        elif schema.required:
+            raise ConfigError(f"missing required attribute ({schema.type_name()}): "
+                              f"{schema.doc or 'no help'}", attr=name)
+        else:
+            values[name] = schema.default_value()
+    return values

@@ -1,0 +1,90 @@
+"""The workspace: its root (marked by ``qbuild.toml``), its settings, and where things live.
+
+``qbuild.toml`` at the root marks the workspace and holds settings::
+
+    [settings]
+    cache_dir = "~/.cache/qbuild"   # content-addressed store and action cache
+    jobs = 2                        # default parallelism (default: CPU count)
+    output_dir = "qbuild-out"       # where requested targets' files appear
+
+Relative ``cache_dir`` values are relative to the root. ``QBUILD_CACHE_DIR`` in the
+environment overrides the setting (CI uses it to point at a restored cache).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._errors import ConfigError
+from ._toml import load_toml
+
+MARKER = "qbuild.toml"
+BUILD_FILE = "BUILD.toml"
+_KNOWN_SETTINGS = {"cache_dir", "jobs", "output_dir"}
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """A workspace root and its resolved settings."""
+
+    root: Path
+    cache_dir: Path
+    jobs: int
+    output_dir: Path
+
+    def package_of(self, directory: Path) -> str:
+        """The package path of ``directory`` relative to the root ('' for the root)."""
+        rel = directory.resolve().relative_to(self.root)
+        return rel.as_posix() if rel.parts else ""
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "qbuild"
+
+
+def find_root(start: Path) -> Path:
+    """Walk up from ``start`` to the directory holding ``qbuild.toml``."""
+    here = start.resolve()
+    for directory in (here, *here.parents):
+        if (directory / MARKER).is_file():
+            return directory
+    raise ConfigError(
+        f"not inside a qbuild workspace: no {MARKER} in {here} or any parent "
+        f"(create an empty {MARKER} at your project's root)"
+    )
+
+
+def load_workspace(start: Path) -> Workspace:
+    """Find the workspace containing ``start`` and read its settings."""
+    root = find_root(start)
+    marker = root / MARKER
+    data = load_toml(marker)
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ConfigError("[settings] must be a table", file=marker)
+    unknown = sorted(set(settings) - _KNOWN_SETTINGS)
+    if unknown:
+        raise ConfigError(
+            f"unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_KNOWN_SETTINGS))}",
+            file=marker,
+        )
+    cache_setting = os.environ.get("QBUILD_CACHE_DIR") or settings.get("cache_dir")
+    if cache_setting is None:
+        cache_dir = default_cache_dir()
+    elif isinstance(cache_setting, str):
+        cache_dir = root / os.path.expanduser(cache_setting)
+    else:
+        raise ConfigError("setting 'cache_dir' must be a string", file=marker)
+    jobs = settings.get("jobs", os.cpu_count() or 1)
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ConfigError("setting 'jobs' must be a positive integer", file=marker)
+    output = settings.get("output_dir", "qbuild-out")
+    if not isinstance(output, str) or not output or Path(output).is_absolute() or ".." in Path(
+        output
+    ).parts:
+        raise ConfigError("setting 'output_dir' must be a relative path inside the workspace",
+                          file=marker)
+    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs, output_dir=root / output)
