@@ -37,7 +37,12 @@ from .quantize_ranges import (
     tensors_data,
 )
 from .quantize_report import build_report, describe_values, graph_inputs
-from .quantize_validate import check_interface, check_onnx, check_onnxruntime
+from .quantize_validate import (
+    check_clamped_outputs,
+    check_interface,
+    check_onnx,
+    check_onnxruntime,
+)
 
 Log = Callable[[str], None]
 _INFER_KEY = "onnx.infer"  # metadata onnxruntime's quantizer adds; not part of our output
@@ -128,6 +133,7 @@ def _finish(original: onnx.ModelProto, quantized: onnx.ModelProto, output_path: 
     check_onnx(quantized)
     check_onnxruntime(data)
     check_interface(original, quantized)
+    check_clamped_outputs(original, quantized)
     output_path = Path(output_path)
     output_path.write_bytes(data)
     report = build_report(quantized, model_bytes=len(data), float_model_bytes=float_bytes,
@@ -200,6 +206,7 @@ def quantize_static_model(
         extra["WeightSymmetric"] = options.weight_symmetric
     if overrides:
         extra["TensorQuantOverrides"] = overrides
+    _guard_dedicated_pairs(model, extra, warn)
     op_types = sorted(options.op_types or STATIC_OP_TYPES)
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
     atype = quant_type(options.activation_type, "activation_type", "activation_type")
@@ -237,6 +244,20 @@ def quantize_static_model(
                       if any(i in overrides for i in n.input)}
         _warn_lost_per_channel(report, overridden, warn)
     return info
+
+
+def _guard_dedicated_pairs(model: onnx.ModelProto, extra: dict[str, Any], warn: Log) -> None:
+    # onnxruntime 1.31 with DedicatedQDQPair exports a graph output without its Relu/Clip
+    # once it removes that activation (see quantize_validate.check_clamped_outputs).
+    if not extra.get("DedicatedQDQPair") or extra.get("QDQKeepRemovableActivations"):
+        return
+    outputs = {o.name for o in model.graph.output}
+    clamps = sorted(n.name or n.output[0] for n in model.graph.node
+                    if n.op_type in ("Relu", "Clip") and any(o in outputs for o in n.output))
+    if clamps:
+        extra["QDQKeepRemovableActivations"] = True
+        warn("DedicatedQDQPair with graph outputs made by Relu/Clip "
+             f"({', '.join(clamps)}): keeping those activations (QDQKeepRemovableActivations)")
 
 
 def _override_type_names(options: StaticOptions) -> set[str]:

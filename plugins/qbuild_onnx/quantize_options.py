@@ -188,6 +188,13 @@ def check_static_options(opts: StaticOptions) -> None:
         if opts.extra_options.get("BlockSize"):
             raise QuantizeError("extra_options.BlockSize (blocked quantization) needs "
                                 "format = 'qdq'", attr="extra_options")
+    if opts.quant_format == "qdq" and opts.per_channel and opts.weight_symmetric is False:
+        raise QuantizeError(
+            "weight_symmetric = false cannot apply with per_channel = true: onnxruntime always "
+            "quantizes per-channel weights symmetrically (QLinear kernels need one zero point "
+            "per tensor); drop one of the two",
+            attr="weight_symmetric",
+        )
     _check_op_types(opts.op_types, STATIC_OP_TYPES, "static")
     _check_node_lists(opts.nodes_to_quantize, opts.nodes_to_exclude)
     _check_extra_options(opts.extra_options, STATIC_EXTRA_OPTIONS, "static")

@@ -54,13 +54,31 @@ def _is_integer_op(op_type: str) -> bool:
 
 
 def quantized_ops(model: onnx.ModelProto) -> dict[str, int]:
-    """Quantized operators by type: integer operators, and float operators fed by a DQ."""
-    dq_outputs = {o for n in model.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    """Quantized operators by type.
+
+    Integer operators (QOperator and dynamic formats) count, and so do float operators of a
+    QDQ unit: fed by a DequantizeLinear and either feeding a QuantizeLinear or taking a
+    dequantized constant weight. A float op merely sitting between Q/DQ pairs of its
+    neighbours (e.g. an Add left out by ``op_types``) does not count.
+    """
+    inits = {i.name for i in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    quantized_inputs = {o for n in model.graph.node if n.op_type == "QuantizeLinear"
+                        for o in n.input[:1]}
     counts: Counter[str] = Counter()
     for node in model.graph.node:
         if _is_integer_op(node.op_type):
             counts[node.op_type] += 1
-        elif node.op_type not in _Q_OPS and any(i in dq_outputs for i in node.input):
+            continue
+        if node.op_type in _Q_OPS:
+            continue
+        fed = [producer[i] for i in node.input if i in producer]
+        if not any(p.op_type == "DequantizeLinear" for p in fed):
+            continue
+        weight = producer.get(node.input[1]) if len(node.input) > 1 else None
+        has_weight = (node.op_type in _WEIGHT_OPS and weight is not None
+                      and weight.op_type == "DequantizeLinear" and weight.input[0] in inits)
+        if has_weight or any(o in quantized_inputs for o in node.output):
             counts[node.op_type] += 1
     return dict(sorted(counts.items()))
 

@@ -4,7 +4,8 @@ Owns the three checks every quantized model passes: the full ONNX checker (stric
 and type inference, which catches what the plain checker misses, e.g. a QuantizeLinear
 ``output_dtype`` that disagrees with its zero point), creating an onnxruntime CPU session
 at the default optimisation level (which catches opset and fusion problems), and graph
-inputs and outputs keeping their names and dtypes.
+inputs and outputs keeping their names and dtypes, and a graph output that a Relu or Clip
+produced still being clamped.
 """
 
 from __future__ import annotations
@@ -45,3 +46,25 @@ def check_interface(original: onnx.ModelProto, quantized: onnx.ModelProto) -> No
         new = [(v["name"], v["dtype"]) for v in describe_values(after)]
         if old != new:
             raise QuantizeError(f"quantization changed the graph {what}s: {old} -> {new}")
+
+
+_CLAMPS = ("Relu", "Clip")
+
+
+def check_clamped_outputs(original: onnx.ModelProto, quantized: onnx.ModelProto) -> None:
+    """A graph output produced by Relu/Clip must still come from a clamp or a Q/DQ pair.
+
+    onnxruntime 1.31 removes such activations (the uint8 zero point clamps instead), but
+    with ``DedicatedQDQPair`` it exports the unclamped float tensor as the graph output.
+    """
+    def producers(model):
+        return {o: n.op_type for n in model.graph.node for o in n.output}
+
+    before, after = producers(original), producers(quantized)
+    for out in quantized.graph.output:
+        if before.get(out.name) in _CLAMPS:
+            now = after.get(out.name, "")
+            if now not in (*_CLAMPS, "DequantizeLinear") and not now.startswith("QLinear"):
+                raise QuantizeError(
+                    f"graph output {out.name!r} was produced by {before[out.name]} and is now "
+                    f"produced by {now or 'nothing'}: its values would no longer be clamped")
