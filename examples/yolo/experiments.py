@@ -1,0 +1,84 @@
+"""YOLOX-Nano quantization experiments (long-running; not a test).
+
+Usage: python examples/yolo/experiments.py [variant ...]   (from the repository root)
+
+Held out: dog.jpg and australia.jpg (evaluated with augmentations 0..7: 16 inputs).
+Calibration: augmentations 0..7 of pineapple.jpg, super_res_input.png, test_colors.jpg,
+wolves.jpg (32 inputs). Prints F1 vs the float model, output SQNR and 1-thread latency.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "plugins"))
+
+from qbuild_onnx import accuracy_yolo as ay  # noqa: E402
+from qbuild_onnx.accuracy_metrics import (  # noqa: E402
+    compare_outputs,
+    make_session,
+    median_latency_ms,
+    run_model,
+)
+
+IMAGES = ROOT / "testdata" / "images"
+CALIB = ["pineapple.jpg", "super_res_input.png", "test_colors.jpg", "wolves.jpg"]
+EVAL = ["dog.jpg", "australia.jpg"]
+AUGS = range(8)
+WORK = Path("/tmp/yw")
+
+
+def prepared_model() -> Path:
+    out = WORK / "yolo_pre.onnx"
+    if not out.exists():
+        import onnx
+        from onnx import version_converter
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+
+        WORK.mkdir(parents=True, exist_ok=True)
+        m13 = version_converter.convert_version(onnx.load(ROOT / "examples/yolo/yolox_nano.onnx"), 13)
+        onnx.save(m13, WORK / "yolo13.onnx")
+        quant_pre_process(str(WORK / "yolo13.onnx"), str(out))
+    return out
+
+
+def feeds(names):
+    return [{"images": x} for x in ay.image_inputs([IMAGES / n for n in names], AUGS)]
+
+
+def evaluate(float_model, cand_model, eval_feeds, ref_outs=None, latency=True):
+    if ref_outs is None:
+        ref_outs = run_model(make_session(float_model), eval_feeds)
+    cs = make_session(cand_model)
+    cand_outs = run_model(cs, eval_feeds)
+    f1 = ay.detection_f1([o["output"] for o in ref_outs], [o["output"] for o in cand_outs])
+    err = compare_outputs(ref_outs, cand_outs)["output"]
+    res = {"f1": round(f1["f1"], 4), "precision": round(f1["precision"], 4),
+           "recall": round(f1["recall"], 4), "sqnr_db": err["sqnr_db"],
+           "ref": f1["reference_detections"], "cand": f1["candidate_detections"]}
+    if latency:
+        res["latency_ms"] = round(median_latency_ms(cs, eval_feeds[0], runs=30), 2)
+    return res
+
+
+if __name__ == "__main__":
+    from qbuild_onnx.accuracy_ortq import quantize_qdq
+
+    pre = prepared_model()
+    cf, ef = feeds(CALIB), feeds(EVAL)
+    ref = run_model(make_session(pre), ef)
+    variants = {
+        "fp32": None,
+        "u8_minmax": dict(activation_type="uint8"),
+        "s8_minmax": dict(activation_type="int8"),
+        "u8_percentile": dict(activation_type="uint8", method="percentile"),
+        "u16_all": dict(activation_type="uint16"),
+    }
+    todo = sys.argv[1:] or list(variants)
+    for name in todo:
+        kw = variants[name]
+        path = pre if kw is None else quantize_qdq(pre, WORK / f"{name}.onnx", cf, **kw)
+        print(name, json.dumps(evaluate(pre, path, ef, ref)), flush=True)
