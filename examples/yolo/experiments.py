@@ -39,7 +39,8 @@ def prepared_model() -> Path:
         from onnxruntime.quantization.shape_inference import quant_pre_process
 
         WORK.mkdir(parents=True, exist_ok=True)
-        m13 = version_converter.convert_version(onnx.load(ROOT / "examples/yolo/yolox_nano.onnx"), 13)
+        src = onnx.load(ROOT / "examples/yolo/yolox_nano.onnx")
+        m13 = version_converter.convert_version(src, 13)
         onnx.save(m13, WORK / "yolo13.onnx")
         quant_pre_process(str(WORK / "yolo13.onnx"), str(out))
     return out

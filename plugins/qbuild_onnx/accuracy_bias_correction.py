@@ -71,7 +71,8 @@ def _conv_mean_error(node, x_mean, dw):
     g.node[0].attribute.extend(attrs)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
-    y = make_session(m.SerializeToString(), optimize=False).run(None, {"x": x_mean.astype(np.float32)})[0]
+    sess = make_session(m.SerializeToString(), optimize=False)
+    y = sess.run(None, {"x": x_mean.astype(np.float32)})[0]
     return y.astype(np.float64).mean(axis=tuple(i for i in range(y.ndim) if i != 1))
 
 

@@ -33,7 +33,8 @@ def _as64(a: Any):
 
 def _check_shapes(ref, cand, what: str) -> None:
     if ref.shape != cand.shape:
-        raise AccuracyError(f"{what}: shape mismatch, reference {ref.shape} vs candidate {cand.shape}")
+        raise AccuracyError(
+            f"{what}: shape mismatch, reference {ref.shape} vs candidate {cand.shape}")
 
 
 def sqnr_db(ref: Any, cand: Any, what: str = "tensor") -> float:

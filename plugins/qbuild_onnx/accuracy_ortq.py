@@ -63,11 +63,16 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
 
 def to_ort_tensor_overrides(doc: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """qbuild overrides → onnxruntime ``TensorQuantOverrides`` (per-tensor entries)."""
+    import numpy as np
+
     out: dict[str, list[dict[str, Any]]] = {}
     for name in sorted(doc.get("tensors") or {}):
         o = dict(doc["tensors"][name])
         if "quant_type" in o:
             o["quant_type"] = quant_type(o["quant_type"])
+        for k in ("rmin", "rmax", "scale"):  # onnxruntime needs numpy scalars here
+            if k in o:
+                o[k] = np.float32(o[k])
         out[name] = [o]
     return out
 

@@ -53,7 +53,8 @@ def _dtype_name(model, tensor: str, q_node) -> str:
     return "UINT8"
 
 
-def find_sites(qdq_model: str | Path | Any, float_model: str | Path | Any | None = None) -> list[Site]:
+def find_sites(qdq_model: str | Path | Any,
+               float_model: str | Path | Any | None = None) -> list[Site]:
     """Every activation and weight quantization site of a QDQ model, in graph order.
 
     Weight sites are named after the float model's weight (matched through the consuming
@@ -121,6 +122,8 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
         fm = load_model(float_model)
         f_inits = {i.name: i for i in fm.graph.initializer}
         f_nodes = {n.name: n for n in fm.graph.node if n.name}
+    init_names = {t.name for t in g.initializer}
+    inits_by_name = {t.name: t for t in g.initializer}
     replace: dict[str, Any] = {}  # DQ output name -> Identity node
     new_inits = []
     for s in sites:
@@ -128,9 +131,12 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
             dq = producer.get(dq_out)
             if dq is None or dq.op_type != "DequantizeLinear":
                 raise AccuracyError(f"site '{s.name}': '{dq_out}' is not a DequantizeLinear output")
+            op = "Identity"
             if s.kind == "activation":
                 q = producer[dq.input[0]]
                 src = q.input[0]
+                if _clamps_at_zero(q, inits_by_name):
+                    op = "Relu"  # onnxruntime folded a Relu into this Q (zero point = qmin)
             else:
                 fn = next((f_nodes[c] for c in s.consumers if c in f_nodes), None)
                 if fn is None:
@@ -139,20 +145,43 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
                 idx = list(qn.input).index(dq_out)
                 w = f_inits.get(fn.input[idx]) if idx < len(fn.input) else None
                 if w is None:
-                    raise AccuracyError(f"weight site '{s.name}': float weight is not an initializer")
+                    raise AccuracyError(
+                        f"weight site '{s.name}': float weight is not an initializer")
                 src = f"{dq_out}_float_weight"
                 t = onnx.TensorProto()
                 t.CopyFrom(w)
                 t.name = src
                 new_inits.append(t)
-            replace[dq_out] = helper.make_node("Identity", [src], [dq_out], name=f"{dq.name}_float")
+            replace[dq_out] = helper.make_node(op, [src], [dq_out], name=f"{dq.name}_float")
     nodes = [replace.get(n.output[0], n) if n.op_type == "DequantizeLinear" else n for n in g.node]
     used = {i for n in nodes for i in n.input} | {o.name for o in g.output}
     nodes = [n for n in nodes if not (n.op_type == "QuantizeLinear" and n.output[0] not in used)]
     del g.node[:]
     g.node.extend(nodes)
     g.initializer.extend(new_inits)
+    # Drop the scales/zero points nothing reads any more (IR < 4 models reject them).
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    keep = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    graph_inputs = [i for i in g.input if i.name in used or i.name not in init_names]
+    del g.input[:]
+    g.input.extend(graph_inputs)
     return m
+
+
+def _clamps_at_zero(q_node, inits) -> bool:
+    """True if the QuantizeLinear's zero point is its type's minimum (uint8 0, int8 -128):
+    the Q then also clamps negatives to 0, which is how onnxruntime removes Relu/Clip."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    if len(q_node.input) < 3 or q_node.input[2] not in inits:
+        return True  # no zero point: uint8 with zero point 0
+    zp = numpy_helper.to_array(inits[q_node.input[2]])
+    if zp.dtype.kind not in "iu":
+        return False
+    return bool(np.all(zp == np.iinfo(zp.dtype).min))
 
 
 def _score(ref_outs, cand_outs) -> tuple[float, dict[str, float]]:

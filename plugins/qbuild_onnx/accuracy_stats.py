@@ -59,7 +59,8 @@ def with_outputs(model, names: Sequence[str]):
         if n not in produced:
             raise AccuracyError(f"tensor '{n}' is not produced by any node of the model")
         if n not in existing:
-            m.graph.output.append(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None))
+            vi = onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
+            m.graph.output.append(vi)
     return m
 
 

@@ -1,0 +1,80 @@
+"""Sensitivity ranking on MNIST with one activation made deliberately sensitive."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from conftest import MODELS
+from qbuild_onnx.accuracy_metrics import AccuracyError, make_session, run_model, sqnr_db
+from qbuild_onnx.accuracy_ortq import quantize_qdq
+from qbuild_onnx.accuracy_sensitivity import analyze, dequantize_sites, find_sites
+
+SENSITIVE = "Input3"
+
+
+@pytest.fixture(scope="module")
+def mnist_pre(tmp_path_factory):
+    from onnx import version_converter
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    d = tmp_path_factory.mktemp("mnist")
+    m13 = version_converter.convert_version(onnx.load(MODELS / "mnist.onnx"), 13)
+    onnx.save(m13, d / "m13.onnx")
+    quant_pre_process(str(d / "m13.onnx"), str(d / "pre.onnx"))
+    return d / "pre.onnx"
+
+
+@pytest.fixture(scope="module")
+def mnist_sensitive_qdq(mnist_pre, mnist_feeds):
+    # A range 1000× too wide on one tensor: its 8-bit grid swallows the signal.
+    out = mnist_pre.parent / "q_sensitive.onnx"
+    return quantize_qdq(mnist_pre, out, mnist_feeds, per_channel=False,
+                        overrides={"tensors": {SENSITIVE: {"rmin": 0.0, "rmax": 300.0}}})
+
+
+def test_sites_found(mnist_sensitive_qdq, mnist_pre):
+    sites = find_sites(mnist_sensitive_qdq, mnist_pre)
+    acts = {s.name for s in sites if s.kind == "activation"}
+    weights = {s.name for s in sites if s.kind == "weight"}
+    assert {"Input3", "Pooling66_Output_0"} <= acts
+    assert {"Parameter5", "Parameter87"} <= weights
+
+
+def test_all_sites_float_is_the_float_model(mnist_sensitive_qdq, mnist_pre, mnist_feeds):
+    sites = find_sites(mnist_sensitive_qdq, mnist_pre)
+    m = dequantize_sites(onnx.load(mnist_sensitive_qdq), sites, onnx.load(mnist_pre))
+    assert not [n for n in m.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
+    ref = run_model(make_session(mnist_pre, optimize=False), mnist_feeds[:4])
+    got = run_model(make_session(m.SerializeToString(), optimize=False), mnist_feeds[:4])
+    name = next(iter(ref[0]))
+    assert sqnr_db(ref[0][name], got[0][name]) > 100
+
+
+@pytest.mark.parametrize("mode", ["only", "leave_out"])
+def test_sensitive_tensor_ranks_first(mode, mnist_sensitive_qdq, mnist_pre, mnist_feeds):
+    rep = analyze(mnist_sensitive_qdq, mnist_pre, mnist_feeds, mode=mode)
+    top = rep["ranking"][0]
+    short = [(r["site"], r["score"], r["effect"]) for r in rep["ranking"][:4]]
+    assert top["site"] == SENSITIVE and top["kind"] == "activation", short
+    second = rep["ranking"][1]
+    if mode == "only":
+        assert top["score"] < second["score"] - 3  # dB
+    else:
+        assert top["effect"] > 3 and top["effect"] > second["effect"] + 3
+
+
+def test_normal_quantization_has_no_such_outlier(mnist_pre, mnist_feeds):
+    q = quantize_qdq(mnist_pre, mnist_pre.parent / "q.onnx", mnist_feeds, per_channel=False)
+    rep = analyze(q, mnist_pre, mnist_feeds, mode="only", kinds=("activation",))
+    scores = [r["score"] for r in rep["ranking"]]
+    assert all(isinstance(s, float) and s > 20 for s in scores)
+    assert rep["quantized_model_score"] > 15
+
+
+def test_bad_mode_and_float_model(mnist_pre, mnist_feeds):
+    with pytest.raises(AccuracyError, match="mode"):
+        analyze(mnist_pre, mnist_pre, mnist_feeds, mode="bogus")
+    with pytest.raises(AccuracyError, match="no quantization sites"):
+        analyze(mnist_pre, mnist_pre, mnist_feeds)
+    assert np.isfinite(1.0)
