@@ -83,7 +83,10 @@ def find_sites(qdq_model: str | Path | Any,
             seen_q.add(src.output[0])
             dqs = [c for c in consumers.get(src.output[0], []) if c.op_type == "DequantizeLinear"]
             cons = sorted({c.name for d in dqs for c in consumers.get(d.output[0], [])})
-            sites.append(Site(src.input[0], "activation", tuple(cons),
+            # A quantized graph output keeps its name on the DQ output; use that name.
+            outs = {o.name for o in g.output}
+            name = next((d.output[0] for d in dqs if d.output[0] in outs), src.input[0])
+            sites.append(Site(name, "activation", tuple(cons),
                               tuple(d.output[0] for d in dqs), _dtype_name(qm, "", src)))
         elif n.input[0] in inits:
             users = consumers.get(n.output[0], [])

@@ -1,0 +1,261 @@
+"""Accuracy rules: ``evaluate`` (candidate models vs a reference on a dataset: SQNR, max abs
+error, cosine, optional YOLO detection F1 and latency; can fail below a threshold),
+``sensitivity`` (per-tensor ranking of a QDQ model), ``mixed_precision`` (precision
+overrides for the most sensitive tensors) and ``bias_correction`` (a QDQ model with
+corrected biases). Thin wrappers over the ``accuracy_*`` modules, which are imported
+inside ``run`` only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qbuild import ActionContext, Dep, Rule, attr, dist_version, hookimpl
+
+
+def _env() -> dict[str, str]:
+    return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
+            "numpy": dist_version("numpy")}
+
+
+def _onnx_file(ctx: ActionContext, dep: Dep, attr_name: str) -> Path:
+    files = [f for f in dep.files if f.suffix == ".onnx"]
+    if len(files) != 1:
+        raise ctx.fail(f"{dep.label} must have exactly one .onnx output", attr=attr_name)
+    return files[0]
+
+
+def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, limit: int = 0) -> list[dict]:
+    """Samples of a qbuild dataset directory (dataset.json + one .npy per input), one feed
+    per sample with a batch axis of 1."""
+    import json
+
+    import numpy as np
+
+    manifests = [f for f in dep.files if f.name == "dataset.json"]
+    if not manifests:
+        found = [f / "dataset.json" for f in dep.files if (f / "dataset.json").is_file()]
+        manifests = found
+    if len(manifests) != 1:
+        raise ctx.fail(f"{dep.label} is not a dataset (no dataset.json)", attr=attr_name)
+    root = manifests[0].parent
+    spec = json.loads(manifests[0].read_text())
+    arrays = {name: np.load(root / s["file"], mmap_mode="r")
+              for name, s in sorted(spec["inputs"].items())}
+    n = int(spec["count"])
+    if limit:
+        n = min(n, limit)
+    return [{k: np.ascontiguousarray(a[i:i + 1]) for k, a in arrays.items()} for i in range(n)]
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    import json
+
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _accuracy_errors():
+    from .accuracy_metrics import AccuracyError
+
+    return AccuracyError
+
+
+class Evaluate(Rule):
+    kind = "evaluate"
+    version = 1
+    heavy = True
+    doc = ("Compares candidate models with a reference model on a dataset and writes "
+           "report.json: per output SQNR (dB), max abs error and cosine; with task = 'yolo' "
+           "also YOLOX detection F1 against the reference's own detections (score >= "
+           "score_threshold, same class, IoU >= 0.5); with latency_runs > 0 the median "
+           "1-thread latency (timings make the report not byte-reproducible). Fails if a "
+           "candidate is below min_f1 or min_sqnr_db.")
+    attrs = {
+        "models": attr.label_list(doc="Candidate model targets (one .onnx output each).",
+                                  required=True),
+        "reference": attr.label(doc="The reference (float) model target.", required=True),
+        "dataset": attr.label(doc="A dataset target (dataset.json + .npy).", required=True),
+        "task": attr.enum(["sqnr", "yolo"], default="sqnr", doc="Extra task metric."),
+        "input_size": attr.int(default=416, doc="YOLO square input size."),
+        "score_threshold": attr.float(default=0.3, doc="YOLO detection score threshold."),
+        "min_f1": attr.float(default=0.0, doc="Fail if a candidate's F1 is below this."),
+        "min_sqnr_db": attr.float(default=-1000.0, doc="Fail if an output SQNR is below."),
+        "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
+    }
+    outputs = ["report.json"]
+
+    def env(self) -> dict[str, str]:
+        return _env()
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        from . import accuracy_yolo as ay
+        from .accuracy_metrics import compare_outputs, make_session, median_latency_ms, run_model
+
+        a = ctx.attrs
+        feeds = _feeds(ctx, a["dataset"], "dataset")
+        ref_path = _onnx_file(ctx, a["reference"], "reference")
+        try:
+            ref_sess = make_session(ref_path)
+            ref = run_model(ref_sess, feeds)
+            report: dict[str, Any] = {"reference": a["reference"].label, "samples": len(feeds),
+                                      "models": {}}
+            if a["latency_runs"]:
+                report["reference_latency_ms"] = round(
+                    median_latency_ms(ref_sess, feeds[0], a["latency_runs"]), 3)
+            failures = []
+            for dep in a["models"]:
+                sess = make_session(_onnx_file(ctx, dep, "models"))
+                outs = run_model(sess, feeds)
+                entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs)}
+                if a["task"] == "yolo":
+                    name = next(iter(ref[0]))
+                    f1 = ay.detection_f1([r[name] for r in ref], [o[name] for o in outs],
+                                         a["score_threshold"], size=a["input_size"])
+                    f1.pop("per_sample")
+                    entry["detection"] = {k: round(v, 6) if isinstance(v, float) else v
+                                          for k, v in f1.items()}
+                    if f1["f1"] < a["min_f1"]:
+                        failures.append(f"{dep.label}: F1 {f1['f1']:.4f} < min_f1 {a['min_f1']}")
+                for out, m in entry["outputs"].items():
+                    s = m["sqnr_db"]
+                    s = float("inf") if s == "inf" else float(s)
+                    if s < a["min_sqnr_db"]:
+                        failures.append(f"{dep.label}: output '{out}' SQNR {s:.2f} dB < "
+                                        f"min_sqnr_db {a['min_sqnr_db']}")
+                if a["latency_runs"]:
+                    entry["latency_ms"] = round(
+                        median_latency_ms(sess, feeds[0], a["latency_runs"]), 3)
+                report["models"][dep.label] = entry
+        except _accuracy_errors() as e:
+            raise ctx.fail(str(e)) from None
+        _write_json(ctx.output("report.json"), report)
+        if failures:
+            raise ctx.fail("; ".join(failures), attr="min_f1" if "F1" in failures[0]
+                           else "min_sqnr_db")
+        return {"models": sorted(report["models"])}
+
+
+class Sensitivity(Rule):
+    kind = "sensitivity"
+    version = 1
+    heavy = True
+    doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
+           "effect on the output SQNR against the float model, turning sites back to float "
+           "by graph surgery (no re-calibration). mode = 'only': one site quantized at a "
+           "time; 'leave_out': one site float at a time. Writes sensitivity.json.")
+    attrs = {
+        "model": attr.label(doc="The QDQ model.", required=True),
+        "reference": attr.label(doc="The float model it was quantized from.", required=True),
+        "dataset": attr.label(doc="Samples to measure on (usually the calibration set).",
+                              required=True),
+        "mode": attr.enum(["only", "leave_out"], default="only", doc="Trial kind."),
+        "kinds": attr.string_list(default=["activation", "weight"], doc="Site kinds."),
+        "max_samples": attr.int(default=8, doc="Use at most this many samples (0: all)."),
+    }
+    outputs = ["sensitivity.json"]
+
+    def env(self) -> dict[str, str]:
+        return _env()
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        from .accuracy_sensitivity import analyze
+
+        a = ctx.attrs
+        bad = sorted(set(a["kinds"]) - {"activation", "weight"})
+        if bad:
+            raise ctx.fail(f"unknown site kind(s) {bad}", attr="kinds")
+        feeds = _feeds(ctx, a["dataset"], "dataset", a["max_samples"])
+        try:
+            rep = analyze(_onnx_file(ctx, a["model"], "model"),
+                          _onnx_file(ctx, a["reference"], "reference"), feeds,
+                          mode=a["mode"], kinds=tuple(a["kinds"]), log=ctx.log)
+        except _accuracy_errors() as e:
+            raise ctx.fail(str(e)) from None
+        _write_json(ctx.output("sensitivity.json"), rep)
+        return {"top": [r["site"] for r in rep["ranking"][:10]]}
+
+
+class MixedPrecision(Rule):
+    kind = "mixed_precision"
+    version = 1
+    heavy = True
+    doc = ("Writes overrides.json putting activation tensors at 16 bits or in float: the "
+           "named `tensors`, the outputs of `op_types`, and the `top_k` most sensitive "
+           "activations of a `sensitivity` report. The document's 'tensors' table is the "
+           "quantize rule's tensor_overrides; 'nodes_to_exclude' its nodes_to_exclude.")
+    attrs = {
+        "model": attr.label(doc="The float model the overrides refer to.", required=True),
+        "sensitivity": attr.label(doc="A sensitivity target (optional)."),
+        "top_k": attr.int(default=0, doc="How many ranked activations to promote."),
+        "tensors": attr.string_list(default=[], doc="Tensors promoted by name."),
+        "op_types": attr.string_list(default=[], doc="Promote outputs of these op types."),
+        "action": attr.enum(["uint16", "int16", "float"], default="uint16",
+                            doc="16-bit activations, or keep float (excludes producer and "
+                                "consumers from quantization)."),
+    }
+    outputs = ["overrides.json"]
+
+    def env(self) -> dict[str, str]:
+        return _env()
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        import json
+
+        from .accuracy_mixed_precision import (
+            overrides_for_tensors,
+            ranked_tensors,
+            tensors_by_op_type,
+        )
+
+        a = ctx.attrs
+        model = _onnx_file(ctx, a["model"], "model")
+        names = list(a["tensors"])
+        try:
+            names += tensors_by_op_type(model, a["op_types"])
+            if a["sensitivity"] is not None and a["top_k"]:
+                rep = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
+                names += ranked_tensors(rep)[: a["top_k"]]
+            names = list(dict.fromkeys(names))
+            doc = overrides_for_tensors(model, names, a["action"])
+        except _accuracy_errors() as e:
+            raise ctx.fail(str(e)) from None
+        _write_json(ctx.output("overrides.json"), doc)
+        return {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}
+
+
+class BiasCorrection(Rule):
+    kind = "bias_correction"
+    version = 1
+    heavy = True
+    doc = ("Corrects the Conv/Gemm biases of a QDQ model for the mean output error of weight "
+           "quantization measured on a dataset against the float model (empirical bias "
+           "correction). Outputs the corrected model and report.json.")
+    attrs = {
+        "model": attr.label(doc="The QDQ model.", required=True),
+        "reference": attr.label(doc="The float model it was quantized from.", required=True),
+        "dataset": attr.label(doc="Calibration samples.", required=True),
+    }
+    outputs = ["{name}.onnx", "report.json"]
+
+    def env(self) -> dict[str, str]:
+        return _env()
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        from .accuracy_bias_correction import bias_correct
+
+        a = ctx.attrs
+        feeds = _feeds(ctx, a["dataset"], "dataset")
+        try:
+            _, rep = bias_correct(_onnx_file(ctx, a["model"], "model"),
+                                  _onnx_file(ctx, a["reference"], "reference"), feeds,
+                                  ctx.output("{name}.onnx"))
+        except _accuracy_errors() as e:
+            raise ctx.fail(str(e)) from None
+        _write_json(ctx.output("report.json"), rep)
+        return {"corrected_nodes": rep["corrected_nodes"]}
+
+
+@hookimpl
+def qbuild_rule_types():
+    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection]

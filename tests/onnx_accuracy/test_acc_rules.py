@@ -1,0 +1,82 @@
+"""The accuracy rules through a real qbuild workspace (MNIST, small and fast)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+from conftest import MODELS
+from qbuild_onnx import rules_accuracy
+from qbuild_onnx.accuracy_ortq import quantize_qdq
+from qbuild_onnx.datasets import write_dataset
+
+
+def _setup(ws, tmp_path, feeds):
+    from onnx import version_converter
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    m13 = version_converter.convert_version(onnx.load(MODELS / "mnist.onnx"), 13)
+    onnx.save(m13, tmp_path / "m13.onnx")
+    quant_pre_process(str(tmp_path / "m13.onnx"), str(tmp_path / "pre.onnx"))
+    quantize_qdq(tmp_path / "pre.onnx", tmp_path / "q.onnx", feeds, per_channel=False)
+    write_dataset(tmp_path / "ds", {"Input3": np.concatenate([f["Input3"] for f in feeds])})
+    ws.copy(tmp_path / "pre.onnx", "m/float/pre.onnx")
+    ws.copy(tmp_path / "q.onnx", "m/quant/q.onnx")
+    for f in sorted((tmp_path / "ds").iterdir()):
+        ws.copy(f, f"m/ds/{f.name}")
+    ws.register(rules_accuracy)
+
+
+BUILD = """
+[fp]
+rule = "filegroup"
+srcs = ["float/pre.onnx"]
+
+[q]
+rule = "filegroup"
+srcs = ["quant/q.onnx"]
+
+[ds]
+rule = "filegroup"
+srcs = ["ds/*"]
+
+[report]
+rule = "evaluate"
+models = [":q"]
+reference = ":fp"
+dataset = ":ds"
+min_sqnr_db = {min_sqnr}
+
+[sens]
+rule = "sensitivity"
+model = ":q"
+reference = ":fp"
+dataset = ":ds"
+kinds = ["activation"]
+
+[mp]
+rule = "mixed_precision"
+model = ":fp"
+sensitivity = ":sens"
+top_k = 2
+"""
+
+
+def test_rules_build_and_cache(qbuild_workspace, tmp_path, mnist_feeds):
+    ws = qbuild_workspace
+    _setup(ws, tmp_path, mnist_feeds)
+    ws.write("m/BUILD.toml", BUILD.format(min_sqnr=5.0))
+    r = ws.build("//m:report", "//m:mp")
+    assert r.ok, r.error
+    rep = json.loads(r.outputs("//m:report")[0].read_text())
+    (out, metrics), = rep["models"]["//m:q"]["outputs"].items()
+    assert metrics["sqnr_db"] > 15 and metrics["cosine"] > 0.99
+    mp = json.loads(r.outputs("//m:mp")[0].read_text())
+    assert len(mp["tensors"]) == 2
+    again = ws.build("//m:report", "//m:mp")
+    assert again.ok and again.ran == []
+    ws.write("m/BUILD.toml", BUILD.format(min_sqnr=200.0))
+    bad = ws.build("//m:report")
+    assert not bad.ok and "min_sqnr_db" in bad.error
+    assert "//m:sens" not in bad.ran
