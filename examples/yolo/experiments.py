@@ -78,8 +78,22 @@ if __name__ == "__main__":
         "u8_percentile": dict(activation_type="uint8", method="percentile"),
         "u16_all": dict(activation_type="uint16"),
     }
+    import onnx
+    from qbuild_onnx.accuracy_bias_correction import bias_correct
+
+    nodes = [n.name for n in onnx.load(pre).graph.node]
+    stem = nodes[: nodes.index("Mul_75") + 1]  # Focus slices, stem and dark2 stay float
+    variants["recipe_no_bc"] = dict(overrides={"nodes_to_exclude": stem})
+    variants["recipe"] = dict(overrides={"nodes_to_exclude": stem}, bias_correction=True)
+    variants["u16_all_bc"] = dict(activation_type="uint16", bias_correction=True)
     todo = sys.argv[1:] or list(variants)
     for name in todo:
-        kw = variants[name]
-        path = pre if kw is None else quantize_qdq(pre, WORK / f"{name}.onnx", cf, **kw)
+        kw = dict(variants[name] or {})
+        bc = kw.pop("bias_correction", False)
+        path = pre
+        if variants[name] is not None:
+            path = quantize_qdq(pre, WORK / f"{name}.onnx", cf, **kw)
+        if bc:
+            bias_correct(path, pre, cf, WORK / f"{name}_bc.onnx")
+            path = WORK / f"{name}_bc.onnx"
         print(name, json.dumps(evaluate(pre, path, ef, ref)), flush=True)
