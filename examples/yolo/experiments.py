@@ -85,6 +85,9 @@ if __name__ == "__main__":
     stem = nodes[: nodes.index("Mul_75") + 1]  # Focus slices, stem and dark2 stay float
     variants["recipe_no_bc"] = dict(overrides={"nodes_to_exclude": stem})
     variants["recipe"] = dict(overrides={"nodes_to_exclude": stem}, bias_correction=True)
+    u16 = {t: {"quant_type": "uint16"} for t in ("1213", "1225", "757")}
+    variants["recipe_u16"] = dict(overrides={"nodes_to_exclude": stem, "tensors": u16},
+                                  bias_correction=True)
     variants["u16_all_bc"] = dict(activation_type="uint16", bias_correction=True)
     todo = sys.argv[1:] or list(variants)
     for name in todo:
