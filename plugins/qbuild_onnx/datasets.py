@@ -375,13 +375,19 @@ def check_dataset_against_model(dataset_info: Mapping[str, Any], model_info: Map
 def iter_feeds(ds: Dataset, plan: FeedPlan) -> Iterator[dict[str, Any]]:
     """Yield ORT feed dicts following ``plan``. A short last batch is fed as is, unless the
     model fixes the batch size (it is then skipped: see ``fed_count``)."""
+    for _, feed in iter_counted_feeds(ds, plan):
+        yield feed
+
+
+def iter_counted_feeds(ds: Dataset, plan: FeedPlan) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Like ``iter_feeds``, yielding ``(number of samples, feed)``."""
     for batch in ds.iter_batches(plan.batch_size):
         n = next(iter(batch.values())).shape[0]
         if n < plan.batch_size and plan.fixed:
             return
         if plan.unbatched:
             batch = {k: (v[0] if k in plan.unbatched else v) for k, v in batch.items()}
-        yield batch
+        yield n, batch
 
 
 def fed_count(count: int, plan: FeedPlan) -> int:
