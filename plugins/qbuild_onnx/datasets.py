@@ -560,3 +560,48 @@ def remove_partial(out_dir: str | Path) -> None:
         for f in p.iterdir():
             if f.is_file():
                 os.unlink(f)
+
+
+# ---------------------------------------------------------------------------------------
+# Custom readers (the qbuild_dataset_readers hook)
+
+
+def available_readers(pm=None) -> dict[str, Any]:
+    """Readers from every ``qbuild`` plugin. Without ``pm``, a plugin manager is built here
+    from the entry points (rules run in worker processes, away from the engine's)."""
+    import pluggy
+
+    from . import hookspecs
+
+    if pm is None:
+        pm = pluggy.PluginManager("qbuild")
+        pm.add_hookspecs(hookspecs)
+        pm.load_setuptools_entrypoints("qbuild")
+    elif not hasattr(pm.hook, "qbuild_dataset_readers"):
+        pm.add_hookspecs(hookspecs)
+    found: dict[str, Any] = {}
+    for result in pm.hook.qbuild_dataset_readers():
+        for name, reader in (result or {}).items():
+            if name in found and found[name] is not reader:
+                raise DatasetError(f"dataset reader '{name}' is provided by two plugins")
+            found[name] = reader
+    return found
+
+
+def find_reader(name: str, pm=None):
+    """A reader by hook name, or by ``"package.module:function"`` reference."""
+    import importlib
+
+    if ":" in name:
+        mod, _, fn = name.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), fn)
+        except (ImportError, AttributeError) as e:
+            raise DatasetError(f"cannot import dataset reader '{name}': {e}",
+                               attr="reader") from None
+    readers = available_readers(pm)
+    if name not in readers:
+        raise DatasetError(f"no dataset reader named '{name}' (available: "
+                           f"{', '.join(sorted(readers)) or 'none'}); install the plugin that "
+                           "provides it or use 'module:function'", attr="reader")
+    return readers[name]
