@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnxruntime.quantization.calibrate import HistogramCollector
-
 from qbuild_onnx.calib_collect import HistogramPass, MinMaxPass
 from qbuild_onnx.calib_methods import entropy_threshold, percentile_range
 from qbuild_onnx.calibration import (

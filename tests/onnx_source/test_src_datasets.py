@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-
 from qbuild_onnx.dataset_images import ImageOptions, build_image_dataset, decode_image
 from qbuild_onnx.datasets import (
     DatasetError,

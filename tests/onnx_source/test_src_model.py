@@ -9,7 +9,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-
 from qbuild_onnx.model import ModelError, stage_model, validate_model
 
 ROOT = Path(__file__).resolve().parents[2]
