@@ -1,0 +1,180 @@
+"""Small ModelProto helpers shared by the rewriting modules: constant lookup (initializers and
+Constant nodes), inferred element types and shapes, unique names, opset access and pruning of
+unused initializers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import onnx
+from onnx import GraphProto, ModelProto, NodeProto, TensorProto
+
+
+def opset(model: ModelProto, domain: str = "") -> int | None:
+    for o in model.opset_import:
+        if o.domain in ((domain,) if domain else ("", "ai.onnx")):
+            return o.version
+    return None
+
+
+def set_opset_import(model: ModelProto, version: int, domain: str = "") -> None:
+    for o in model.opset_import:
+        if o.domain in ((domain,) if domain else ("", "ai.onnx")):
+            o.version = version
+            return
+    model.opset_import.append(onnx.helper.make_opsetid(domain, version))
+
+
+def walk_graphs(graph: GraphProto) -> Iterator[GraphProto]:
+    """The graph and every subgraph (If / Loop / Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from walk_graphs(a.g)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    yield from walk_graphs(g)
+
+
+def walk_nodes(model: ModelProto) -> Iterator[NodeProto]:
+    for g in walk_graphs(model.graph):
+        yield from g.node
+    for f in model.functions:
+        yield from f.node
+
+
+def attr(node: NodeProto, name: str, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def set_attr(node: NodeProto, name: str, value) -> None:
+    del_attr(node, name)
+    node.attribute.append(onnx.helper.make_attribute(name, value))
+    node.attribute.sort(key=lambda a: a.name)
+
+
+def del_attr(node: NodeProto, name: str) -> None:
+    keep = [a for a in node.attribute if a.name != name]
+    if len(keep) != len(node.attribute):
+        del node.attribute[:]
+        node.attribute.extend(keep)
+
+
+class Constants:
+    """Constant tensors of the main graph by value name: initializers and Constant outputs."""
+
+    def __init__(self, graph: GraphProto) -> None:
+        self.graph = graph
+        self.init: dict[str, TensorProto] = {t.name: t for t in graph.initializer}
+        self.const_node: dict[str, NodeProto] = {}
+        graph_inputs = {i.name for i in graph.input}
+        # An initializer that is also a graph input can be overridden at run time.
+        for name in list(self.init):
+            if name in graph_inputs:
+                del self.init[name]
+        for n in graph.node:
+            if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+                t = attr(n, "value")
+                if isinstance(t, TensorProto):
+                    self.const_node[n.output[0]] = n
+
+    def tensor(self, name: str) -> TensorProto | None:
+        if name in self.init:
+            return self.init[name]
+        n = self.const_node.get(name)
+        if n is not None:
+            t = attr(n, "value")
+            t = TensorProto.FromString(t.SerializeToString())
+            t.name = name
+            return t
+        return None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.init or name in self.const_node
+
+    def array(self, name: str) -> np.ndarray | None:
+        t = self.tensor(name)
+        if t is None:
+            return None
+        from .dtypes import is_qtype, qtensor_values
+
+        if is_qtype(t.data_type):
+            return qtensor_values(t)
+        return onnx.numpy_helper.to_array(t)
+
+
+def inferred_types(model: ModelProto) -> tuple[dict[str, int], dict[str, tuple | None]]:
+    """Element type and static shape (None if unknown) of every value onnx can infer."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:  # inference is only a hint here; the checker runs later
+        inferred = model
+    g = inferred.graph
+    types: dict[str, int] = {}
+    shapes: dict[str, tuple | None] = {}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if tt.elem_type:
+            types[vi.name] = tt.elem_type
+        if tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim):
+            shapes[vi.name] = tuple(d.dim_value for d in tt.shape.dim)
+    for t in g.initializer:
+        types[t.name] = t.data_type
+        shapes[t.name] = tuple(t.dims)
+    for n in g.node:
+        if n.op_type == "Constant":
+            t = attr(n, "value")
+            if isinstance(t, TensorProto):
+                types[n.output[0]] = t.data_type
+                shapes[n.output[0]] = tuple(t.dims)
+    return types, shapes
+
+
+def taken_names(model: ModelProto) -> set[str]:
+    g = model.graph
+    names = {t.name for t in g.initializer} | {i.name for i in g.input}
+    names |= {o.name for o in g.output} | {v.name for v in g.value_info}
+    for n in g.node:
+        names.update(n.output)
+        names.update(n.input)
+        names.add(n.name)
+    return names
+
+
+def unique_name(base: str, taken: set[str]) -> str:
+    name, i = base, 1
+    while name in taken:
+        name = f"{base}_{i}"
+        i += 1
+    taken.add(name)
+    return name
+
+
+def prune_initializers(model: ModelProto) -> int:
+    """Drop initializers no node (or subgraph) reads and no graph output names."""
+    used = {o.name for o in model.graph.output}
+    for g in walk_graphs(model.graph):
+        for n in g.node:
+            used.update(n.input)
+        used.update(o.name for o in g.output)
+    keep = [t for t in model.graph.initializer if t.name in used]
+    dropped = {t.name for t in model.graph.initializer if t.name not in used}
+    if dropped:
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+        inputs = [i for i in model.graph.input if i.name not in dropped]
+        del model.graph.input[:]
+        model.graph.input.extend(inputs)
+    return len(dropped)
+
+
+def copy_model(model: ModelProto) -> ModelProto:
+    m = ModelProto()
+    m.CopyFrom(model)
+    return m

@@ -1,0 +1,164 @@
+"""Quantization arithmetic in numpy, following the ONNX QuantizeLinear / DequantizeLinear spec:
+parameter broadcasting (per tensor, per axis, blocked), ``block_size`` validation, rounding
+(half to even) and saturation, and the choice of scale / zero point for weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .dtypes import QType, float_to_qfloat
+from .errors import DtypeError
+
+GRANULARITIES = ("per_tensor", "per_channel", "blocked")
+
+
+def block_size_range(dim: int, n_scales: int) -> tuple[int, int | None]:
+    """The spec's valid ``block_size`` range for an axis of length ``dim`` with ``n_scales``
+    scales along it: [ceil(dim/n), ceil(dim/(n-1)) - 1]; no upper bound when n == 1."""
+    lo = math.ceil(dim / n_scales)
+    hi = None if n_scales == 1 else math.ceil(dim / (n_scales - 1)) - 1
+    return lo, hi
+
+
+def validate_block_size(dim: int, n_scales: int, block_size: int, where: str) -> None:
+    """Raise unless ``block_size`` is legal (onnx's checker and reference do not check it)."""
+    if block_size <= 0:
+        raise DtypeError(f"{where}: block_size must be a positive integer, got {block_size}")
+    if n_scales <= 0 or n_scales > dim:
+        raise DtypeError(f"{where}: {n_scales} scales along an axis of length {dim}")
+    lo, hi = block_size_range(dim, n_scales)
+    if block_size < lo or (hi is not None and block_size > hi):
+        rng = f"[{lo}, {hi}]" if hi is not None else f"[{lo}, inf)"
+        raise DtypeError(f"{where}: block_size {block_size} is invalid for an axis of length "
+                         f"{dim} with {n_scales} scales (the spec allows {rng})")
+
+
+def normalize_axis(axis: int, rank: int, where: str) -> int:
+    if not -rank <= axis < rank:
+        raise DtypeError(f"{where}: axis {axis} is out of range for rank {rank}")
+    return axis % rank
+
+
+def expand_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size: int,
+                 where: str) -> np.ndarray:
+    """Broadcast a scale or zero point to ``x_shape`` the way the spec defines it."""
+    p = np.asarray(p)
+    rank = len(x_shape)
+    if p.ndim == 0 or (p.ndim == 1 and p.size == 1 and block_size == 0):
+        return np.broadcast_to(p.reshape(()), x_shape)
+    ax = normalize_axis(axis, rank, where)
+    if block_size == 0:
+        if p.ndim != 1 or p.shape[0] != x_shape[ax]:
+            raise DtypeError(f"{where}: per-axis parameter of shape {list(p.shape)} does not "
+                             f"match axis {ax} of length {x_shape[ax]}")
+        shape = [1] * rank
+        shape[ax] = x_shape[ax]
+        return np.broadcast_to(p.reshape(shape), x_shape)
+    if p.ndim != rank or any(p.shape[i] != x_shape[i] for i in range(rank) if i != ax):
+        raise DtypeError(f"{where}: blocked parameter of shape {list(p.shape)} must have the "
+                         f"input's shape {list(x_shape)} except on axis {ax}")
+    validate_block_size(x_shape[ax], p.shape[ax], block_size, where)
+    rep = np.repeat(p, block_size, axis=ax)
+    return np.take(rep, np.arange(x_shape[ax]), axis=ax)
+
+
+def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, q: QType,
+             axis: int = 1, block_size: int = 0, saturate: bool = True,
+             where: str = "QuantizeLinear") -> np.ndarray:
+    """QuantizeLinear: int32 codes for integer types, float32 grid values for float types."""
+    x = np.asarray(x, dtype=np.float32)
+    s = expand_param(np.asarray(scale, dtype=np.float32), x.shape, axis, block_size, where)
+    if q.kind == "float":
+        # A float8 zero point is ignored by QuantizeLinear (and must be 0 for Dequantize).
+        return float_to_qfloat(x / s, q, saturate=saturate)
+    v = np.rint(x / s).astype(np.float64)
+    if zero_point is not None:
+        v = v + expand_param(np.asarray(zero_point), x.shape, axis, block_size, where)
+    return np.clip(v, q.qmin, q.qmax).astype(np.int32)
+
+
+def dequantize(v: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+               axis: int = 1, block_size: int = 0,
+               where: str = "DequantizeLinear") -> np.ndarray:
+    """DequantizeLinear: (v - zero_point) * scale, returned in the scale's float type."""
+    scale = np.asarray(scale)
+    v = np.asarray(v)
+    s = expand_param(scale.astype(np.float32), v.shape, axis, block_size, where)
+    x = v.astype(np.float32)
+    if zero_point is not None:
+        x = x - expand_param(np.asarray(zero_point, np.float32), v.shape, axis, block_size,
+                             where)
+    return (x * s).astype(scale.dtype if scale.dtype.kind == "f" else np.float32)
+
+
+def reduce_blocks(w: np.ndarray, fn, axis: int | None, block_size: int) -> np.ndarray:
+    """Apply a reduction (np.max / np.min) per tensor (axis None), per channel along ``axis``
+    (block_size 0: reduce every other axis) or per block along ``axis``."""
+    if axis is None:
+        return np.asarray(fn(w))
+    if block_size == 0:
+        others = tuple(i for i in range(w.ndim) if i != axis)
+        return fn(w, axis=others) if others else w.copy()
+    d = w.shape[axis]
+    n = math.ceil(d / block_size)
+    pad = n * block_size - d
+    moved = np.moveaxis(w, axis, -1)
+    if pad:
+        edge = moved[..., -1:]  # repeat the last element: changes no min/max
+        moved = np.concatenate([moved] + [edge] * pad, axis=-1)
+    blocks = moved.reshape(moved.shape[:-1] + (n, block_size))
+    return np.moveaxis(fn(blocks, axis=-1), -1, axis)
+
+
+def choose_params(w: np.ndarray, q: QType, axis: int | None, block_size: int,
+                  symmetric: bool, scale_dtype: np.dtype,
+                  where: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Scale (in ``scale_dtype``) and zero point (None when it is 0) for a weight tensor.
+
+    Symmetric signed integers and float types use zero point 0 and scale = amax / qmax;
+    unsigned symmetric uses the mid code; asymmetric maps [min(w,0), max(w,0)] onto the range.
+    """
+    w = np.asarray(w, dtype=np.float32)
+    if not np.all(np.isfinite(w)):
+        raise DtypeError(f"{where}: weight has non-finite values")
+    wmax = reduce_blocks(w, np.max, axis, block_size).astype(np.float64)
+    wmin = reduce_blocks(w, np.min, axis, block_size).astype(np.float64)
+    tiny = float(np.finfo(scale_dtype).tiny)
+    zp = None
+    if q.kind == "float":
+        if not symmetric:
+            raise DtypeError(f"{where}: {q.name} has no zero point; use symmetric = true")
+        amax = np.maximum(np.abs(wmax), np.abs(wmin))
+        scale = amax / q.qmax
+    elif symmetric:
+        amax = np.maximum(np.abs(wmax), np.abs(wmin))
+        if q.signed:
+            scale = amax / q.qmax
+        else:
+            mid = (q.qmax + 1) // 2
+            scale = amax / (q.qmax - mid)
+            zp = np.full(np.shape(amax), mid, dtype=np.int32)
+    else:
+        lo, hi = np.minimum(wmin, 0.0), np.maximum(wmax, 0.0)
+        scale = (hi - lo) / (q.qmax - q.qmin)
+        safe = np.where(scale > 0, scale, 1.0)
+        zp = np.clip(np.rint(q.qmin - lo / safe), q.qmin, q.qmax).astype(np.int32)
+    scale = np.where(scale > 0, np.maximum(scale, tiny), 1.0).astype(scale_dtype)
+    if zp is not None and not np.any(zp):
+        zp = None
+    return np.asarray(scale), zp
+
+
+def sqnr_db(ref: np.ndarray, approx: np.ndarray) -> float:
+    """Signal-to-quantization-noise ratio in dB (inf when exact)."""
+    ref = np.asarray(ref, dtype=np.float64)
+    err = np.sum((ref - np.asarray(approx, dtype=np.float64)) ** 2)
+    sig = np.sum(ref ** 2)
+    if err == 0:
+        return math.inf
+    if sig == 0:
+        return -math.inf
+    return float(10.0 * np.log10(sig / err))

@@ -1,0 +1,166 @@
+"""Dtype targets: what a runtime loads (IR version, opsets), which quantized types it runs,
+and the QDQ policies it needs. Built-in: ``onnxruntime-cpu`` (1.31), ``onnx-reference`` and
+``generic``; plugins add more through the ``qbuild_dtype_targets`` hook (see hookspecs).
+
+Pure Python (no onnx import) so that rules can resolve targets cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+from .errors import DtypeError
+
+FORMS = ("output_dtype", "zero_point")
+RUNTIMES = ("onnxruntime", "onnx-reference", None)
+
+
+@dataclass(frozen=True)
+class DtypeTarget:
+    """A runtime (or a spec level) that QDQ models are written for.
+
+    ``max_opset`` maps an opset domain ("" is ai.onnx) to the highest version the runtime
+    loads; unlisted domains are not limited. ``None`` for ``max_opset[""]`` / ``max_ir`` means
+    "whatever the installed onnx defines". ``qtypes`` / ``scale_types`` name the quantized and
+    scale element types the runtime executes in Q/DQ (None: all the spec allows).
+    """
+
+    name: str
+    description: str = ""
+    runtime: str | None = None
+    max_opset: dict = field(default_factory=dict)
+    max_ir: int | None = None
+    qtypes: frozenset | None = None
+    scale_types: frozenset | None = None
+    # onnxruntime fuses DQ->Conv/MatMul->Q into QLinear* only if int8 activations carry an
+    # explicit zero point.
+    keep_int8_activation_zero_point: bool = False
+    # onnxruntime issue 25526: output_dtype=INT8 plus an int8 zero point fails session creation.
+    output_dtype_with_int8_zero_point: bool = True
+    preferred_form: str = "output_dtype"
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise DtypeError("dtype target: name must be a non-empty string")
+        if self.runtime not in RUNTIMES:
+            raise DtypeError(f"dtype target {self.name!r}: runtime must be one of "
+                             f"{RUNTIMES}, got {self.runtime!r}")
+        if self.preferred_form not in FORMS:
+            raise DtypeError(f"dtype target {self.name!r}: preferred_form must be one of "
+                             f"{FORMS}")
+
+    def opset_limit(self, domain: str = "") -> int | None:
+        """Highest loadable opset of ``domain``; for ai.onnx, defaults to onnx's latest."""
+        if domain in ("", "ai.onnx"):
+            v = self.max_opset.get("", self.max_opset.get("ai.onnx"))
+            if v is None:
+                import onnx.defs
+
+                return onnx.defs.onnx_opset_version()
+            return v
+        return self.max_opset.get(domain)
+
+    def ir_limit(self) -> int:
+        if self.max_ir is None:
+            import onnx
+
+            return onnx.IR_VERSION
+        return self.max_ir
+
+    def allows_qtype(self, name: str) -> bool:
+        return self.qtypes is None or name in self.qtypes
+
+    def allows_scale_type(self, name: str) -> bool:
+        return self.scale_types is None or name in self.scale_types
+
+    def to_info(self) -> dict:
+        """JSON-friendly description, for reports."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, frozenset):
+                v = sorted(v)
+            elif isinstance(v, dict):
+                v = dict(sorted(v.items()))
+            out[f.name] = v
+        return out
+
+
+_ORT_QTYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint4", "int4", "uint2", "int2",
+                         "float8e4m3fn", "float8e4m3fnuz", "float8e5m2", "float8e5m2fnuz"})
+
+ONNXRUNTIME_CPU = DtypeTarget(
+    name="onnxruntime-cpu",
+    description="onnxruntime 1.31 CPU execution provider",
+    runtime="onnxruntime",
+    max_opset={"": 26, "ai.onnx.ml": 5, "com.microsoft": 1},
+    max_ir=13,
+    qtypes=_ORT_QTYPES,  # no float4e2m1 QuantizeLinear kernel
+    scale_types=frozenset({"float", "float16"}),  # bfloat16 Q/DQ: NOT_IMPLEMENTED
+    keep_int8_activation_zero_point=True,
+    output_dtype_with_int8_zero_point=False,
+    preferred_form="output_dtype",
+    notes="int8 activations keep an explicit zero point (QLinearConv fusion); never "
+          "output_dtype with an int8 zero point (onnxruntime issue 25526)",
+)
+
+ONNX_REFERENCE = DtypeTarget(
+    name="onnx-reference",
+    description="onnx.reference.ReferenceEvaluator of the installed onnx",
+    runtime="onnx-reference",
+    preferred_form="output_dtype",
+)
+
+GENERIC = DtypeTarget(
+    name="generic",
+    description="any runtime conforming to the ONNX spec of the installed onnx; "
+                "no runtime check",
+    runtime=None,
+    preferred_form="output_dtype",
+)
+
+BUILTIN_TARGETS: tuple[DtypeTarget, ...] = (ONNXRUNTIME_CPU, ONNX_REFERENCE, GENERIC)
+
+
+def _coerce(obj, source: str) -> DtypeTarget:
+    if isinstance(obj, DtypeTarget):
+        return obj
+    if isinstance(obj, dict):
+        d = dict(obj)
+        for key in ("qtypes", "scale_types"):
+            if d.get(key) is not None:
+                d[key] = frozenset(d[key])
+        try:
+            return DtypeTarget(**d)
+        except TypeError as e:
+            raise DtypeError(f"dtype target from {source}: {e}") from None
+    raise DtypeError(f"dtype target from {source}: expected a DtypeTarget or a dict, "
+                     f"got {type(obj).__name__}")
+
+
+def collect_targets(pluginmanager=None, extra=()) -> dict[str, DtypeTarget]:
+    """All known targets by name: built-ins, then hook results, then ``extra``."""
+    found: dict[str, DtypeTarget] = {t.name: t for t in BUILTIN_TARGETS}
+    contributed = []
+    hook = getattr(getattr(pluginmanager, "hook", None), "qbuild_dtype_targets", None)
+    if hook is not None:
+        for result in hook():
+            contributed.extend(result or [])
+    contributed.extend(extra)
+    for obj in contributed:
+        t = _coerce(obj, "qbuild_dtype_targets")
+        if t.name in found and found[t.name] != t:
+            raise DtypeError(f"dtype target {t.name!r} is defined twice")
+        found[t.name] = t
+    return dict(sorted(found.items()))
+
+
+def get_target(name: str | DtypeTarget, pluginmanager=None, extra=()) -> DtypeTarget:
+    """Resolve a target by name (a DtypeTarget passes through)."""
+    if isinstance(name, DtypeTarget):
+        return name
+    known = collect_targets(pluginmanager, extra)
+    if name not in known:
+        raise DtypeError(f"unknown dtype target {name!r}; known: {', '.join(known)}")
+    return known[name]

@@ -1,0 +1,129 @@
+"""Checks run on every model this plugin writes: onnx's checker with full checking (the plain
+checker misses output_dtype / zero point mismatches), and load-and-run checks in onnxruntime
+or onnx's reference evaluator on deterministic synthetic inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import ModelProto
+
+from .errors import DtypeError
+
+_NP_OF = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+          onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
+          onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8,
+          onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.BOOL: np.bool_}
+
+
+def full_check(model: ModelProto, where: str = "model") -> None:
+    """onnx.checker with full_check=True (strict shape and type inference)."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as e:  # checker / inference errors have several types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise DtypeError(f"{where}: onnx checker (full_check) failed: {first}") from None
+
+
+def synthetic_feeds(model: ModelProto, dims: dict | None = None, seed: int = 0) -> dict:
+    """One deterministic input per graph input: N(0, 1) floats, zeros for integers.
+
+    Symbolic or unknown dimensions take their value from ``dims`` (by name), else 1.
+    """
+    dims = dims or {}
+    init = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for vi in model.graph.input:
+        if vi.name in init:
+            continue
+        tt = vi.type.tensor_type
+        if tt.elem_type not in _NP_OF:
+            raise DtypeError(f"input {vi.name!r}: cannot synthesize values of type "
+                             f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
+        shape = []
+        for d in tt.shape.dim:
+            if d.HasField("dim_value") and d.dim_value > 0:
+                shape.append(d.dim_value)
+            else:
+                shape.append(int(dims.get(d.dim_param, dims.get(vi.name, 1))))
+        np_type = _NP_OF[tt.elem_type]
+        if np.issubdtype(np_type, np.floating):
+            feeds[vi.name] = rng.standard_normal(shape).astype(np_type)
+        else:
+            feeds[vi.name] = np.zeros(shape, np_type)
+    return feeds
+
+
+def ort_session(model_path: str | Path, optimized_path: str | Path | None = None):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    try:
+        return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
+    except Exception as e:
+        raise DtypeError(f"{Path(model_path).name}: onnxruntime cannot load the model: "
+                         f"{_short(e)}") from None
+
+
+def _short(e: Exception) -> str:
+    msg = str(e).strip()
+    # onnxruntime prefixes messages with a long source location; keep the tail.
+    if " : " in msg:
+        msg = msg.split(" : ")[-1]
+    return msg.splitlines()[0][:400] if msg else type(e).__name__
+
+
+def run_onnxruntime(model_path: str | Path, feeds: dict,
+                    optimized_path: str | Path | None = None) -> list[np.ndarray]:
+    sess = ort_session(model_path, optimized_path)
+    try:
+        return sess.run(None, feeds)
+    except Exception as e:
+        raise DtypeError(f"{Path(model_path).name}: onnxruntime failed to run the model: "
+                         f"{_short(e)}") from None
+
+
+def run_reference(model: ModelProto, feeds: dict, where: str = "model") -> list[np.ndarray]:
+    from onnx.reference import ReferenceEvaluator
+
+    try:
+        return ReferenceEvaluator(model).run(None, feeds)
+    except Exception as e:
+        raise DtypeError(f"{where}: onnx reference evaluator failed: {_short(e)}") from None
+
+
+def fused_op_counts(model_path: str | Path, scratch: str | Path) -> dict[str, int]:
+    """Op types of the graph onnxruntime actually runs after its optimizations (counted)."""
+    opt = Path(scratch) / (Path(model_path).stem + ".ort_optimized.onnx")
+    ort_session(model_path, opt)
+    m = onnx.load(str(opt), load_external_data=False)
+    counts = Counter(n.op_type for n in m.graph.node)
+    try:
+        os.remove(opt)
+    except OSError:
+        pass
+    return dict(sorted(counts.items()))
+
+
+def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+    worst = 0.0
+    for x, y in zip(a, b):
+        x = np.asarray(x, np.float64)
+        y = np.asarray(y, np.float64)
+        if x.shape != y.shape:
+            return float("inf")
+        if x.size:
+            worst = max(worst, float(np.max(np.abs(x - y))))
+    return worst
