@@ -1,0 +1,162 @@
+"""The lowering pass: visit every compute node, lower the groups that can be lowered,
+reassemble the graph and write the per-node report.
+
+Groups are independent: a lowered node reads the quantized tensors its DequantizeLinear
+inputs read and writes the tensor its QuantizeLinear consumer wrote, so each decision is
+local. Afterwards QuantizeLinear/DequantizeLinear nodes that nothing reads any more are
+dropped, which leaves one QuantizeLinear per float input and one DequantizeLinear per
+float output wherever the whole path was lowered.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import onnx
+from onnx import helper
+
+from .emit import Builder
+from .graph import Graph, LowerError, toposort
+from .groups import UNSUPPORTED_OP, Unsupported, analyze, is_dq, is_q
+
+MODES = ("ort", "fixed_point")
+
+
+def lower_model(model: onnx.ModelProto, mode: str) -> tuple[onnx.ModelProto, dict, list]:
+    """Returns (lowered model, report, fixed-point parameter records)."""
+    if mode not in MODES:
+        raise LowerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode == "ort":
+        from .lower_ort import handler
+    else:
+        from .lower_fixed import handler, prepare
+
+    g = Graph.from_model(model)
+    if not any(is_q(n) for n in g.nodes) or not any(is_dq(n) for n in g.nodes):
+        raise LowerError("the model has no QuantizeLinear/DequantizeLinear nodes: not a QDQ model")
+    b = Builder(g, mode)
+    if mode == "fixed_point":
+        prepare(g, b)
+    entries, absorbed_q, aliases = [], set(), {}
+    lowered = set()
+    for i, n in enumerate(g.nodes):
+        if is_q(n) or is_dq(n):
+            continue
+        entry = {"node": g.node_name(i), "op_type": n.op_type}
+        h = handler(n.op_type)
+        try:
+            if h is None:
+                raise Unsupported(
+                    f"{n.op_type} has no integer lowering in mode {mode}", UNSUPPORTED_OP
+                )
+            optional = 1 if n.op_type == "MaxPool" else None
+            grp = analyze(g, i, optional_outputs=optional)
+            mark = (len(b.nodes), len(b.inits), len(b.luts), len(b.params), set(b.used))
+            try:
+                emitted = h(grp, b)
+            except Unsupported:
+                # roll back anything the handler emitted before giving up
+                del b.nodes[mark[0]:], b.inits[mark[1]:], b.luts[mark[2]:], b.params[mark[3]:]
+                b.used = mark[4]
+                b._const_cache = {k: v for k, v in b._const_cache.items() if v in b.used}
+                raise
+        except Unsupported as e:
+            entry.update(status="float", category=e.category, reason=str(e))
+            entries.append(entry)
+            continue
+        lowered.add(i)
+        for o in grp.outs:
+            absorbed_q.update(o.q_nodes)
+            for a in o.aliases:
+                aliases[a] = o.q
+        entry.update(status="lowered", lowered_as=emitted)
+        entries.append(entry)
+
+    if b.luts:
+        from onnx import numpy_helper
+
+        from .lut import build_tables
+
+        for name, table in sorted(build_tables(g, b.luts).items()):
+            b.inits.append(numpy_helper.from_array(table, name))
+            for rec in b.params:
+                if rec.get("table_name") == name:
+                    rec["table"] = [int(v) for v in table]
+                    del rec["table_name"]
+
+    keep = [n for i, n in enumerate(g.nodes) if i not in lowered and i not in absorbed_q]
+    nodes = _rename(keep + b.nodes, aliases)
+    nodes = _dead_code(nodes, g.outputs)
+    nodes = toposort(nodes, g.inputs)
+    used = {t for n in nodes for t in n.input if t}
+    inits = [t for t in list(model.graph.initializer) + b.inits if t.name in used]
+
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(sorted(inits, key=lambda t: t.name))
+    del out.graph.value_info[:]
+    if any(n.domain == "com.microsoft" for n in nodes):
+        if not any(o.domain == "com.microsoft" for o in out.opset_import):
+            out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    report = _report(g, entries, nodes, mode, b)
+    return out, report, b.params
+
+
+def _rename(nodes, aliases: dict):
+    if not aliases:
+        return nodes
+    for n in nodes:
+        for k, t in enumerate(n.input):
+            if t in aliases:
+                n.input[k] = aliases[t]
+    return nodes
+
+
+def _dead_code(nodes, graph_outputs: set):
+    """Drop nodes none of whose outputs is read or is a graph output, until stable."""
+    while True:
+        used = {t for n in nodes for t in n.input if t} | graph_outputs
+        live = [n for n in nodes if any(t in used for t in n.output if t)]
+        if len(live) == len(nodes):
+            return nodes
+        nodes = live
+
+
+def _report(g: Graph, entries: list, nodes: list, mode: str, b: Builder) -> dict:
+    compute = [e for e in entries]
+    lowered = [e for e in compute if e["status"] == "lowered"]
+    floats = [e for e in compute if e["status"] == "float"]
+    produced_by = {t: n for n in nodes for t in n.output}
+    new_names = {n.name for n in b.nodes}
+    # Structural proof of "no float tensor between lowered ops": every input of an emitted
+    # node is a constant, a graph input of integer type, a QuantizeLinear output or the
+    # output of another emitted node -- never a DequantizeLinear output.
+    float_edges = []
+    for n in nodes:
+        if n.name not in new_names:
+            continue
+        for t in n.input:
+            p = produced_by.get(t)
+            if p is not None and is_dq(p):
+                float_edges.append(t)
+    ops = Counter(n.op_type for n in nodes)
+    domains = sorted({n.domain or "ai.onnx" for n in nodes})
+    return {
+        "mode": mode,
+        "nodes": {
+            "compute": len(compute),
+            "lowered": len(lowered),
+            "float": len(floats),
+            "lowered_share": round(len(lowered) / len(compute), 6) if compute else 1.0,
+        },
+        "float_by_category": dict(sorted(Counter(e["category"] for e in floats).items())),
+        "float_edges_between_lowered_ops": sorted(set(float_edges)),
+        "quantize_nodes": ops.get("QuantizeLinear", 0),
+        "dequantize_nodes": ops.get("DequantizeLinear", 0),
+        "domains": domains,
+        "op_counts": dict(sorted(ops.items())),
+        "per_node": entries,
+    }

@@ -1,0 +1,110 @@
+"""Fixed-point arithmetic of the lowering: multiplier decomposition and requantization.
+
+A real rescale factor ``M`` (for example ``S_in * S_w / S_out``) is represented as an int32
+multiplier ``M0`` in ``[2**30, 2**31)`` and a right shift ``n`` so that
+``M ~= M0 * 2**-n`` (Jacob et al., 2018, eq. 6). Requantization is a single rounding,
+round half up::
+
+    y = clamp(zp + floor((acc * M0 + 2**(n - 1)) / 2**n), lo, hi)
+
+computed in int64. ``requantize`` is the exact numpy definition; ``lower_fixed`` emits the
+same computation as standard ONNX integer ops and ``reference`` executes those ops, and the
+tests hold all three to ``fractions.Fraction`` arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+#: The graph adds a bias of ``2**BIAS_BITS`` before its truncating integer division so that
+#: the dividend is always positive (truncation then equals floor); the bias must be a
+#: multiple of ``2**shift``, hence the shift limit.
+BIAS_BITS = 61
+MAX_SHIFT = BIAS_BITS
+#: ``|acc * M0|`` must stay below this: the dividend then lies in (0, 2**62), far from
+#: int64 overflow.
+PRODUCT_LIMIT = 2**60
+
+
+@dataclass(frozen=True)
+class Multiplier:
+    """``M ~= m0 * 2**-shift`` (``shift`` is a right shift, always >= 1)."""
+
+    m0: int
+    shift: int
+
+    @property
+    def value(self) -> float:
+        return math.ldexp(self.m0, -self.shift)
+
+
+def decompose(m: float) -> Multiplier:
+    """Split a non-negative real multiplier into an int32 ``M0`` and a right shift.
+
+    ``M0`` is in ``[2**30, 2**31)`` whenever the shift stays within ``[1, MAX_SHIFT]``,
+    giving at least 30 bits of relative precision (error at most ``2**-31`` relative).
+    Multipliers of ``2**30`` or more keep a shift of 1 and a larger (int64) ``M0``; tiny
+    multipliers whose shift would exceed ``MAX_SHIFT`` lose precision (``M0`` below
+    ``2**30``, possibly 0, which makes the layer output its zero point).
+    """
+    if not math.isfinite(m) or m < 0:
+        raise ValueError(f"multiplier must be finite and non-negative, got {m!r}")
+    if m == 0:
+        return Multiplier(0, 1)
+    f, e = math.frexp(m)  # m = f * 2**e, f in [0.5, 1)
+    m0 = round(f * 2**31)  # round() is exact here: f * 2**31 is a dyadic rational
+    shift = 31 - e
+    if m0 == 2**31:
+        m0, shift = 2**30, shift - 1
+    if shift < 1:  # M >= 2**30: fold the left shift into M0 (exact)
+        m0, shift = m0 << (1 - shift), 1
+    elif shift > MAX_SHIFT:  # tiny M: keep the shift legal, give up precision
+        m0 = round(math.ldexp(m, MAX_SHIFT))
+        shift = MAX_SHIFT
+    return Multiplier(int(m0), int(shift))
+
+
+def decompose_all(ms) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised ``decompose`` for per-channel multipliers: (M0 int64, shift int64)."""
+    parts = [decompose(float(m)) for m in np.asarray(ms, dtype=np.float64).ravel()]
+    return (
+        np.array([p.m0 for p in parts], dtype=np.int64),
+        np.array([p.shift for p in parts], dtype=np.int64),
+    )
+
+
+def shared_shift(ms) -> tuple[np.ndarray, int]:
+    """Several multipliers on one accumulator (e.g. the two inputs of Add): one shift.
+
+    The shift is chosen for the largest multiplier, so that one has 31 bits of precision
+    and the others as many as their size allows.
+    """
+    ms = np.asarray(ms, dtype=np.float64).ravel()
+    top = decompose(float(ms.max()))
+    m0 = np.array([round(math.ldexp(float(m), top.shift)) for m in ms], dtype=np.int64)
+    return m0, top.shift
+
+
+def round_shift(prod: np.ndarray, shift) -> np.ndarray:
+    """``floor((prod + 2**(shift-1)) / 2**shift)`` on int64: round half up."""
+    prod = np.asarray(prod, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    return (prod + (np.int64(1) << (shift - 1))) >> shift
+
+
+def requantize(acc, m0, shift, zero_point, lo: int, hi: int) -> np.ndarray:
+    """The documented requantization, exactly: clamp(zp + round_half_up(acc*M0/2**n))."""
+    acc = np.asarray(acc, dtype=np.int64)
+    prod = acc * np.asarray(m0, dtype=np.int64)
+    if np.any(np.abs(prod) >= PRODUCT_LIMIT):
+        raise OverflowError("acc * M0 exceeds the int64 requantization range")
+    y = round_shift(prod, shift) + np.asarray(zero_point, dtype=np.int64)
+    return np.clip(y, lo, hi)
+
+
+def dtype_range(dtype) -> tuple[int, int]:
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max)

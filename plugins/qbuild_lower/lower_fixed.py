@@ -1,0 +1,408 @@
+"""Mode ``fixed_point``: standard ONNX integer operators only, no float arithmetic.
+
+Conv/MatMul/Gemm accumulate with ConvInteger/MatMulInteger in int32; every rescale is
+``Cast(int64) -> Mul(M0) -> requant_tail`` (see ``emit.requant_tail`` and
+``fixedpoint``); Add/Mul/Concat rescale each input the same way; average pools sum with
+ConvInteger/ReduceSum; elementwise non-linearities become 256-entry tables (Gather).
+Each lowered layer also yields a parameter record for ``fixed_point_params.json``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+
+from . import fixedpoint as fp
+from .emit import (
+    DATA_MOVEMENT,
+    LUT_OPS,
+    Builder,
+    bias_codes,
+    copy_attrs,
+    lower_data_movement,
+    lower_lut,
+    requant_tail,
+)
+from .graph import Graph, opset_of
+from .groups import DTYPE, RANGE, UNSUPPORTED_OP, Group, Unsupported, need_act
+
+I64 = onnx.TensorProto.INT64
+
+
+def prepare(g: Graph, b: Builder) -> None:
+    """Shapes of every tensor (average pools need channel and window counts)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(g.model)
+    except Exception:  # shape inference is a convenience; ops that need it will say so
+        inferred = g.model
+    shapes = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
+        dims = vi.type.tensor_type.shape.dim
+        shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+    g.shapes = shapes
+
+
+def _f32_ratio(num, den) -> np.ndarray:
+    """A scale ratio computed as onnxruntime computes its requantization scale: float32."""
+    return (np.asarray(num, np.float32) / np.asarray(den, np.float32)).astype(np.float32)
+
+
+def _span(qp) -> int:
+    """Largest |q - zero point| an input can have."""
+    lo, hi = fp.dtype_range(qp.dtype)
+    z = int(qp.zero_point.ravel()[0])
+    return max(z - lo, hi - z)
+
+
+def _zp_name(b: Builder, qp) -> str:
+    return qp.zp_name or b.const("zp_" + str(qp.dtype), qp.zero_point)
+
+
+def _record(b: Builder, grp: Group, kind: str, ins: list, out, m0, shift, real, **extra):
+    lo, hi = fp.dtype_range(out.qp.dtype)
+    rec = {
+        "node": grp.node.name or grp.node.op_type,
+        "op_type": grp.node.op_type,
+        "kind": kind,
+        "inputs": [
+            {"tensor": x.q, "dtype": str(x.qp.dtype), "zero_point": int(x.qp.zero_point.ravel()[0]),
+             "scale": float(x.qp.scale.ravel()[0])}
+            for x in ins
+        ],
+        "output": {"tensor": out.q, "dtype": str(out.qp.dtype),
+                   "zero_point": int(out.qp.zero_point.ravel()[0]),
+                   "scale": float(out.qp.scale.ravel()[0])},
+        "clamp": [lo, hi],
+        "rounding": "half_up",
+    }
+    if m0 is not None:
+        rec["multiplier"] = [int(v) for v in np.ravel(m0)]
+        rec["shift"] = [int(v) for v in np.ravel(shift)] if np.size(shift) > 1 else int(shift if np.ndim(shift) == 0 else np.ravel(shift)[0])
+        rec["real_multiplier"] = [float(v) for v in np.ravel(real)]
+    rec.update(extra)
+    b.params.append(rec)
+
+
+def _bcast(rank: int | None, axis: int, n: int) -> tuple:
+    """Shape that broadcasts a per-channel vector of length n along ``axis`` of a
+    tensor of rank ``rank``."""
+    if n == 1:
+        return ()
+    rank = rank or 4
+    shape = [1] * rank
+    shape[axis] = n
+    return tuple(shape[axis:]) if axis >= 0 else (n,)
+
+
+def _check_range(bound: np.ndarray, m0: np.ndarray, what: str) -> None:
+    if np.any(bound.astype(object) * m0.astype(object) >= fp.PRODUCT_LIMIT):
+        raise Unsupported(f"{what}: accumulator * M0 could exceed the int64 range", RANGE)
+
+
+def conv(grp: Group, b: Builder):
+    x = need_act(grp.ins[0], "Conv input", const_ok=False)
+    w = grp.ins[1]
+    if w.kind != "qconst":
+        raise Unsupported(f"Conv weight {w.name!r} is not a quantized constant")
+    if w.qp.dtype not in (np.int8, np.uint8):
+        raise Unsupported(f"Conv weight is {w.qp.dtype}, not 8-bit", DTYPE)
+    wz = np.unique(w.qp.zero_point)
+    if wz.size != 1:
+        raise Unsupported("Conv weight zero points differ per channel (ConvInteger takes one)",
+                          DTYPE)
+    out = grp.outs[0]
+    wv = w.value(b.g)
+    cout = wv.shape[0]
+    ws = np.broadcast_to(w.qp.scale.astype(np.float32), (cout,))
+    real = _f32_ratio(np.float32(x.qp.scale.ravel()[0]) * ws, out.qp.scale.ravel()[0])
+    m0, shift = fp.decompose_all(real)
+    acc_scale = x.qp.scale.astype(np.float64).ravel()[0] * ws.astype(np.float64)
+    bias = bias_codes(grp, b, 2, acc_scale)
+    bias = np.zeros(cout, np.int64) if bias is None else bias.astype(np.int64)
+    wabs = np.abs(wv.astype(np.int64) - int(wz[0])).reshape(cout, -1).sum(axis=1)
+    _check_range(wabs * _span(x.qp), m0, "Conv")
+    name = grp.node.name or "Conv"
+    ins = [x.q, w.q, _zp_name(b, x.qp)]
+    if int(wz[0]) != 0:
+        ins.append(b.const(f"{name}_wzp", np.array(wz[0], dtype=w.qp.dtype)))
+    acc, acc64, prod = b.tmp(f"{name}_acc"), b.tmp(f"{name}_acc64"), b.tmp(f"{name}_prod")
+    b.node("ConvInteger", ins, [acc], name, **copy_attrs(grp.node))
+    b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
+    shape = (cout,) + (1,) * (wv.ndim - 2)
+    b.node("Mul", [acc64, b.const(f"{name}_m0", m0.reshape(shape) if cout > 1 else m0.reshape(()))],
+           [prod], f"{name}_m0")
+    ops = requant_tail(b, prod, shift, bias.astype(object) * m0.astype(object), int(out.qp.zero_point.ravel()[0]),
+                       out.qp.dtype, out.q, name, shape)
+    _record(b, grp, "conv", [x], out, m0, shift, real, bias=[int(v) for v in bias],
+            weight_zero_point=int(wz[0]))
+    return ["ConvInteger", "Cast", "Mul", *ops]
+
+
+def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: float, bias_k):
+    a = need_act(grp.ins[0], f"{grp.node.op_type} input A")
+    wb = grp.ins[1]
+    out = grp.outs[0]
+    name = grp.node.name or grp.node.op_type
+    if wb.kind == "qconst":
+        if wb.qp.dtype not in (np.int8, np.uint8):
+            raise Unsupported(f"{grp.node.op_type} B is {wb.qp.dtype}, not 8-bit", DTYPE)
+        bv = wb.value(b.g)
+        if bv.ndim != 2:
+            raise Unsupported(f"{grp.node.op_type} B of rank {bv.ndim}")
+        if not wb.qp.per_tensor and wb.qp.axis != (0 if trans_b else 1):
+            raise Unsupported(f"{grp.node.op_type} B quantized along the reduction axis", DTYPE)
+        bz = np.asarray(wb.qp.zero_point)
+        if trans_b:
+            bv = bv.T
+        n = bv.shape[1]
+        b_name = b.const(f"{name}_B", np.ascontiguousarray(bv)) if trans_b else wb.q
+        bs = np.broadcast_to(wb.qp.scale.astype(np.float32), (n,))
+        bzv = np.broadcast_to(bz, (n,))
+        bz_name = b.const(f"{name}_bzp", np.ascontiguousarray(bzv) if bz.size > 1 else bz.reshape(()))
+        babs = np.abs(bv.astype(np.int64) - bzv.astype(np.int64)).sum(axis=0)
+    else:
+        if trans_b:
+            raise Unsupported("Gemm with transB on an activation")
+        wb = need_act(wb, f"{grp.node.op_type} input B")
+        n = 1
+        bs = wb.qp.scale.astype(np.float32).ravel()
+        b_name, bz_name = wb.q, _zp_name(b, wb.qp)
+        babs = None
+    real = _f32_ratio(np.float32(a.qp.scale.ravel()[0]) * bs, out.qp.scale.ravel()[0])
+    real = (real.astype(np.float64) * alpha)
+    m0, shift = fp.decompose_all(real)
+    bias = np.zeros(n, np.int64)
+    if bias_k is not None:
+        acc_scale = a.qp.scale.astype(np.float64).ravel()[0] * bs.astype(np.float64)
+        bc = bias_codes(grp, b, bias_k, acc_scale, beta=beta / alpha if alpha else beta)
+        if bc is not None:
+            bias = bc.astype(np.int64)
+    if babs is not None:
+        _check_range(babs * _span(a.qp), m0, grp.node.op_type)
+    acc, acc64, prod = b.tmp(f"{name}_acc"), b.tmp(f"{name}_acc64"), b.tmp(f"{name}_prod")
+    b.node("MatMulInteger", [a.q, b_name, _zp_name(b, a.qp), bz_name], [acc], name)
+    b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
+    m0c = m0 if m0.size > 1 else m0.reshape(())
+    b.node("Mul", [acc64, b.const(f"{name}_m0", m0c)], [prod], f"{name}_m0")
+    ops = requant_tail(b, prod, shift, bias.astype(object) * m0.astype(object), int(out.qp.zero_point.ravel()[0]),
+                       out.qp.dtype, out.q, name, (n,) if n > 1 else ())
+    _record(b, grp, "matmul", [a], out, m0, shift, real, bias=[int(v) for v in bias])
+    return ["MatMulInteger", "Cast", "Mul", *ops]
+
+
+def matmul(grp: Group, b: Builder):
+    return _matmul_like(grp, b, False, 1.0, 1.0, None)
+
+
+def gemm(grp: Group, b: Builder):
+    if grp.attr("transA", 0):
+        raise Unsupported("Gemm with transA")
+    return _matmul_like(grp, b, bool(grp.attr("transB", 0)), float(grp.attr("alpha", 1.0)),
+                        float(grp.attr("beta", 1.0)), 2)
+
+
+def _scaled(b: Builder, x, m0: int, base: str) -> tuple[str | None, np.ndarray | int]:
+    """(int64 tensor q*M0, constant -zp*M0); a quantized constant folds entirely."""
+    z = int(x.qp.zero_point.ravel()[0])
+    if x.kind == "qconst":
+        v = (x.value(b.g).astype(np.int64) - z) * np.int64(m0)
+        return None, v
+    c64, p = b.tmp(f"{base}_i64"), b.tmp(f"{base}_scaled")
+    b.node("Cast", [x.q], [c64], f"{base}_cast", to=I64)
+    b.node("Mul", [c64, b.const(f"{base}_m0", np.array(m0, np.int64))], [p], f"{base}_m0")
+    return p, np.int64(-z * m0)
+
+
+def add(grp: Group, b: Builder):
+    xa = need_act(grp.ins[0], "Add input A")
+    xb = need_act(grp.ins[1], "Add input B")
+    out = grp.outs[0]
+    name = grp.node.name or "Add"
+    ys = out.qp.scale.ravel()[0]
+    reals = [_f32_ratio(xa.qp.scale.ravel()[0], ys), _f32_ratio(xb.qp.scale.ravel()[0], ys)]
+    m0s, shift = fp.shared_shift(reals)
+    _check_range(np.array([_span(xa.qp) + _span(xb.qp)]), np.array([int(m0s.max())]), "Add")
+    pa, ca = _scaled(b, xa, int(m0s[0]), f"{name}_a")
+    pb, cb = _scaled(b, xb, int(m0s[1]), f"{name}_b")
+    ops = []
+    if pa is None and pb is None:
+        raise Unsupported("Add of two constants")
+    if pa is not None and pb is not None:
+        s = b.tmp(f"{name}_sum")
+        b.node("Add", [pa, pb], [s], f"{name}_sum")
+        extra = np.int64(ca + cb)
+        ops = ["Cast", "Mul", "Cast", "Mul", "Add"]
+    else:
+        s, const = (pa, cb) if pa is not None else (pb, ca)
+        extra = (ca if pa is not None else cb) + np.asarray(const, np.int64)
+        ops = ["Cast", "Mul"]
+    ops += requant_tail(b, s, shift, extra, int(out.qp.zero_point.ravel()[0]), out.qp.dtype,
+                        out.q, name, np.shape(extra) or ())
+    _record(b, grp, "add", [xa, xb], out, m0s, shift, np.array(reals).ravel())
+    return ops
+
+
+def mul(grp: Group, b: Builder):
+    xa = need_act(grp.ins[0], "Mul input A")
+    xb = need_act(grp.ins[1], "Mul input B")
+    out = grp.outs[0]
+    name = grp.node.name or "Mul"
+    real = _f32_ratio(np.float32(xa.qp.scale.ravel()[0]) * np.float32(xb.qp.scale.ravel()[0]),
+                      out.qp.scale.ravel()[0])
+    mm = fp.decompose(float(real))
+    _check_range(np.array([_span(xa.qp) * _span(xb.qp)]), np.array([mm.m0]), "Mul")
+    ops = []
+
+    def centered(x, base):
+        z = int(x.qp.zero_point.ravel()[0])
+        if x.kind == "qconst":
+            return b.const(f"{base}_c", x.value(b.g).astype(np.int64) - z)
+        c64 = b.tmp(f"{base}_i64")
+        b.node("Cast", [x.q], [c64], f"{base}_cast", to=I64)
+        ops.append("Cast")
+        if z == 0:
+            return c64
+        d = b.tmp(f"{base}_centered")
+        b.node("Sub", [c64, b.const(f"{base}_zp", np.array(z, np.int64))], [d], f"{base}_zp")
+        ops.append("Sub")
+        return d
+
+    ca, cb = centered(xa, f"{name}_a"), centered(xb, f"{name}_b")
+    p, pm = b.tmp(f"{name}_prod"), b.tmp(f"{name}_prodm")
+    b.node("Mul", [ca, cb], [p], f"{name}_mul")
+    b.node("Mul", [p, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [pm], f"{name}_m0")
+    ops += ["Mul", "Mul"]
+    ops += requant_tail(b, pm, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype,
+                        out.q, name, ())
+    _record(b, grp, "mul", [xa, xb], out, [mm.m0], mm.shift, [float(real)])
+    return ops
+
+
+def _rescale(b: Builder, x, out, base: str) -> tuple[str, list, object]:
+    """Requantize one tensor to the output parameters: q -> zy + round((q - zx) * M)."""
+    real = _f32_ratio(x.qp.scale.ravel()[0], out.qp.scale.ravel()[0])
+    mm = fp.decompose(float(real))
+    zx = int(x.qp.zero_point.ravel()[0])
+    _check_range(np.array([_span(x.qp)]), np.array([mm.m0]), "rescale")
+    c64, p, y = b.tmp(f"{base}_i64"), b.tmp(f"{base}_scaled"), b.tmp(f"{base}_rq")
+    b.node("Cast", [x.q], [c64], f"{base}_cast", to=I64)
+    b.node("Mul", [c64, b.const(f"{base}_m0", np.array(mm.m0, np.int64))], [p], f"{base}_m0")
+    ops = ["Cast", "Mul"] + requant_tail(b, p, mm.shift, -zx * mm.m0,
+                                         int(out.qp.zero_point.ravel()[0]), out.qp.dtype, y,
+                                         base, ())
+    return y, ops, (mm, real)
+
+
+def concat(grp: Group, b: Builder):
+    out = grp.outs[0]
+    xs = [need_act(x, "Concat input") for x in grp.ins]
+    if all(x.qp.same_as(out.qp) for x in xs):
+        return lower_data_movement(grp, b)
+    name = grp.node.name or "Concat"
+    names, ops = [], []
+    for k, x in enumerate(xs):
+        if x.qp.same_as(out.qp):
+            names.append(x.q)
+            continue
+        y, o, (mm, real) = _rescale(b, x, out, f"{name}_in{k}")
+        names.append(y)
+        ops += o
+        _record(b, grp, "rescale", [x], out, [mm.m0], mm.shift, [float(real)], input_index=k)
+    b.node("Concat", names, [out.q], name, axis=int(grp.attr("axis")))
+    return ops + ["Concat"]
+
+
+def average_pool(grp: Group, b: Builder):
+    x = need_act(grp.ins[0], "AveragePool input", const_ok=False)
+    out = grp.outs[0]
+    n = grp.node
+    k = list(grp.attr("kernel_shape"))
+    pads = list(grp.attr("pads", [0] * (2 * len(k))))
+    if grp.attr("ceil_mode", 0):
+        raise Unsupported("AveragePool with ceil_mode (windows of varying size)")
+    if any(pads) and not grp.attr("count_include_pad", 0):
+        raise Unsupported("AveragePool with padding excluded from the count (varying divisor)")
+    if grp.attr("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
+        raise Unsupported("AveragePool with SAME auto padding")
+    shape = b.g.shapes.get(grp.ins[0].name) if hasattr(b.g, "shapes") else None
+    if not shape or shape[1] is None:
+        raise Unsupported("AveragePool: channel count unknown (shape inference failed)")
+    c = shape[1]
+    count = int(np.prod(k))
+    real = _f32_ratio(x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count))
+    mm = fp.decompose(float(real))
+    _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "AveragePool")
+    name = n.name or "AveragePool"
+    ones = b.const(f"{name}_ones", np.ones([c, 1, *k], dtype=np.uint8))
+    acc, acc64, prod = b.tmp(f"{name}_sum"), b.tmp(f"{name}_sum64"), b.tmp(f"{name}_prod")
+    attrs = {a: grp.attr(a) for a in ("strides", "pads", "dilations", "auto_pad")
+             if grp.attr(a) is not None}
+    b.node("ConvInteger", [x.q, ones, _zp_name(b, x.qp)], [acc], name, group=c,
+           kernel_shape=k, **attrs)
+    b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
+    b.node("Mul", [acc64, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [prod], f"{name}_m0")
+    ops = requant_tail(b, prod, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype,
+                       out.q, name, ())
+    _record(b, grp, "average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count)
+    return ["ConvInteger", "Cast", "Mul", *ops]
+
+
+def global_average_pool(grp: Group, b: Builder):
+    x = need_act(grp.ins[0], "GlobalAveragePool input", const_ok=False)
+    out = grp.outs[0]
+    shape = b.g.shapes.get(grp.ins[0].name) if hasattr(b.g, "shapes") else None
+    if not shape or any(d is None for d in shape[2:]):
+        raise Unsupported("GlobalAveragePool: spatial size unknown (shape inference failed)")
+    count = int(np.prod(shape[2:]))
+    real = _f32_ratio(x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count))
+    mm = fp.decompose(float(real))
+    _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "GlobalAveragePool")
+    name = grp.node.name or "GlobalAveragePool"
+    axes = list(range(2, len(shape)))
+    c32, s, s64, prod = (b.tmp(f"{name}_{t}") for t in ("i32", "sum", "sum64", "prod"))
+    b.node("Cast", [x.q], [c32], f"{name}_cast32", to=onnx.TensorProto.INT32)
+    if opset_of(b.g.model) >= 13:
+        b.node("ReduceSum", [c32, b.const(f"{name}_axes", np.array(axes, np.int64))], [s], name,
+               keepdims=1)
+    else:
+        b.node("ReduceSum", [c32], [s], name, axes=axes, keepdims=1)
+    b.node("Cast", [s], [s64], f"{name}_cast64", to=I64)
+    b.node("Mul", [s64, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [prod], f"{name}_m0")
+    zx = int(x.qp.zero_point.ravel()[0])
+    ops = requant_tail(b, prod, mm.shift, -count * zx * mm.m0, int(out.qp.zero_point.ravel()[0]),
+                       out.qp.dtype, out.q, name, ())
+    _record(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)],
+            window=count)
+    return ["Cast", "ReduceSum", "Cast", "Mul", *ops]
+
+
+def lut(grp: Group, b: Builder):
+    ops = lower_lut(grp, b)
+    table = b.luts[-1][0]
+    _record(b, grp, "lookup_table", [grp.ins[0]], grp.outs[0], None, None, None,
+            table_name=table)
+    return ops
+
+
+def handler(op_type: str):
+    if op_type in HANDLERS:
+        return HANDLERS[op_type]
+    if op_type in DATA_MOVEMENT:
+        return lower_data_movement
+    if op_type in LUT_OPS:
+        return lut
+    return None
+
+
+HANDLERS = {
+    "Conv": conv,
+    "MatMul": matmul,
+    "Gemm": gemm,
+    "Add": add,
+    "Mul": mul,
+    "Concat": concat,
+    "AveragePool": average_pool,
+    "GlobalAveragePool": global_average_pool,
+}
+
+UNSUPPORTED = UNSUPPORTED_OP

@@ -1,0 +1,89 @@
+"""Builds QDQ models the way the ``quantize`` rule does, for tests and the benchmark.
+
+onnxruntime's ``quant_pre_process`` then ``quantize_static`` (QDQ format, per-channel int8
+weights, uint8 or int8 activations, MinMax) calibrated on a few real images. Also owns the
+image pre-processing shared by the tests, the check step's fallback inputs and the bench.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+#: Per-model image pre-processing: (layout, channel order, value mapping).
+_PREP = {
+    "mobilenet": ("RGB", lambda a: a / 127.5 - 1.0),
+    "yolox": ("BGR", lambda a: a),
+}
+
+
+def load_image(path: Path, shape: tuple[int, int], kind: str) -> np.ndarray:
+    """One image as a float32 NCHW batch of 1, resized to ``shape`` (height, width)."""
+    from PIL import Image
+
+    order, scale = _PREP[kind]
+    with Image.open(path) as im:
+        im = im.convert("RGB").resize((shape[1], shape[0]), Image.BILINEAR)
+        a = np.asarray(im, dtype=np.float32)
+    if order == "BGR":
+        a = a[:, :, ::-1]
+    a = scale(a).astype(np.float32)
+    return np.ascontiguousarray(a.transpose(2, 0, 1)[None])
+
+
+def image_batches(images: list[Path], shape: tuple[int, int], kind: str) -> list[np.ndarray]:
+    return [load_image(p, shape, kind) for p in sorted(images)]
+
+
+class _Reader:
+    def __init__(self, name: str, batches: list[np.ndarray]):
+        self._it = iter([{name: b} for b in batches])
+
+    def get_next(self):
+        return next(self._it, None)
+
+
+def make_qdq(
+    model: Path,
+    out: Path,
+    batches: list[np.ndarray],
+    activation: str = "uint8",
+    scratch: Path | None = None,
+) -> Path:
+    """Quantize ``model`` to QDQ (per-channel int8 weights, ``activation`` activations)."""
+    import onnx
+    from onnx import version_converter
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_static,
+    )
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    scratch = Path(scratch or out.parent)
+    m = onnx.load(str(model))
+    opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
+    src = model
+    if opset < 13:  # per-channel DequantizeLinear needs `axis` (opset 13)
+        m = version_converter.convert_version(m, 13)
+        src = scratch / (out.stem + "_op13.onnx")
+        onnx.save(m, str(src))
+    pre = scratch / (out.stem + "_pre.onnx")
+    quant_pre_process(str(src), str(pre))
+    name = m.graph.input[0].name
+
+    class Reader(_Reader, CalibrationDataReader):
+        pass
+
+    quantize_static(
+        str(pre),
+        str(out),
+        Reader(name, batches),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8 if activation == "uint8" else QuantType.QInt8,
+        weight_type=QuantType.QInt8,
+    )
+    return out
