@@ -71,6 +71,11 @@ def _convert_entry(entry: Any, where: str, attr: str, default_type: str, is_weig
     if unknown:
         raise QuantizeError(f"{where}: unknown override option(s) {', '.join(unknown)}; known: "
                             f"{', '.join(sorted(keys))}", attr=attr)
+    if ("scale" in entry) != ("zero_point" in entry):
+        raise QuantizeError(f"{where}: give both 'scale' and 'zero_point', or neither",
+                            attr=attr)
+    if ("rmin" in entry) != ("rmax" in entry) and "axis" in entry:
+        raise QuantizeError(f"{where}: give both 'rmin' and 'rmax', or neither", attr=attr)
     out: dict[str, Any] = {}
     type_name = entry.get("quant_type", default_type)
     if "quant_type" in entry:
