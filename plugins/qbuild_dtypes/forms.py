@@ -6,7 +6,7 @@ target's policies.
   zero points are elided wherever that is legal (DequantizeLinear: always; QuantizeLinear:
   when ``output_dtype`` is set or the type is uint8).
 
-Target policies override the form node by node (``keep_int8_activation_zero_point``,
+Target policies override the form node by node (``keep_activation_zero_point``,
 ``output_dtype_with_int8_zero_point``); every override is counted in the returned stats.
 The rewrite never changes a scale, a zero point value, an axis or a block size.
 """
@@ -93,30 +93,27 @@ def convert_form(model: ModelProto, target: DtypeTarget, form: str,
         if qn.qelem is None or qn.qelem == TensorProto.INT32:
             stats["skipped_unknown_or_int32"] += 1
             continue
-        is_int8 = qn.qelem == TensorProto.INT8
-        keep_int8 = target.keep_int8_activation_zero_point and is_int8 and qn.is_activation
-        if form == "zero_point" or keep_int8:
+        qname = qtype(qn.qelem).name
+        policy_keep = qn.is_activation and qname in target.keep_activation_zero_point
+        if form == "zero_point" or policy_keep:
             if form == "output_dtype":
-                stats["policy_int8_activation_zero_point_kept"] += 1
+                stats["policy_activation_zero_point_kept"] += 1
             if qn.zp_name is None:
                 _set_zp(qn, _zero_zp(model, qn, zp_cache, taken))
                 stats["zero_points_materialized"] += 1
-            if qn.output_dtype:
-                del_attr(qn.node, "output_dtype")
-                stats["output_dtype_removed"] += 1
-            continue
-        # output_dtype form.
-        if qn.zp_all_zero and (not qn.is_q or can_od or qn.qelem == TensorProto.UINT8):
+        elif qn.zp_all_zero and (not qn.is_q or can_od or qn.qelem == TensorProto.UINT8):
             _set_zp(qn, None)
             stats["zero_points_elided"] += 1
         if not qn.is_q:
             continue
         has_zp = len(qn.node.input) > 2 and bool(qn.node.input[2])
-        if is_int8 and has_zp and not target.output_dtype_with_int8_zero_point:
+        int8_zp = qn.qelem == TensorProto.INT8 and has_zp
+        if form == "zero_point" or (int8_zp and not target.output_dtype_with_int8_zero_point):
+            if form == "output_dtype":
+                stats["policy_no_output_dtype_with_int8_zero_point"] += 1
             if qn.output_dtype:
                 del_attr(qn.node, "output_dtype")
                 stats["output_dtype_removed"] += 1
-            stats["policy_no_output_dtype_with_int8_zero_point"] += 1
             continue
         if not can_od:
             stats["output_dtype_unavailable"] += 1

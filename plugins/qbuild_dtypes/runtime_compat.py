@@ -159,6 +159,11 @@ def set_opset(model: ModelProto, version: int) -> ModelProto:
                          f"definition changed in between: {', '.join(changed) or 'none'} "
                          f"(onnx version converter: {reason})") from None
     converted.ir_version = max(converted.ir_version, model.ir_version)
+    # The converter stores every inferred type as value_info; keep only what the model had.
+    keep = {v.name for v in model.graph.value_info}
+    infos = [v for v in converted.graph.value_info if v.name in keep]
+    del converted.graph.value_info[:]
+    converted.graph.value_info.extend(infos)
     return converted
 
 

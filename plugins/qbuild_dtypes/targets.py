@@ -32,9 +32,11 @@ class DtypeTarget:
     max_ir: int | None = None
     qtypes: frozenset | None = None
     scale_types: frozenset | None = None
-    # onnxruntime fuses DQ->Conv/MatMul->Q into QLinear* only if int8 activations carry an
-    # explicit zero point.
-    keep_int8_activation_zero_point: bool = False
+    # Quantized types whose activation Q/DQ keep an explicit zero point even in the
+    # output_dtype form. onnxruntime 1.31 fuses DQ->Conv/MatMul->Q into QLinearConv only when
+    # int8 activations carry one, and drops DQ->Reshape->Q pairs only when both state theirs
+    # (measured with uint8 too).
+    keep_activation_zero_point: frozenset = frozenset()
     # onnxruntime issue 25526: output_dtype=INT8 plus an int8 zero point fails session creation.
     output_dtype_with_int8_zero_point: bool = True
     preferred_form: str = "output_dtype"
@@ -98,11 +100,12 @@ ONNXRUNTIME_CPU = DtypeTarget(
     max_ir=13,
     qtypes=_ORT_QTYPES,  # no float4e2m1 QuantizeLinear kernel
     scale_types=frozenset({"float", "float16"}),  # bfloat16 Q/DQ: NOT_IMPLEMENTED
-    keep_int8_activation_zero_point=True,
+    keep_activation_zero_point=frozenset({"int8", "uint8"}),
     output_dtype_with_int8_zero_point=False,
     preferred_form="output_dtype",
-    notes="int8 activations keep an explicit zero point (QLinearConv fusion); never "
-          "output_dtype with an int8 zero point (onnxruntime issue 25526)",
+    notes="8-bit activations keep an explicit zero point (QLinearConv fusion, QDQ pair "
+          "removal around Reshape); never output_dtype with an int8 zero point "
+          "(onnxruntime issue 25526)",
 )
 
 ONNX_REFERENCE = DtypeTarget(
@@ -128,7 +131,7 @@ def _coerce(obj, source: str) -> DtypeTarget:
         return obj
     if isinstance(obj, dict):
         d = dict(obj)
-        for key in ("qtypes", "scale_types"):
+        for key in ("qtypes", "scale_types", "keep_activation_zero_point"):
             if d.get(key) is not None:
                 d[key] = frozenset(d[key])
         try:

@@ -1,0 +1,181 @@
+"""The two end-to-end transformations behind the rules, as plain functions:
+
+* :func:`retarget`: opset handling + form conversion + target policies + equivalence check;
+* :func:`requantize_weights`: weight (re-)quantization, then :func:`retarget`;
+* :func:`write_checked`: save, then validate (full checker, load-and-run in the target's
+  runtime, onnxruntime fusion counts, output drift against the source model);
+* :func:`retarget_file` / :func:`requantize_file`: the same from file to file with a report.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import onnx
+from onnx import ModelProto
+
+from . import forms, qdq, requant, runtime_compat, validate
+from .errors import DtypeError
+from .graph import opset
+from .report import model_summary
+from .targets import FORMS, DtypeTarget, get_target
+
+
+def _resolve_form(form: str, target: DtypeTarget) -> str:
+    if form == "auto":
+        return target.preferred_form
+    if form not in FORMS:
+        raise DtypeError(f"form must be auto, {' or '.join(FORMS)}; got {form!r}")
+    return form
+
+
+def _fit_opset(model: ModelProto, target: DtypeTarget) -> ModelProto:
+    limit = target.opset_limit("")
+    cur = opset(model)
+    if cur is not None and cur > limit:
+        try:
+            return runtime_compat.set_opset(model, limit)
+        except DtypeError as e:
+            raise DtypeError(f"target {target.name!r} loads ai.onnx opset <= {limit}: "
+                             f"{e}") from None
+    return model
+
+
+def _raise_opset(model: ModelProto, need: int, why: str, target: DtypeTarget) -> ModelProto:
+    limit = target.opset_limit("")
+    if need > limit:
+        raise DtypeError(f"target {target.name!r} cannot express this: {why} needs ai.onnx "
+                         f"opset {need}, but it loads opset <= {limit}")
+    cur = opset(model) or 1
+    return runtime_compat.set_opset(model, need) if need > cur else model
+
+
+def retarget(model: ModelProto, target: DtypeTarget | str,
+             form: str = "auto") -> tuple[ModelProto, dict]:
+    """Convert ``model`` to ``form`` for ``target``. Returns (model, info) where info holds
+    the form, opsets before/after, the conversion counters and the equivalence proof."""
+    target = get_target(target)
+    form = _resolve_form(form, target)
+    source = model
+    m = _fit_opset(model, target)
+    limit = target.opset_limit("")
+    converted, stats = forms.convert_form(m, target, form, max_opset=limit)
+    if stats.get("output_dtype_unavailable"):
+        raise DtypeError(f"target {target.name!r} cannot express the output_dtype form: it "
+                         f"loads ai.onnx opset <= {limit} and output_dtype needs 21 "
+                         f"({stats['output_dtype_unavailable']} QuantizeLinear nodes)")
+    need, why = runtime_compat.required_opset(converted)
+    if need > (opset(m) or 1):
+        m = _raise_opset(m, need, why, target)
+        converted, stats = forms.convert_form(m, target, form, max_opset=limit)
+    converted = runtime_compat.make_loadable(converted, target)
+    proof = qdq.check_equivalent(source, converted)
+    return converted, {
+        "form": form,
+        "target": target.name,
+        "opset_before": opset(source),
+        "opset_after": opset(converted),
+        "ir_before": source.ir_version,
+        "ir_after": converted.ir_version,
+        "conversion": stats,
+        "equivalence": proof,
+    }
+
+
+def requantize_weights(model: ModelProto, target: DtypeTarget | str, form: str = "auto",
+                       policy: dict | None = None, tensors: dict | None = None,
+                       min_elements: int = requant.DEFAULT_MIN_ELEMENTS
+                       ) -> tuple[ModelProto, dict]:
+    """(Re-)quantize weights per ``policy`` / ``tensors``, then :func:`retarget`."""
+    target = get_target(target)
+    m = _fit_opset(model, target)
+    plans, _ = requant.plan(m, policy, tensors, min_elements)
+    for w in plans:
+        if not target.allows_qtype(w.spec.q.name):
+            raise DtypeError(f"target {target.name!r} cannot run {w.spec.q.name} "
+                             f"(tensor {w.key!r})")
+    need = requant.needed_opset(plans)
+    if need > (opset(m) or 1):
+        worst = max(plans, key=lambda w: w.spec.min_opset())
+        m = _raise_opset(m, need, f"tensor {worst.key!r} as {worst.spec.q.name} "
+                                  f"{worst.spec.granularity}", target)
+    quantized, rinfo = requant.requantize(m, policy, tensors, min_elements)
+    out, info = retarget(quantized, target, form)
+    info["opset_before"] = opset(model)
+    info["ir_before"] = model.ir_version
+    info["requantization"] = rinfo
+    return out, info
+
+
+def write_checked(model: ModelProto, out_path: str | Path, target: DtypeTarget | str, *,
+                  source_path: str | Path | None = None, input_dims: dict | None = None,
+                  run: bool = True, scratch: str | Path | None = None) -> dict:
+    """Save ``model`` and validate the file; returns the validation record (deterministic)."""
+    target = get_target(target)
+    out_path = Path(out_path)
+    validate.full_check(model, out_path.name)
+    onnx.save(model, str(out_path))
+    loaded = runtime_compat.check_loadable(out_path, target, input_dims, run=run)
+    record = {"full_check": True, "loadable": loaded}
+    if run and target.runtime == "onnxruntime":
+        with tempfile.TemporaryDirectory(dir=scratch) as tmp:
+            record["onnxruntime_fused_ops"] = {
+                k: v for k, v in validate.fused_op_counts(out_path, tmp).items()
+                if k.startswith(("QLinear", "MatMulNBits", "MatMulInteger", "QGemm",
+                                 "DequantizeLinear", "QuantizeLinear", "Conv", "MatMul"))}
+        if source_path is not None:
+            record["max_abs_diff_vs_source"] = _drift(source_path, out_path, input_dims)
+    return record
+
+
+def _drift(source_path, out_path, input_dims) -> float | None:
+    """Largest output difference against the source model on the same synthetic inputs
+    (None if the source does not load in onnxruntime)."""
+    m = onnx.load(str(out_path), load_external_data=False)
+    feeds = validate.synthetic_feeds(m, input_dims)
+    try:
+        ref = validate.run_onnxruntime(source_path, feeds)
+    except DtypeError:
+        return None
+    got = validate.run_onnxruntime(out_path, feeds)
+    return float(f"{validate.max_abs_diff(ref, got):.6g}")
+
+
+def _write_report(report: dict, path: str | Path | None) -> None:
+    if path is not None:
+        Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+
+
+def retarget_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
+                  form: str = "auto", report_path: str | Path | None = None,
+                  input_dims: dict | None = None, run: bool = True) -> dict:
+    """File-to-file :func:`retarget` with validation; returns (and writes) the report."""
+    target = get_target(target)
+    model = onnx.load(str(src))
+    out, info = retarget(model, target, form)
+    report = {"rule": "qdq_retarget", "before": model_summary(model, src), **info}
+    report["validation"] = write_checked(out, dst, target, source_path=src,
+                                         input_dims=input_dims, run=run)
+    report["after"] = model_summary(out, dst)
+    _write_report(report, report_path)
+    return report
+
+
+def requantize_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
+                    form: str = "auto", policy: dict | None = None,
+                    tensors: dict | None = None,
+                    min_elements: int = requant.DEFAULT_MIN_ELEMENTS,
+                    report_path: str | Path | None = None, input_dims: dict | None = None,
+                    run: bool = True) -> dict:
+    """File-to-file :func:`requantize_weights` with validation; returns the report."""
+    target = get_target(target)
+    model = onnx.load(str(src))
+    out, info = requantize_weights(model, target, form, policy, tensors, min_elements)
+    report = {"rule": "requantize_weights", "before": model_summary(model, src), **info}
+    report["validation"] = write_checked(out, dst, target, source_path=src,
+                                         input_dims=input_dims, run=run)
+    report["after"] = model_summary(out, dst)
+    _write_report(report, report_path)
+    return report

@@ -1,0 +1,57 @@
+"""What a model holds, for report.json: file size, IR / opset, initializer counts and bytes per
+element type, and Q/DQ nodes per quantized type with how their zero points are stated.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import onnx
+from onnx import ModelProto
+
+from .dtypes import type_name
+from .graph import opset
+from .qdq import find_qdq
+
+
+def model_summary(model: ModelProto, path: str | Path | None = None) -> dict:
+    """Deterministic summary of ``model`` (and of its file size when ``path`` is given)."""
+    counts: Counter = Counter()
+    nbytes: Counter = Counter()
+    for t in model.graph.initializer:
+        counts[type_name(t.data_type)] += 1
+        nbytes[type_name(t.data_type)] += t.ByteSize()
+    qdq: dict[str, Counter] = {"QuantizeLinear": Counter(), "DequantizeLinear": Counter()}
+    zp = Counter()
+    for qn in find_qdq(model):
+        qdq[qn.node.op_type][type_name(qn.qelem) if qn.qelem else "unknown"] += 1
+        if qn.zp_name is None:
+            zp["absent"] += 1
+        else:
+            zp["explicit"] += 1
+        if qn.output_dtype:
+            zp["output_dtype_attribute"] += 1
+    out = {
+        "ir_version": model.ir_version,
+        "opset": opset(model),
+        "nodes": len(model.graph.node),
+        "initializers_by_dtype": dict(sorted(counts.items())),
+        "initializer_bytes_by_dtype": dict(sorted(nbytes.items())),
+        "qdq_nodes_by_dtype": {k: dict(sorted(v.items())) for k, v in qdq.items()},
+        "zero_points": dict(sorted(zp.items())),
+        "inputs": [_io(v) for v in model.graph.input
+                   if v.name not in {t.name for t in model.graph.initializer}],
+        "outputs": [_io(v) for v in model.graph.output],
+    }
+    if path is not None:
+        out["bytes"] = os.path.getsize(path)
+    return out
+
+
+def _io(vi: onnx.ValueInfoProto) -> dict:
+    tt = vi.type.tensor_type
+    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+             for d in tt.shape.dim]
+    return {"name": vi.name, "dtype": type_name(tt.elem_type), "shape": shape}
