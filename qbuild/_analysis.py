@@ -81,7 +81,7 @@ class Graph:
 
     def _require(self, label: Label, file: str | None, target: str | None,
                  attr: str | None) -> TargetSpec:
-        where = {"file": file, "target": target, "attr": attr}
+        where: dict[str, str | None] = {"file": file, "target": target, "attr": attr}
         if not self.loader.has_package(label.package):
             raise ConfigError(f"no package '//{label.package}' "
                               f"({self.loader.shown_path(label.package)} does not exist)", **where)
@@ -89,6 +89,7 @@ class Graph:
         if spec is None:
             names = sorted(n for n in self.loader.load(label.package) if "@" not in n)
             hint = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
+            where["file"] = where["file"] or self.loader.shown_path(label.package)
             raise ConfigError(f"no target '{label.name}' in package '//{label.package}' "
                               f"(it has: {hint or 'no targets'})", **where)
         return spec

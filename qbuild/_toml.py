@@ -32,7 +32,11 @@ def load_toml(path: Path, shown_as: str | None = None) -> dict[str, Any]:
         match = _POSITION.search(text)
         line = int(match.group(1)) if match else None
         column = int(match.group(2)) if match else None
-        message = _POSITION.sub("", text).strip()
+        if match is None and "(at end of document)" in text:
+            decoded = data.decode("utf-8")
+            line = decoded.count("\n") + 1
+            column = len(decoded.rsplit("\n", 1)[-1]) + 1
+        message = _POSITION.sub("", text).replace("(at end of document)", "").strip()
         raise ConfigError(
             f"TOML syntax error: {message}", file=shown_as or path, line=line, column=column
         ) from None
