@@ -128,7 +128,7 @@ class Build:
         self.results: dict[Label, dict[str, Any]] = {}
         self.actions: dict[Label, Action] = {}
         self.result = BuildResult()
-        self._rebuild_lock = threading.Lock()
+        self._rebuild_lock = threading.RLock()
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
 
@@ -255,7 +255,12 @@ class Build:
         """Run a cached action again because its stored outputs are gone or corrupt."""
         with self._rebuild_lock:
             action = self.actions[label]
-            outcome = self.executor.execute(action)
+            while True:
+                try:
+                    outcome = self.executor.execute(action)
+                    break
+                except MissingBlob as missing:  # its own inputs are gone too: go deeper
+                    self._rebuild(Label(*missing.dep_label[2:].split(":", 1)))
             old = {e["path"]: e["digest"] for e in self.results[label]["outputs"]}
             new = {e["path"]: e["digest"] for e in outcome.outputs}
             if old != new:

@@ -22,10 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
     from qbuild import RuleError
-except ImportError:  # the engine's public package is not importable yet
-    from qbuild._errors import RuleError
 
 FORMAT = "qbuild-dataset"
 VERSION = 1

@@ -16,10 +16,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-try:
     from qbuild import RuleError
-except ImportError:  # the engine's public package is not importable yet
-    from qbuild._errors import RuleError
 
 DEFAULT_DOMAIN = "ai.onnx"
 
