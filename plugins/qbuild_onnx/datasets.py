@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-    from qbuild import RuleError
+from qbuild import RuleError
 
 FORMAT = "qbuild-dataset"
 VERSION = 1

@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-    from qbuild import RuleError
+from qbuild import RuleError
 
 DEFAULT_DOMAIN = "ai.onnx"
 
