@@ -162,7 +162,7 @@ def lower_lut(grp: Group, b: Builder) -> list[str]:
 
 
 def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str,
-                 base: str, shape=(-1,)) -> list[str]:
+                 base: str, shape=(-1,), prod_bound: int = fp.PRODUCT_LIMIT) -> list[str]:
     """int64 ``prod`` (already multiplied by M0) -> 8-bit ``out``:
     Add(2**(n-1) + 2**61 + c_extra) -> Div(2**n) -> Add(zp - 2**(61-n)) -> Clip -> Cast.
 
@@ -174,6 +174,13 @@ def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str
     c_extra = np.asarray(c_extra, dtype=object)
     div_o = np.asarray(1, dtype=object) << shift.astype(object)
     whole, rest = np.floor_divide(c_extra, div_o), np.mod(c_extra, div_o)
+    # onnxruntime 1.31's int64 Clip/Max mis-compare some values beyond the int32 range, so
+    # the value reaching Clip must stay inside it. Limiting the folded whole steps to
+    # +-lim changes nothing: beyond lim the output saturates either way.
+    reach = (int(prod_bound) >> shift.astype(object)) + 2 + abs(int(zp)) + 256
+    lim = (2**31 - 1) - reach
+    clamp = lim > 2**20  # only where the accumulator's reach is known to be small
+    whole = np.where(clamp, np.minimum(np.maximum(whole, -lim), lim), whole)
     big = 1 << fp.BIAS_BITS
     c = (div_o >> 1) + big + rest
     div = div_o

@@ -127,7 +127,7 @@ class Graph:
 _ONNX_TO_NP = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8}
 
 
-def _attr(node, name: str, default):
+def _attr(node, name: str, default=None):
     for a in node.attribute:
         if a.name == name:
             return onnx.helper.get_attribute_value(a)

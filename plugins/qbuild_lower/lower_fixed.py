@@ -132,7 +132,8 @@ def conv(grp: Group, b: Builder):
     b.node("Mul", [acc64, b.const(f"{name}_m0", m0.reshape(shape) if cout > 1 else m0.reshape(()))],
            [prod], f"{name}_m0")
     ops = requant_tail(b, prod, shift, bias.astype(object) * m0.astype(object), int(out.qp.zero_point.ravel()[0]),
-                       out.qp.dtype, out.q, name, shape)
+                       out.qp.dtype, out.q, name, shape,
+                       prod_bound=int((wabs * _span(x.qp) * m0).max()))
     _record(b, grp, "conv", [x], out, m0, shift, real, bias=[int(v) for v in bias],
             weight_zero_point=int(wz[0]))
     return ["ConvInteger", "Cast", "Mul", *ops]

@@ -31,7 +31,7 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
             seen.add(name)
             inits.append(numpy_helper.from_array(np.asarray(arr), name))
 
-    for k, (table, grp) in enumerate(requests):
+    for k, (_table, grp) in enumerate(requests):
         x, out = grp.ins[0], grp.outs[0]
         codes = _codes(x.qp.dtype)
         xin, dq, y, yq = f"x{k}", f"dq{k}", f"y{k}", f"q{k}"

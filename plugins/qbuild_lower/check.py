@@ -1,0 +1,122 @@
+"""The check step: a lowered model against its QDQ source, both run in onnxruntime.
+
+For every output element the difference is measured in LSB of that output's final
+DequantizeLinear scale. The result gives the share of elements within +-1 LSB, the share
+that is bit-exact and the largest error; ``passed`` compares the share with a threshold.
+Inputs come from a qbuild dataset directory, or, without one, from seeded random codes
+spanning each input's quantization range (said so in the result).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from .graph import Graph, LowerError
+from .groups import is_dq
+
+
+def session(model, threads: int = 0):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+def load_dataset(path: Path, max_samples: int | None = None) -> list[dict]:
+    """Read a qbuild dataset directory into a list of feeds (batch of 1 each)."""
+    meta_path = Path(path) / "dataset.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as e:
+        raise LowerError(f"{meta_path}: cannot read dataset metadata ({e})") from e
+    if meta.get("format") != "qbuild-dataset":
+        raise LowerError(f"{meta_path}: not a qbuild-dataset (format={meta.get('format')!r})")
+    arrays = {}
+    for name, spec in sorted(meta.get("inputs", {}).items()):
+        arrays[name] = np.load(Path(path) / spec["file"], mmap_mode="r")
+    n = int(meta.get("count", min(len(a) for a in arrays.values())))
+    if max_samples:
+        n = min(n, max_samples)
+    return [{k: np.ascontiguousarray(a[i:i + 1]) for k, a in arrays.items()} for i in range(n)]
+
+
+def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict]:
+    """Random inputs covering each float input's quantization range (the first
+    QuantizeLinear reading it), shapes from the graph with unknown dims set to 1."""
+    g = Graph.from_model(model)
+    rng = np.random.default_rng(seed)
+    feeds = [{} for _ in range(count)]
+    for vi in model.graph.input:
+        if vi.name in g.inits:
+            continue
+        shape = [d.dim_value if d.HasField("dim_value") else 1
+                 for d in vi.type.tensor_type.shape.dim]
+        q = next((g.nodes[u] for u in g.consumers.get(vi.name, [])
+                  if g.nodes[u].op_type == "QuantizeLinear"), None)
+        if q is None:
+            raise LowerError(f"input {vi.name!r} has no QuantizeLinear: cannot synthesize data")
+        qp = g.qparams(q)
+        info = np.iinfo(qp.dtype)
+        s, z = float(qp.scale.ravel()[0]), int(qp.zero_point.ravel()[0])
+        for f in feeds:
+            f[vi.name] = ((rng.uniform(info.min, info.max, shape) - z) * s).astype(np.float32)
+    return feeds
+
+
+def output_scales(model: onnx.ModelProto) -> dict[str, float]:
+    g = Graph.from_model(model)
+    scales = {}
+    for o in model.graph.output:
+        p = g.producer_node(o.name)
+        if p is not None and is_dq(p):
+            qp = g.qparams(p)
+            if qp.per_tensor:
+                scales[o.name] = float(qp.scale.ravel()[0])
+    return scales
+
+
+def compare(source: onnx.ModelProto, lowered: onnx.ModelProto, feeds: list[dict],
+            min_agreement: float = 0.999) -> dict:
+    s_src, s_low = session(source), session(lowered)
+    scales = output_scales(lowered) or output_scales(source)
+    names = [o.name for o in s_src.get_outputs()]
+    per = {n: {"elements": 0, "within_1lsb": 0, "exact": 0, "max_lsb": 0.0} for n in names}
+    for feed in feeds:
+        ra = dict(zip(names, s_src.run(names, feed)))
+        rb = dict(zip(names, s_low.run(names, feed)))
+        for n in names:
+            scale = scales.get(n)
+            a, b = ra[n].astype(np.float64), rb[n].astype(np.float64)
+            d = np.abs(a - b) / scale if scale else np.abs(a - b)
+            d = np.rint(d * 1e4) / 1e4  # float noise of the dequantize is not an LSB
+            st = per[n]
+            st["elements"] += d.size
+            st["within_1lsb"] += int((d <= 1).sum())
+            st["exact"] += int((d == 0).sum())
+            st["max_lsb"] = max(st["max_lsb"], float(d.max()) if d.size else 0.0)
+    total = sum(p["elements"] for p in per.values())
+    within = sum(p["within_1lsb"] for p in per.values())
+    exact = sum(p["exact"] for p in per.values())
+    share = within / total if total else 1.0
+    return {
+        "samples": len(feeds),
+        "elements": total,
+        "within_1lsb": round(share, 6),
+        "exact": round(exact / total if total else 1.0, 6),
+        "max_error_lsb": max((p["max_lsb"] for p in per.values()), default=0.0),
+        "min_agreement": min_agreement,
+        "passed": share >= min_agreement,
+        "per_output": {n: {**p, "within_1lsb": round(p["within_1lsb"] / p["elements"], 6)
+                           if p["elements"] else 1.0,
+                           "exact": round(p["exact"] / p["elements"], 6)
+                           if p["elements"] else 1.0}
+                       for n, p in sorted(per.items())},
+    }
