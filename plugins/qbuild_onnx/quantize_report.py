@@ -101,8 +101,8 @@ def weight_granularity(model: onnx.ModelProto) -> dict[str, Any]:
                 param = node.input[index]
         if param is None or param not in inits:
             continue
-        (per_channel if len(inits[param].dims) >= 1 and _elements(inits[param]) > 1
-         else per_tensor).append(node.name)
+        # A 1-D scale (or zero point) is per-axis even with one channel; per-tensor is 0-D.
+        (per_channel if len(inits[param].dims) >= 1 else per_tensor).append(node.name)
     return {"per_channel": len(per_channel), "per_tensor": len(per_tensor),
             "per_tensor_nodes": sorted(per_tensor)}
 

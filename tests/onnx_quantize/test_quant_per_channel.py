@@ -124,3 +124,29 @@ def test_opset11_model_stays_at_11_without_per_channel(conv11_case, tmp_path):
     _model, info, _ = _quantize(conv11_case, tmp_path)
     assert info["opset"] == 11
     _assert_close(conv11_case, tmp_path / "q.onnx", min_db=20)
+
+
+def test_single_channel_conv_counts_as_per_channel(tmp_path):
+    # A detection-head style 1x1 Conv with one output channel gets a 1-D scale of length 1.
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["input", "w"], ["output"], "head")], "head",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 8, 4, 4])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 1, 4, 4])],
+        [numpy_helper.from_array(rng.normal(0, 1, (1, 8, 1, 1)).astype(np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7)
+    model_path = lib.save(model, tmp_path / "head.onnx")
+    feeds = lib.random_inputs(model_path, 4)
+    calib = lib.write_calibration(model_path, feeds, tmp_path / "calibration.json")
+    warnings: list[str] = []
+    quantize_static_model(model_path, calib, tmp_path / "q.onnx", StaticOptions(per_channel=True),
+                          report_path=tmp_path / "report.json", warn=warnings.append)
+    report = __import__("json").loads((tmp_path / "report.json").read_text())
+    assert report["weights"] == {"per_channel": 1, "per_tensor": 0, "per_tensor_nodes": []}
+    assert not warnings
+    quantize_static_model(model_path, calib, tmp_path / "q.onnx", StaticOptions(),
+                          report_path=tmp_path / "report.json")
+    report = __import__("json").loads((tmp_path / "report.json").read_text())
+    assert report["weights"]["per_tensor_nodes"] == ["head"]
