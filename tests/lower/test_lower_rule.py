@@ -1,0 +1,53 @@
+"""The lower_integer rule through the real engine: outputs, report, caching, failure."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import MOBILENET
+
+
+def _ws(ws, qdq, extra=""):
+    ws.copy(qdq, "m/qdq.onnx")
+    ws.write("m/BUILD.toml", f"""
+[qdq]
+rule = "onnx_model"
+src = "qdq.onnx"
+
+[int_ort]
+rule = "lower_integer"
+model = ":qdq"
+mode = "ort"
+max_samples = 2
+
+[int_fixed]
+rule = "lower_integer"
+model = ":qdq"
+mode = "fixed_point"
+max_samples = 2
+{extra}
+""")
+
+
+def test_rule_builds_caches_and_reports(qbuild_workspace, qdq_models):
+    ws = qbuild_workspace
+    _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"))
+    r = ws.build("//m:int_ort", "//m:int_fixed")
+    assert r.ok, r.error
+    outs = {p.name: p for p in r.outputs("//m:int_fixed")}
+    assert {"int_fixed.onnx", "report.json", "fixed_point_params.json"} <= set(outs)
+    rep = json.loads(outs["report.json"].read_text())
+    assert rep["check"]["passed"] and rep["check"]["inputs"] == "synthetic"
+    assert len(rep["per_node"]) == rep["nodes"]["compute"]
+    params = json.loads(outs["fixed_point_params.json"].read_text())
+    assert params["format"] == "qbuild-fixed-point" and params["layers"]
+    assert r.info("//m:int_ort")["lowered_share"] == 1.0
+    r2 = ws.build("//m:int_ort", "//m:int_fixed")
+    assert r2.ok and not [x for x in r2.ran if "int_" in x]
+
+
+def test_rule_fails_below_threshold(qbuild_workspace, qdq_models):
+    ws = qbuild_workspace
+    _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'min_agreement = 1.01')
+    r = ws.build("//m:int_fixed")
+    assert not r.ok and "min_agreement" in r.error
