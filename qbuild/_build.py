@@ -9,7 +9,6 @@ dependency rebuilt to identical bytes gives the same key and stops the rebuild t
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import shutil
 import threading
@@ -17,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._analysis import Graph, Target
 from ._digest import SourceDigests, hash_file, stat_key
@@ -30,6 +29,9 @@ from ._progress import Reporter
 from ._state import WorkspaceState
 from ._store import LocalStore
 from ._workspace import Workspace
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 
 @dataclass
@@ -182,7 +184,8 @@ class Build:
                 if waiting[parent] == 0:
                     ready.append(parent)
 
-        with concurrent.futures.ThreadPoolExecutor(max_workers=self.options.jobs) as pool:
+        pool = None
+        try:
             while ready or running:
                 while ready:
                     label = ready.popleft()
@@ -214,10 +217,16 @@ class Build:
                     if self.options.explain:
                         self._explain(label, parts)
                     self.reporter.action_started(str(label))
+                    if pool is None:  # created on the first miss: no-op builds skip it
+                        import concurrent.futures
+
+                        pool = concurrent.futures.ThreadPoolExecutor(self.options.jobs)
                     future = pool.submit(self._execute, label, action, parts)
                     running[future] = label
                 if not running:
                     break
+                import concurrent.futures
+
                 done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
                 for future in done:
                     label = running.pop(future)
@@ -232,6 +241,9 @@ class Build:
                         self._event(label, "ran", outcome_seconds,
                                     warnings=self.results[label].get("warnings", []))
                     finish(label)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def _execute(self, label: Label, action: Action, parts: dict[str, Any]) -> float:
         for _attempt in range(3):

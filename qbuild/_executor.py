@@ -8,9 +8,7 @@ the rule's importable module. ``LocalExecutor`` is the implementation on this ma
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib
-import multiprocessing
 import os
 import shutil
 import time
@@ -18,12 +16,15 @@ import traceback
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._digest import SourceDigests, hash_file
 from ._errors import QbuildError, RuleError
 from ._rule import ActionContext, Dep
 from ._store import LocalStore
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 OUT_PREFIX = "qbuild-out"
 
@@ -139,10 +140,25 @@ class LocalExecutor:
 
     def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
         if self._pool is None:
+            # Imported here: a no-op build never starts a worker.
+            import concurrent.futures
+            import multiprocessing
+
             self._pool = concurrent.futures.ProcessPoolExecutor(
                 max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn")
             )
         return self._pool
+
+    def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
+                       ) -> tuple[dict[str, Any], list[str]]:
+        from concurrent.futures.process import BrokenProcessPool
+
+        try:
+            return self._workers().submit(_invoke, action.rule_ref, ctx).result()
+        except BrokenProcessPool:
+            self._pool = None
+            raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
+                                         target=action.label), _tail(log_path)) from None
 
     def execute(self, action: Action) -> Outcome:
         """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""
@@ -155,15 +171,11 @@ class LocalExecutor:
             ctx = self._stage(action, sandbox, log_path)
             try:
                 if action.heavy:
-                    info, warnings = self._workers().submit(_invoke, action.rule_ref, ctx).result()
+                    info, warnings = self._run_in_worker(action, ctx, log_path)
                 else:
                     info, warnings = _invoke(action.rule_ref, ctx)
             except QbuildError as exc:
                 raise ActionFailed(exc, _tail(log_path)) from None
-            except concurrent.futures.process.BrokenProcessPool:
-                self._pool = None
-                raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
-                                             target=action.label), _tail(log_path)) from None
             outcome = Outcome(info=info, warnings=list(warnings))
             out_root = sandbox / OUT_PREFIX / label_dir(action.label)
             outcome.outputs = self._collect(action, out_root, log_path)

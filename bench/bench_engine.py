@@ -1,0 +1,129 @@
+"""Benchmark of the engine: no-op, cold and warm builds of generated workspaces.
+
+Generates workspaces of 20 and 1,000 targets (half a chain, half a fan-out from one
+target that reads a 100 MB source file, spread over 10 packages), then measures with the
+real ``qbuild`` command in subprocesses:
+
+- cold build (empty cache), warm build (empty qbuild-out, full cache), no-op build;
+- bytes hashed (from the JSON event log) and peak RSS of the qbuild process (wait4);
+- ``qbuild --version``.
+
+Run: ``python bench/bench_engine.py [--runs 7]``. Prints a markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PACKAGES = 10
+
+
+def generate(root: Path, targets: int) -> None:
+    root.mkdir(parents=True)
+    (root / "qbuild.toml").write_text(f'[settings]\ncache_dir = "{root / ".cache"}"\n')
+    src = root / "data"
+    src.mkdir()
+    with open(src / "big.bin", "wb") as handle:
+        block = os.urandom(1 << 20)
+        for _ in range(100):
+            handle.write(block)
+    (src / "BUILD.toml").write_text(
+        '[big]\nrule = "command"\nsrcs = ["big.bin"]\nouts = ["size.txt"]\n'
+        'cmd = "wc -c < $(SRCS) > $(OUT)"\n')
+    per_package: dict[int, list[str]] = {i: [] for i in range(PACKAGES)}
+    chain = (targets - 1) // 2
+    fan = targets - 1 - chain
+    for i in range(chain):
+        dep = "//data:big" if i == 0 else f"//p{(i - 1) % PACKAGES}:chain{i - 1}"
+        per_package[i % PACKAGES].append(
+            f'[chain{i}]\nrule = "command"\nsrcs = ["{dep}"]\nouts = ["c.txt"]\n'
+            f'cmd = "cat $(SRCS) > $(OUT); echo {i} >> $(OUT)"\n')
+    for i in range(fan):
+        per_package[i % PACKAGES].append(
+            f'[fan{i}]\nrule = "command"\nsrcs = ["//data:big"]\nouts = ["f.txt"]\n'
+            f'cmd = "cat $(SRCS) > $(OUT); echo {i} >> $(OUT)"\n')
+    for i, blocks in per_package.items():
+        (root / f"p{i}").mkdir()
+        (root / f"p{i}" / "BUILD.toml").write_text("\n".join(blocks))
+
+
+def run(root: Path, *args: str) -> tuple[float, int, dict]:
+    """Run qbuild; return (seconds, peak RSS bytes, build_finished event)."""
+    log = root / "events.jsonl"
+    argv = [sys.executable, "-m", "qbuild", *args]
+    if args and args[0] == "build":
+        argv += ["--event_log", str(log)]
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - start
+    err = proc.stderr.read().decode() if proc.stderr else ""
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"qbuild {' '.join(args)} failed:\n{err}")
+    finished = {}
+    if args and args[0] == "build":
+        lines = log.read_text().splitlines()
+        finished = json.loads(lines[-1])
+    return seconds, usage.ru_maxrss * 1024, finished
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--sizes", default="20,1000")
+    args = parser.parse_args()
+    rows = []
+    base = Path(tempfile.mkdtemp(prefix="qbuild-bench-"))
+    try:
+        for size in (int(s) for s in args.sizes.split(",")):
+            root = base / f"ws{size}"
+            generate(root, size)
+            cold = []
+            for _ in range(max(1, args.runs // 3)):
+                shutil.rmtree(root / ".cache", ignore_errors=True)
+                shutil.rmtree(root / "qbuild-out", ignore_errors=True)
+                cold.append(run(root, "build", "//...")[0])
+            warm = []
+            for _ in range(max(1, args.runs // 3)):
+                shutil.rmtree(root / "qbuild-out", ignore_errors=True)
+                warm.append(run(root, "build", "//...")[0])
+            run(root, "build", "//...")
+            noop = [run(root, "build", "//...") for _ in range(args.runs)]
+            rows.append({
+                "targets": size,
+                "cold_s": statistics.median(cold),
+                "warm_s": statistics.median(warm),
+                "noop_s": statistics.median(r[0] for r in noop),
+                "noop_bytes_hashed": max(r[2]["bytes_hashed"] for r in noop),
+                "noop_actions_run": max(r[2]["actions_run"] for r in noop),
+                "noop_peak_rss_mb": max(r[1] for r in noop) / 2**20,
+            })
+        version = [run(base, "--version")[0] for _ in range(args.runs)]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
+          f"{platform.python_version()}, {platform.system()} {platform.release()}; "
+          f"medians of {args.runs} runs (cold/warm: {max(1, args.runs // 3)})\n")
+    print("| targets | cold build | warm build (cache, no outputs) | no-op build | "
+          "no-op bytes hashed | no-op actions run | no-op peak RSS |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['targets']} | {r['cold_s']:.2f} s | {r['warm_s']:.2f} s | "
+              f"{r['noop_s'] * 1000:.0f} ms | {r['noop_bytes_hashed']} | "
+              f"{r['noop_actions_run']} | {r['noop_peak_rss_mb']:.1f} MB |")
+    print(f"\n`qbuild --version`: {statistics.median(version) * 1000:.0f} ms")
+
+
+if __name__ == "__main__":
+    main()
