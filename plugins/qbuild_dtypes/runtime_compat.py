@@ -28,6 +28,9 @@ from .errors import DtypeError
 from .targets import DtypeTarget, get_target
 
 _DEFAULT = ("", "ai.onnx")
+# Quantized types this plugin does not write but must recognise when lowering.
+_LATER_QTYPES = {getattr(onnx.TensorProto, n): v for n, v in
+                 (("FLOAT6E2M3", 28), ("FLOAT6E3M2", 28)) if hasattr(onnx.TensorProto, n)}
 
 
 def _node_label(node) -> str:
@@ -66,6 +69,8 @@ def _qdq_requirements(model: ModelProto) -> list[tuple[int, str]]:
         if qe and is_qtype(qe):
             q = qtype(qe)
             reqs.append((q.min_opset, f"{label} uses {type_name(qe)}"))
+        elif qe in _LATER_QTYPES:
+            reqs.append((_LATER_QTYPES[qe], f"{label} uses {type_name(qe)}"))
         s = node.input[1] if len(node.input) > 1 else None
         se = elem.get(s) if s else None
         if se in SCALE_TYPES:
