@@ -6,8 +6,13 @@ Built-in rules take the same path as third-party ones: our own distribution regi
 
 from __future__ import annotations
 
+import importlib
+import json
+import os
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -48,14 +53,60 @@ class Registry:
         return sorted(self.entries)
 
 
-def _dist_of(pm: pluggy.PluginManager) -> dict[int, tuple[str, str]]:
-    found: dict[int, tuple[str, str]] = {}
-    for plugin, dist in pm.list_plugin_distinfo():
-        found[id(plugin)] = (dist.project_name, dist.version)
+def _path_fingerprint() -> list[list[Any]]:
+    """Installing, upgrading or removing a distribution changes the mtime of the
+    directory on sys.path that holds its metadata."""
+    out = []
+    for entry in sys.path:
+        try:
+            out.append([entry, os.stat(entry or ".").st_mtime_ns])
+        except OSError:
+            continue
+    return out
+
+
+def _entry_points(cache_file: Path | None) -> list[list[str]]:
+    """``[name, value, dist, version]`` for the group, memoised in ``cache_file`` so
+    that start-up does not scan every installed distribution's metadata."""
+    fingerprint = _path_fingerprint()
+    if cache_file is not None:
+        try:
+            cached = json.loads(cache_file.read_text(encoding="utf-8"))
+            if cached.get("fingerprint") == fingerprint:
+                return cached["entry_points"]
+        except (OSError, ValueError, AttributeError):
+            pass
+    from importlib import metadata
+
+    found = []
+    seen = set()
+    for dist in metadata.distributions():
+        for ep in dist.entry_points:
+            if ep.group == ENTRY_POINT_GROUP and ep.name not in seen:
+                seen.add(ep.name)
+                found.append([ep.name, ep.value, dist.metadata["name"], dist.version])
+    if cache_file is not None:
+        try:
+            cache_file.parent.mkdir(parents=True, exist_ok=True)
+            temp = cache_file.with_name(f"{cache_file.name}.{os.getpid()}.tmp")
+            temp.write_text(json.dumps({"fingerprint": fingerprint, "entry_points": found}),
+                            encoding="utf-8")
+            os.replace(temp, cache_file)
+        except OSError:
+            pass
     return found
 
 
-def load_registry(extra_plugins: Iterable[ModuleType | Any] = ()) -> Registry:
+def _load(value: str) -> Any:
+    module_name, _, attr_path = value.partition(":")
+    obj: Any = importlib.import_module(module_name.strip())
+    for part in filter(None, attr_path.strip().split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_registry(extra_plugins: Iterable[ModuleType | Any] = (),
+                  cache_file: Path | None = None) -> Registry:
     """Load entry-point plugins plus ``extra_plugins`` and collect their rules.
 
     Raises:
@@ -64,11 +115,16 @@ def load_registry(extra_plugins: Iterable[ModuleType | Any] = ()) -> Registry:
     """
     pm = pluggy.PluginManager("qbuild")
     pm.add_hookspecs(hookspecs)
-    try:
-        pm.load_setuptools_entrypoints(ENTRY_POINT_GROUP)
-    except Exception as exc:  # a broken third-party plugin must not crash with a traceback
-        raise PluginError(f"cannot load a '{ENTRY_POINT_GROUP}' plugin: "
-                          f"{type(exc).__name__}: {exc}") from exc
+    dists: dict[int, tuple[str, str]] = {}
+    for name, value, dist_name, dist_version in _entry_points(cache_file):
+        try:
+            plugin = _load(value)
+        except Exception as exc:  # a broken third-party plugin must not crash with a traceback
+            raise PluginError(f"cannot load plugin '{name}' ({value}) from {dist_name} "
+                              f"{dist_version}: {type(exc).__name__}: {exc}") from exc
+        if pm.get_plugin(name) is None and not pm.is_registered(plugin):
+            pm.register(plugin, name=name)
+            dists[id(plugin)] = (dist_name, dist_version)
     for plugin in extra_plugins:
         if not pm.is_registered(plugin):
             pm.register(plugin)
@@ -76,7 +132,6 @@ def load_registry(extra_plugins: Iterable[ModuleType | Any] = ()) -> Registry:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
         raise PluginError(str(exc)) from exc
-    dists = _dist_of(pm)
     entries: dict[str, RuleEntry] = {}
     for plugin in pm.get_plugins():
         impl = getattr(plugin, "qbuild_rule_types", None)

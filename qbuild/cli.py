@@ -92,7 +92,8 @@ def _session() -> tuple[Any, str | None]:
         package = workspace.package_of(cwd)
     except ValueError:
         package = None
-    return Session(workspace, load_registry()), package
+    registry = load_registry(cache_file=workspace.cache_dir / "entry_points.json")
+    return Session(workspace, registry), package
 
 
 def _rel(path: Path) -> str:
