@@ -27,8 +27,17 @@ from .targets import FORMS, DtypeTarget
 OUTPUT_DTYPE_OPSET = 21
 
 
-def check_target_types(nodes: list[QdqNode], target: DtypeTarget) -> None:
-    """Raise if a Q/DQ uses a quantized or scale type the target cannot run."""
+_FLOAT8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2,
+           TensorProto.FLOAT8E5M2FNUZ}
+_GROUP_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+
+
+def check_target_types(nodes: list[QdqNode], target: DtypeTarget,
+                       model: ModelProto | None = None) -> None:
+    """Raise if a Q/DQ uses a quantized or scale type the target cannot run (or, given the
+    model, a combination the target's runtime is known to reject)."""
+    if model is not None and not target.float8_weights_in_qdq_groups:
+        _check_float8_groups(nodes, target, model)
     for qn in nodes:
         if qn.qelem is not None and is_qtype(qn.qelem):
             q = qtype(qn.qelem)
@@ -43,6 +52,27 @@ def check_target_types(nodes: list[QdqNode], target: DtypeTarget) -> None:
             if not target.allows_scale_type(sname):
                 raise DtypeError(f"target {target.name!r} cannot run {qn.label} with a "
                                  f"{type_name(qn.scale_elem)} scale")
+
+
+def _check_float8_groups(nodes: list[QdqNode], target: DtypeTarget, model: ModelProto) -> None:
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    for qn in nodes:
+        if qn.is_q or not qn.x_const or qn.qelem not in _FLOAT8:
+            continue
+        for op in consumers.get(qn.node.output[0], []):
+            if op.op_type not in _GROUP_OPS:
+                continue
+            if any(c.op_type == "QuantizeLinear" for o in op.output
+                   for c in consumers.get(o, [])):
+                raise DtypeError(
+                    f"target {target.name!r} cannot run {qn.label}: a {type_name(qn.qelem)} "
+                    f"weight inside a quantized {op.op_type} group ({op.name or op.output[0]!r}"
+                    f" -> QuantizeLinear) makes onnxruntime fuse it into an 8-bit QLinear "
+                    f"kernel and reject the session; use an integer dtype for this weight or "
+                    f"leave the {op.op_type} output in float")
 
 
 def _zero_zp(model: ModelProto, qn: QdqNode, cache: dict, taken: set[str]) -> str:
@@ -84,7 +114,7 @@ def convert_form(model: ModelProto, target: DtypeTarget, form: str,
         raise DtypeError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
     model = copy_model(model)
     nodes = analyze(model)
-    check_target_types(nodes, target)
+    check_target_types(nodes, target, model)
     stats: Counter = Counter()
     taken = taken_names(model)
     zp_cache: dict = {}

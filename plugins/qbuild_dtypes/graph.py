@@ -73,11 +73,8 @@ class Constants:
         self.graph = graph
         self.init: dict[str, TensorProto] = {t.name: t for t in graph.initializer}
         self.const_node: dict[str, NodeProto] = {}
-        graph_inputs = {i.name for i in graph.input}
-        # An initializer that is also a graph input can be overridden at run time.
-        for name in list(self.init):
-            if name in graph_inputs:
-                del self.init[name]
+        # Initializers listed as graph inputs (required before IR 4, common after) are
+        # treated as weights too, as every quantization tool does.
         for n in graph.node:
             if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
                 t = attr(n, "value")

@@ -253,7 +253,7 @@ def make_loadable(model: ModelProto, target: DtypeTarget | str) -> ModelProto:
     from .forms import check_target_types
     from .qdq import find_qdq
 
-    check_target_types(find_qdq(m), target)
+    check_target_types(find_qdq(m), target, m)
     need, why = required_ir(m)
     ir_limit = target.ir_limit()
     if need > ir_limit:

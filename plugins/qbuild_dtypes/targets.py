@@ -39,6 +39,9 @@ class DtypeTarget:
     keep_activation_zero_point: frozenset = frozenset()
     # onnxruntime issue 25526: output_dtype=INT8 plus an int8 zero point fails session creation.
     output_dtype_with_int8_zero_point: bool = True
+    # onnxruntime 1.31 fuses DQ(float8 weight) -> Conv -> Q into QLinearConv and then
+    # rejects its own fused node at session creation (measured on MobileNetV2).
+    float8_weights_in_qdq_groups: bool = True
     preferred_form: str = "output_dtype"
     notes: str = ""
 
@@ -102,6 +105,7 @@ ONNXRUNTIME_CPU = DtypeTarget(
     scale_types=frozenset({"float", "float16"}),  # bfloat16 Q/DQ: NOT_IMPLEMENTED
     keep_activation_zero_point=frozenset({"int8", "uint8"}),
     output_dtype_with_int8_zero_point=False,
+    float8_weights_in_qdq_groups=False,
     preferred_form="output_dtype",
     notes="8-bit activations keep an explicit zero point (QLinearConv fusion, QDQ pair "
           "removal around Reshape); never output_dtype with an int8 zero point "

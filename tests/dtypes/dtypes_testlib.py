@@ -15,7 +15,8 @@ from onnx import numpy_helper as nh
 
 ROOT = Path(__file__).resolve().parents[2]
 NODE_TESTS = ROOT / "testdata" / "onnx_node_tests"
-IMAGES = sorted((ROOT / "testdata" / "images").glob("*"))
+IMAGES = sorted(p for p in (ROOT / "testdata" / "images").glob("*")
+                if p.suffix.lower() in (".jpg", ".png"))
 MODELS = ROOT / "testdata" / "models"
 YOLO = ROOT / "examples" / "yolo" / "yolox_nano.onnx"
 
