@@ -18,15 +18,19 @@ sys.path.insert(0, str(ROOT / "plugins"))
 
 def main(act: str = "uint8", runs: int = 30) -> None:
     import onnx
-
     from qbuild_lower.check import compare, session
     from qbuild_lower.driver import lower_model
     from qbuild_lower.qdq_source import image_batches, make_qdq
 
     images = sorted((ROOT / "testdata" / "images").glob("*"))
     tmp = Path(tempfile.mkdtemp())
-    src_path = make_qdq(ROOT / "examples/yolo/yolox_nano.onnx", tmp / "yolox_qdq.onnx",
-                        image_batches(images[:4], (416, 416), "yolox"), act, scratch=tmp)
+    src_path = make_qdq(
+        ROOT / "examples/yolo/yolox_nano.onnx",
+        tmp / "yolox_qdq.onnx",
+        image_batches(images[:4], (416, 416), "yolox"),
+        act,
+        scratch=tmp,
+    )
     src = onnx.load(str(src_path))
     feeds = [{"images": x} for x in image_batches(images, (416, 416), "yolox")]
     rows = []
@@ -39,9 +43,17 @@ def main(act: str = "uint8", runs: int = 30) -> None:
             times.append(time.perf_counter() - t)
         models[mode] = low
         res = compare(src, low, feeds)
-        rows.append((mode, rep["nodes"]["lowered"], rep["nodes"]["compute"],
-                     res["within_1lsb"], res["exact"], res["max_error_lsb"],
-                     statistics.median(times)))
+        rows.append(
+            (
+                mode,
+                rep["nodes"]["lowered"],
+                rep["nodes"]["compute"],
+                res["within_1lsb"],
+                res["exact"],
+                res["max_error_lsb"],
+                statistics.median(times),
+            )
+        )
     lat = {}
     for name, m in models.items():
         for threads in (1, 0):
@@ -55,10 +67,16 @@ def main(act: str = "uint8", runs: int = 30) -> None:
                 ts.append(time.perf_counter() - t)
             lat[(name, threads)] = statistics.median(ts) * 1e3
     print(f"YOLOX-Nano, {act} activations, {len(feeds)} images\n")
-    print("| mode | nodes lowered | within ±1 LSB | bit-exact | max LSB | lowering time (median of 5) |")
+    print(
+        "| mode | nodes lowered | within ±1 LSB | bit-exact | max LSB "
+        "| lowering time (median of 5) |"
+    )
     print("|---|---|---|---|---|---|")
     for mode, lo, tot, w, ex, mx, t in rows:
-        print(f"| {mode} | {lo}/{tot} ({lo / tot:.1%}) | {w:.4%} | {ex:.4%} | {mx:g} | {t * 1e3:.0f} ms |")
+        print(
+            f"| {mode} | {lo}/{tot} ({lo / tot:.1%}) | {w:.4%} | {ex:.4%} | {mx:g} "
+            f"| {t * 1e3:.0f} ms |"
+        )
     print("\n| model | 1 thread (ms, median) | default threads (ms, median) |")
     print("|---|---|---|")
     for name in models:

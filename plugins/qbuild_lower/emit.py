@@ -193,8 +193,8 @@ def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str
     b.node("Add", [prod, b.const(f"{base}_round", shaped(c))], [t1], f"{base}_round")
     b.node("Div", [t1, b.const(f"{base}_pow2", shaped(div))], [t2], f"{base}_shift")
     b.node("Add", [t2, b.const(f"{base}_offset", shaped(off))], [t3], f"{base}_zp")
-    b.node("Clip", [t3, b.const("clip_lo_i64_%d" % lo, np.array(lo, np.int64)),
-                    b.const("clip_hi_i64_%d" % hi, np.array(hi, np.int64))], [t4],
+    b.node("Clip", [t3, b.const(f"clip_lo_i64_{lo}", np.array(lo, np.int64)),
+                    b.const(f"clip_hi_i64_{hi}", np.array(hi, np.int64))], [t4],
            f"{base}_clip")
     to = onnx.TensorProto.UINT8 if np.dtype(dtype) == np.uint8 else onnx.TensorProto.INT8
     b.node("Cast", [t4], [out], f"{base}_cast", to=to)

@@ -65,19 +65,30 @@ def _record(b: Builder, grp: Group, kind: str, ins: list, out, m0, shift, real, 
         "op_type": grp.node.op_type,
         "kind": kind,
         "inputs": [
-            {"tensor": x.q, "dtype": str(x.qp.dtype), "zero_point": int(x.qp.zero_point.ravel()[0]),
-             "scale": float(x.qp.scale.ravel()[0])}
+            {
+                "tensor": x.q,
+                "dtype": str(x.qp.dtype),
+                "zero_point": int(x.qp.zero_point.ravel()[0]),
+                "scale": float(x.qp.scale.ravel()[0]),
+            }
             for x in ins
         ],
-        "output": {"tensor": out.q, "dtype": str(out.qp.dtype),
-                   "zero_point": int(out.qp.zero_point.ravel()[0]),
-                   "scale": float(out.qp.scale.ravel()[0])},
+        "output": {
+            "tensor": out.q,
+            "dtype": str(out.qp.dtype),
+            "zero_point": int(out.qp.zero_point.ravel()[0]),
+            "scale": float(out.qp.scale.ravel()[0]),
+        },
         "clamp": [lo, hi],
         "rounding": "half_up",
     }
     if m0 is not None:
         rec["multiplier"] = [int(v) for v in np.ravel(m0)]
-        rec["shift"] = [int(v) for v in np.ravel(shift)] if np.size(shift) > 1 else int(shift if np.ndim(shift) == 0 else np.ravel(shift)[0])
+        rec["shift"] = (
+            [int(v) for v in np.ravel(shift)]
+            if np.size(shift) > 1
+            else int(shift if np.ndim(shift) == 0 else np.ravel(shift)[0])
+        )
         rec["real_multiplier"] = [float(v) for v in np.ravel(real)]
     rec.update(extra)
     b.params.append(rec)
@@ -108,8 +119,9 @@ def conv(grp: Group, b: Builder):
         raise Unsupported(f"Conv weight is {w.qp.dtype}, not 8-bit", DTYPE)
     wz = np.unique(w.qp.zero_point)
     if wz.size != 1:
-        raise Unsupported("Conv weight zero points differ per channel (ConvInteger takes one)",
-                          DTYPE)
+        raise Unsupported(
+            "Conv weight zero points differ per channel (ConvInteger takes one)", DTYPE
+        )
     out = grp.outs[0]
     wv = w.value(b.g)
     cout = wv.shape[0]
@@ -129,13 +141,36 @@ def conv(grp: Group, b: Builder):
     b.node("ConvInteger", ins, [acc], name, **copy_attrs(grp.node))
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     shape = (cout,) + (1,) * (wv.ndim - 2)
-    b.node("Mul", [acc64, b.const(f"{name}_m0", m0.reshape(shape) if cout > 1 else m0.reshape(()))],
-           [prod], f"{name}_m0")
-    ops = requant_tail(b, prod, shift, bias.astype(object) * m0.astype(object), int(out.qp.zero_point.ravel()[0]),
-                       out.qp.dtype, out.q, name, shape,
-                       prod_bound=int((wabs * _span(x.qp) * m0).max()))
-    _record(b, grp, "conv", [x], out, m0, shift, real, bias=[int(v) for v in bias],
-            weight_zero_point=int(wz[0]))
+    b.node(
+        "Mul",
+        [acc64, b.const(f"{name}_m0", m0.reshape(shape) if cout > 1 else m0.reshape(()))],
+        [prod],
+        f"{name}_m0",
+    )
+    ops = requant_tail(
+        b,
+        prod,
+        shift,
+        bias.astype(object) * m0.astype(object),
+        int(out.qp.zero_point.ravel()[0]),
+        out.qp.dtype,
+        out.q,
+        name,
+        shape,
+        prod_bound=int((wabs * _span(x.qp) * m0).max()),
+    )
+    _record(
+        b,
+        grp,
+        "conv",
+        [x],
+        out,
+        m0,
+        shift,
+        real,
+        bias=[int(v) for v in bias],
+        weight_zero_point=int(wz[0]),
+    )
     return ["ConvInteger", "Cast", "Mul", *ops]
 
 
@@ -159,7 +194,9 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         b_name = b.const(f"{name}_B", np.ascontiguousarray(bv)) if trans_b else wb.q
         bs = np.broadcast_to(wb.qp.scale.astype(np.float32), (n,))
         bzv = np.broadcast_to(bz, (n,))
-        bz_name = b.const(f"{name}_bzp", np.ascontiguousarray(bzv) if bz.size > 1 else bz.reshape(()))
+        bz_name = b.const(
+            f"{name}_bzp", np.ascontiguousarray(bzv) if bz.size > 1 else bz.reshape(())
+        )
         babs = np.abs(bv.astype(np.int64) - bzv.astype(np.int64)).sum(axis=0)
     else:
         if trans_b:
@@ -170,7 +207,7 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         b_name, bz_name = wb.q, _zp_name(b, wb.qp)
         babs = None
     real = _f32_ratio(np.float32(a.qp.scale.ravel()[0]) * bs, out.qp.scale.ravel()[0])
-    real = (real.astype(np.float64) * alpha)
+    real = real.astype(np.float64) * alpha
     m0, shift = fp.decompose_all(real)
     bias = np.zeros(n, np.int64)
     if bias_k is not None:
@@ -185,8 +222,17 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     m0c = m0 if m0.size > 1 else m0.reshape(())
     b.node("Mul", [acc64, b.const(f"{name}_m0", m0c)], [prod], f"{name}_m0")
-    ops = requant_tail(b, prod, shift, bias.astype(object) * m0.astype(object), int(out.qp.zero_point.ravel()[0]),
-                       out.qp.dtype, out.q, name, (n,) if n > 1 else ())
+    ops = requant_tail(
+        b,
+        prod,
+        shift,
+        bias.astype(object) * m0.astype(object),
+        int(out.qp.zero_point.ravel()[0]),
+        out.qp.dtype,
+        out.q,
+        name,
+        (n,) if n > 1 else (),
+    )
     _record(b, grp, "matmul", [a], out, m0, shift, real, bias=[int(v) for v in bias])
     return ["MatMulInteger", "Cast", "Mul", *ops]
 
@@ -198,8 +244,14 @@ def matmul(grp: Group, b: Builder):
 def gemm(grp: Group, b: Builder):
     if grp.attr("transA", 0):
         raise Unsupported("Gemm with transA")
-    return _matmul_like(grp, b, bool(grp.attr("transB", 0)), float(grp.attr("alpha", 1.0)),
-                        float(grp.attr("beta", 1.0)), 2)
+    return _matmul_like(
+        grp,
+        b,
+        bool(grp.attr("transB", 0)),
+        float(grp.attr("alpha", 1.0)),
+        float(grp.attr("beta", 1.0)),
+        2,
+    )
 
 
 def _scaled(b: Builder, x, m0: int, base: str) -> tuple[str | None, np.ndarray | int]:
@@ -237,8 +289,17 @@ def add(grp: Group, b: Builder):
         s, const = (pa, cb) if pa is not None else (pb, ca)
         extra = (ca if pa is not None else cb) + np.asarray(const, np.int64)
         ops = ["Cast", "Mul"]
-    ops += requant_tail(b, s, shift, extra, int(out.qp.zero_point.ravel()[0]), out.qp.dtype,
-                        out.q, name, np.shape(extra) or ())
+    ops += requant_tail(
+        b,
+        s,
+        shift,
+        extra,
+        int(out.qp.zero_point.ravel()[0]),
+        out.qp.dtype,
+        out.q,
+        name,
+        np.shape(extra) or (),
+    )
     _record(b, grp, "add", [xa, xb], out, m0s, shift, np.array(reals).ravel())
     return ops
 
@@ -248,8 +309,10 @@ def mul(grp: Group, b: Builder):
     xb = need_act(grp.ins[1], "Mul input B")
     out = grp.outs[0]
     name = grp.node.name or "Mul"
-    real = _f32_ratio(np.float32(xa.qp.scale.ravel()[0]) * np.float32(xb.qp.scale.ravel()[0]),
-                      out.qp.scale.ravel()[0])
+    real = _f32_ratio(
+        np.float32(xa.qp.scale.ravel()[0]) * np.float32(xb.qp.scale.ravel()[0]),
+        out.qp.scale.ravel()[0],
+    )
     mm = fp.decompose(float(real))
     _check_range(np.array([_span(xa.qp) * _span(xb.qp)]), np.array([mm.m0]), "Mul")
     ops = []
@@ -273,8 +336,9 @@ def mul(grp: Group, b: Builder):
     b.node("Mul", [ca, cb], [p], f"{name}_mul")
     b.node("Mul", [p, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [pm], f"{name}_m0")
     ops += ["Mul", "Mul"]
-    ops += requant_tail(b, pm, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype,
-                        out.q, name, ())
+    ops += requant_tail(
+        b, pm, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype, out.q, name, ()
+    )
     _record(b, grp, "mul", [xa, xb], out, [mm.m0], mm.shift, [float(real)])
     return ops
 
@@ -288,9 +352,9 @@ def _rescale(b: Builder, x, out, base: str) -> tuple[str, list, object]:
     c64, p, y = b.tmp(f"{base}_i64"), b.tmp(f"{base}_scaled"), b.tmp(f"{base}_rq")
     b.node("Cast", [x.q], [c64], f"{base}_cast", to=I64)
     b.node("Mul", [c64, b.const(f"{base}_m0", np.array(mm.m0, np.int64))], [p], f"{base}_m0")
-    ops = ["Cast", "Mul"] + requant_tail(b, p, mm.shift, -zx * mm.m0,
-                                         int(out.qp.zero_point.ravel()[0]), out.qp.dtype, y,
-                                         base, ())
+    ops = ["Cast", "Mul"] + requant_tail(
+        b, p, mm.shift, -zx * mm.m0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype, y, base, ()
+    )
     return y, ops, (mm, real)
 
 
@@ -330,20 +394,27 @@ def average_pool(grp: Group, b: Builder):
         raise Unsupported("AveragePool: channel count unknown (shape inference failed)")
     c = shape[1]
     count = int(np.prod(k))
-    real = _f32_ratio(x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count))
+    real = _f32_ratio(
+        x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count)
+    )
     mm = fp.decompose(float(real))
     _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "AveragePool")
     name = n.name or "AveragePool"
     ones = b.const(f"{name}_ones", np.ones([c, 1, *k], dtype=np.uint8))
     acc, acc64, prod = b.tmp(f"{name}_sum"), b.tmp(f"{name}_sum64"), b.tmp(f"{name}_prod")
-    attrs = {a: grp.attr(a) for a in ("strides", "pads", "dilations", "auto_pad")
-             if grp.attr(a) is not None}
-    b.node("ConvInteger", [x.q, ones, _zp_name(b, x.qp)], [acc], name, group=c,
-           kernel_shape=k, **attrs)
+    attrs = {
+        a: grp.attr(a)
+        for a in ("strides", "pads", "dilations", "auto_pad")
+        if grp.attr(a) is not None
+    }
+    b.node(
+        "ConvInteger", [x.q, ones, _zp_name(b, x.qp)], [acc], name, group=c, kernel_shape=k, **attrs
+    )
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     b.node("Mul", [acc64, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [prod], f"{name}_m0")
-    ops = requant_tail(b, prod, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype,
-                       out.q, name, ())
+    ops = requant_tail(
+        b, prod, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype, out.q, name, ()
+    )
     _record(b, grp, "average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count)
     return ["ConvInteger", "Cast", "Mul", *ops]
 
@@ -355,7 +426,9 @@ def global_average_pool(grp: Group, b: Builder):
     if not shape or any(d is None for d in shape[2:]):
         raise Unsupported("GlobalAveragePool: spatial size unknown (shape inference failed)")
     count = int(np.prod(shape[2:]))
-    real = _f32_ratio(x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count))
+    real = _f32_ratio(
+        x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count)
+    )
     mm = fp.decompose(float(real))
     _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "GlobalAveragePool")
     name = grp.node.name or "GlobalAveragePool"
@@ -363,25 +436,37 @@ def global_average_pool(grp: Group, b: Builder):
     c32, s, s64, prod = (b.tmp(f"{name}_{t}") for t in ("i32", "sum", "sum64", "prod"))
     b.node("Cast", [x.q], [c32], f"{name}_cast32", to=onnx.TensorProto.INT32)
     if opset_of(b.g.model) >= 13:
-        b.node("ReduceSum", [c32, b.const(f"{name}_axes", np.array(axes, np.int64))], [s], name,
-               keepdims=1)
+        b.node(
+            "ReduceSum",
+            [c32, b.const(f"{name}_axes", np.array(axes, np.int64))],
+            [s],
+            name,
+            keepdims=1,
+        )
     else:
         b.node("ReduceSum", [c32], [s], name, axes=axes, keepdims=1)
     b.node("Cast", [s], [s64], f"{name}_cast64", to=I64)
     b.node("Mul", [s64, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [prod], f"{name}_m0")
     zx = int(x.qp.zero_point.ravel()[0])
-    ops = requant_tail(b, prod, mm.shift, -count * zx * mm.m0, int(out.qp.zero_point.ravel()[0]),
-                       out.qp.dtype, out.q, name, ())
-    _record(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)],
-            window=count)
+    ops = requant_tail(
+        b,
+        prod,
+        mm.shift,
+        -count * zx * mm.m0,
+        int(out.qp.zero_point.ravel()[0]),
+        out.qp.dtype,
+        out.q,
+        name,
+        (),
+    )
+    _record(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count)
     return ["Cast", "ReduceSum", "Cast", "Mul", *ops]
 
 
 def lut(grp: Group, b: Builder):
     ops = lower_lut(grp, b)
     table = b.luts[-1][0]
-    _record(b, grp, "lookup_table", [grp.ins[0]], grp.outs[0], None, None, None,
-            table_name=table)
+    _record(b, grp, "lookup_table", [grp.ins[0]], grp.outs[0], None, None, None, table_name=table)
     return ops
 
 

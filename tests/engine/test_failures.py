@@ -54,8 +54,9 @@ def test_keep_going_builds_what_does_not_depend_on_the_failure(ws):
     assert "//p:after_good" in result.ran
     assert result.skipped == ["//p:after_bad"]
     # the next build reruns only what failed
-    ws.write("p/BUILD.toml", GOOD_AND_BAD.replace('rule = "fail"\nmessage = "the model is not '
-                                                  'ONNX"', 'rule = "concat"\nsrcs = ["a.txt"]\nrepeat = 2'))
+    fixed_rule = 'rule = "concat"\nsrcs = ["a.txt"]\nrepeat = 2'
+    ws.write("p/BUILD.toml", GOOD_AND_BAD.replace(
+        'rule = "fail"\nmessage = "the model is not ONNX"', fixed_rule))
     fixed = ws.build("//p:after_bad", "//p:after_good")
     assert sorted(fixed.ran) == ["//p:after_bad", "//p:bad"]
 

@@ -7,7 +7,7 @@ import os
 import time
 from typing import Any
 
-from qbuild import ActionContext, RuleError, Rule, attr, hookimpl
+from qbuild import ActionContext, Rule, RuleError, attr, hookimpl
 
 
 class Concat(Rule):

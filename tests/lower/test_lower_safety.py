@@ -23,19 +23,32 @@ def _dq(x, s, z, out):
 
 
 def _model(nodes, outputs, inits):
-    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
-                     [h.make_tensor_value_info(o, T.FLOAT, None) for o in outputs], inits)
+    g = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 4])],
+        [h.make_tensor_value_info(o, T.FLOAT, None) for o in outputs],
+        inits,
+    )
     return h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
 
 
-INITS = [nh.from_array(np.array(0.05, np.float32), "s"), nh.from_array(np.array(128, np.uint8), "z"),
-         nh.from_array(np.array(0.02, np.float32), "s2")]
+INITS = [
+    nh.from_array(np.array(0.05, np.float32), "s"),
+    nh.from_array(np.array(128, np.uint8), "z"),
+    nh.from_array(np.array(0.02, np.float32), "s2"),
+]
 
 
 def test_graph_output_between_op_and_quantize_stays_float():
     # x -> Q -> DQ -> Sigmoid -> sig (graph output AND quantized) -> Q -> DQ -> out
-    nodes = [_q("x", "s", "z", "xq"), _dq("xq", "s", "z", "xf"), h.make_node("Sigmoid", ["xf"], ["sig"]),
-             _q("sig", "s2", "z", "sq"), _dq("sq", "s2", "z", "out")]
+    nodes = [
+        _q("x", "s", "z", "xq"),
+        _dq("xq", "s", "z", "xf"),
+        h.make_node("Sigmoid", ["xf"], ["sig"]),
+        _q("sig", "s2", "z", "sq"),
+        _dq("sq", "s2", "z", "out"),
+    ]
     m = _model(nodes, ["out", "sig"], INITS)
     for mode in ("ort", "fixed_point"):
         low, rep, _ = lower_model(m, mode)
@@ -47,11 +60,19 @@ def test_graph_output_between_op_and_quantize_stays_float():
 
 
 def test_float_consumer_and_mismatched_quantizers_stay_float():
-    nodes = [_q("x", "s", "z", "xq"), _dq("xq", "s", "z", "xf"), h.make_node("Sigmoid", ["xf"], ["sig"]),
-             _q("sig", "s2", "z", "sq"), _dq("sq", "s2", "z", "out"),
-             h.make_node("Neg", ["sig"], ["neg"]),  # a float consumer of the same tensor
-             h.make_node("Relu", ["xf"], ["r"]), _q("r", "s", "z", "rq1"), _q("r", "s2", "z", "rq2"),
-             _dq("rq1", "s", "z", "o1"), _dq("rq2", "s2", "z", "o2")]
+    nodes = [
+        _q("x", "s", "z", "xq"),
+        _dq("xq", "s", "z", "xf"),
+        h.make_node("Sigmoid", ["xf"], ["sig"]),
+        _q("sig", "s2", "z", "sq"),
+        _dq("sq", "s2", "z", "out"),
+        h.make_node("Neg", ["sig"], ["neg"]),  # a float consumer of the same tensor
+        h.make_node("Relu", ["xf"], ["r"]),
+        _q("r", "s", "z", "rq1"),
+        _q("r", "s2", "z", "rq2"),
+        _dq("rq1", "s", "z", "o1"),
+        _dq("rq2", "s2", "z", "o2"),
+    ]
     m = _model(nodes, ["out", "neg", "o1", "o2"], INITS)
     low, rep, _ = lower_model(m, "ort")
     by = {e["op_type"]: e for e in rep["per_node"]}
@@ -85,7 +106,8 @@ def small_qdq(tmp_path_factory):
     bg = nh.from_array(rng.normal(0, 0.1, 5).astype(np.float32), "bg")
     nodes = [
         h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        h.make_node("Sigmoid", ["c1"], ["s1"]), h.make_node("Mul", ["c1", "s1"], ["silu"]),
+        h.make_node("Sigmoid", ["c1"], ["s1"]),
+        h.make_node("Mul", ["c1", "s1"], ["silu"]),
         h.make_node("Conv", ["silu", "w2"], ["c2"]),
         h.make_node("Add", ["c2", "silu"], ["a"]),
         h.make_node("MaxPool", ["a"], ["mp"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
@@ -96,17 +118,34 @@ def small_qdq(tmp_path_factory):
         h.make_node("Slice", ["fl", "st", "en", "ax"], ["sl"]),
         h.make_node("Gemm", ["sl", "wg", "bg"], ["y"], transB=1),
     ]
-    inits = [w1, b1, w2, wg, bg, nh.from_array(np.array([0], np.int64), "st"),
-             nh.from_array(np.array([32], np.int64), "en"), nh.from_array(np.array([1], np.int64), "ax")]
-    g = h.make_graph(nodes, "small", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
-                     [h.make_tensor_value_info("y", T.FLOAT, [1, 5]),
-                      h.make_tensor_value_info("gp", T.FLOAT, [1, 16, 1, 1])], inits)
+    inits = [
+        w1,
+        b1,
+        w2,
+        wg,
+        bg,
+        nh.from_array(np.array([0], np.int64), "st"),
+        nh.from_array(np.array([32], np.int64), "en"),
+        nh.from_array(np.array([1], np.int64), "ax"),
+    ]
+    g = h.make_graph(
+        nodes,
+        "small",
+        [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+        [
+            h.make_tensor_value_info("y", T.FLOAT, [1, 5]),
+            h.make_tensor_value_info("gp", T.FLOAT, [1, 16, 1, 1]),
+        ],
+        inits,
+    )
     m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
     fp32 = d / "small.onnx"
     onnx.save(m, str(fp32))
     batches = [rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32) for _ in range(8)]
-    return {act: onnx.load(str(make_qdq(fp32, d / f"small_{act}.onnx", batches, act)))
-            for act in ("uint8", "int8")}
+    return {
+        act: onnx.load(str(make_qdq(fp32, d / f"small_{act}.onnx", batches, act)))
+        for act in ("uint8", "int8")
+    }
 
 
 @pytest.mark.parametrize("act", ["uint8", "int8"])
@@ -121,8 +160,15 @@ def test_per_op_lowering(small_qdq, act, mode):
     if mode == "fixed_point":
         assert rep["domains"] == ["ai.onnx"]
         kinds = {p["kind"] for p in params}
-        assert {"conv", "matmul", "add", "mul", "lookup_table", "average_pool",
-                "global_average_pool"} <= kinds
+        assert {
+            "conv",
+            "matmul",
+            "add",
+            "mul",
+            "lookup_table",
+            "average_pool",
+            "global_average_pool",
+        } <= kinds
         feed = synthetic_feeds(src, 1, seed=5)[0]
         got = session(low).run(None, feed)
         ref = reference.run(low, feed)
