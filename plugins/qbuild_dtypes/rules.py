@@ -1,0 +1,188 @@
+"""The dtype plugin's rules: ``qdq_retarget`` and ``requantize_weights``.
+
+Thin wrappers over :mod:`qbuild_dtypes.pipeline`: they pick the model out of the ``model``
+dependency, resolve the target (built-in or added by a plugin through the
+``qbuild_dtype_targets`` hook), and turn ``DtypeError`` into a ``RuleError`` naming the
+attribute. onnx, onnxruntime and numpy are imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qbuild import ActionContext, ConfigError, Dep, Rule, attr, dist_version, hookimpl
+
+from .targets import BUILTIN_TARGETS, FORMS
+
+_BUILTIN_NAMES = ", ".join(t.name for t in BUILTIN_TARGETS)
+
+_COMMON = {
+    "model": attr.label(doc="The model: a target with one .onnx output (a QDQ model for "
+                            "qdq_retarget; float or QDQ for requantize_weights).",
+                        required=True),
+    "target": attr.string(default="onnxruntime-cpu",
+                          doc=f"Runtime the model is written for: {_BUILTIN_NAMES}, or one "
+                              "a plugin adds through the qbuild_dtype_targets hook."),
+    "form": attr.enum(["auto", *FORMS], default="auto",
+                      doc="QDQ form: output_dtype (opset >= 21, all-zero zero points elided "
+                          "where legal), zero_point (explicit zero points, no output_dtype), "
+                          "or auto (the target's preferred form). Target policies apply "
+                          "on top."),
+    "input_dims": attr.mapping(default={}, doc="Values for symbolic input dimensions in the "
+                               "load-and-run check, e.g. {sequence = 512} (others: 1)."),
+    "run_check": attr.bool(default=True, doc="Load and run the written model once in the "
+                           "target's runtime (onnxruntime or onnx's reference evaluator)."),
+}
+
+
+def _env() -> dict[str, str]:
+    return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
+            "numpy": dist_version("numpy"), "ml_dtypes": dist_version("ml_dtypes")}
+
+
+def _model_file(ctx: ActionContext, dep: Dep) -> Path:
+    files = [f for f in dep.files if f.is_file() and f.suffix == ".onnx"]
+    name = (dep.info or {}).get("model_file")
+    if name:
+        files = [f for f in files if f.name == name] or files
+    if len(files) != 1:
+        raise ctx.fail(f"{dep.label} has {len(files)} .onnx outputs; expected exactly one",
+                       attr="model")
+    return files[0]
+
+
+def _target(ctx: ActionContext, name: str):
+    from .errors import DtypeError
+    from .targets import get_target
+
+    pm = None
+    if name not in {t.name for t in BUILTIN_TARGETS}:
+        # Rules run in worker processes: collect hook targets from the entry points here.
+        import pluggy
+
+        from . import hookspecs
+
+        pm = pluggy.PluginManager("qbuild")
+        pm.add_hookspecs(hookspecs)
+        pm.load_setuptools_entrypoints("qbuild")
+    try:
+        return get_target(name, pm)
+    except DtypeError as e:
+        raise ctx.fail(str(e), attr="target") from None
+
+
+def _info(report: dict, out: Path) -> dict[str, Any]:
+    after = report["after"]
+    return {"model_file": out.name, "opset": after["opset"], "ir_version": after["ir_version"],
+            "inputs": after["inputs"], "outputs": after["outputs"],
+            "target": report["target"], "form": report["form"]}
+
+
+def _guess_attr(message: str, default: str) -> str:
+    for key in ("policy", "tensors", "min_elements", "target", "form"):
+        if message.startswith(f"{key}.") or message.startswith(f"{key}:"):
+            return key
+    return default
+
+
+class QdqRetarget(Rule):
+    kind = "qdq_retarget"
+    version = 1
+    doc = ("Convert a QDQ model between the zero-point form and the opset-21 output_dtype "
+           "form for a target runtime: raises the opset to 21 where needed (never above "
+           "what the target loads), elides all-zero zero points where legal, and applies the "
+           "target's policies (onnxruntime CPU: 8-bit activations keep explicit zero points "
+           "so QLinearConv fusion survives; never output_dtype next to an int8 zero point, "
+           "onnxruntime issue 25526). Every output passes onnx's full checker, an "
+           "equivalence check (each dequantized initializer and each Q/DQ's parameters "
+           "unchanged) and a load-and-run in the target's runtime. Outputs the model and "
+           "report.json (sizes, tensor counts per dtype, conversion counters, fused ops).")
+    heavy = True
+    attrs = dict(_COMMON)
+    outputs = ["{name}.onnx", "report.json"]
+
+    def env(self) -> dict[str, str]:
+        return _env()
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        from .errors import DtypeError
+        from .pipeline import retarget_file
+
+        a = ctx.attrs
+        src = _model_file(ctx, a["model"])
+        target = _target(ctx, a["target"])
+        out = ctx.output("{name}.onnx")
+        try:
+            report = retarget_file(src, out, target, a["form"],
+                                   report_path=ctx.output("report.json"),
+                                   input_dims=a["input_dims"], run=a["run_check"])
+        except DtypeError as e:
+            raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+        ctx.log(f"{src.name} -> {out.name}: {report['conversion']}")
+        return _info(report, out)
+
+
+class RequantizeWeights(Rule):
+    kind = "requantize_weights"
+    version = 1
+    doc = ("Quantize or re-quantize weights to int2/int4/int8/int16 (signed or unsigned) or "
+           "float8 e4m3fn/e5m2 (saturating, no zero point), per tensor, per channel or "
+           "blocked, from a per-op policy with per-tensor overrides, then write the QDQ form "
+           "the target wants (as qdq_retarget). Float weights get a DequantizeLinear "
+           "(weight-only quantization); DequantizeLinear(constant) weights are re-quantized "
+           "in place. Scales take the weight's float type; block_size is validated against "
+           "the spec. Default policy: MatMul int4 blocked (32), Conv and Gemm int8 per "
+           "channel. Outputs the model and report.json (per-weight SQNR, sizes, dtype counts).")
+    heavy = True
+    attrs = {
+        **_COMMON,
+        "policy": attr.mapping(default={}, doc="Per op type: {dtype, granularity "
+                               "(per_tensor|per_channel|blocked), block_size, symmetric, "
+                               "axis}, or \"float\" to leave that op's weights alone; e.g. "
+                               "{MatMul = {dtype = \"int4\", granularity = \"blocked\", "
+                               "block_size = 32}}. Empty: the default policy."),
+        "tensors": attr.mapping(default={}, doc="Per weight name, overriding the policy "
+                                "(same entries)."),
+        "min_elements": attr.int(default=16, doc="Weights with fewer elements stay as they "
+                                 "are."),
+    }
+    outputs = ["{name}.onnx", "report.json"]
+
+    def env(self) -> dict[str, str]:
+        return _env()
+
+    def validate(self, attrs) -> None:
+        if attrs["min_elements"] < 0:
+            raise ConfigError("min_elements must be >= 0", attr="min_elements")
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        from .errors import DtypeError
+        from .pipeline import requantize_file
+
+        a = ctx.attrs
+        src = _model_file(ctx, a["model"])
+        target = _target(ctx, a["target"])
+        out = ctx.output("{name}.onnx")
+        try:
+            report = requantize_file(src, out, target, a["form"], policy=a["policy"] or None,
+                                     tensors=a["tensors"], min_elements=a["min_elements"],
+                                     report_path=ctx.output("report.json"),
+                                     input_dims=a["input_dims"], run=a["run_check"])
+        except DtypeError as e:
+            raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+        n = len(report["requantization"]["weights"])
+        ctx.log(f"{src.name} -> {out.name}: {n} weights; {report['conversion']}")
+        return _info(report, out)
+
+
+@hookimpl
+def qbuild_rule_types() -> list[type[Rule]]:
+    return [QdqRetarget, RequantizeWeights]
+
+
+@hookimpl
+def qbuild_addhooks(pluginmanager) -> None:
+    from . import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
