@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-IMAGES = sorted((ROOT / "testdata" / "images").glob("*"))
+IMAGES = sorted(p for p in (ROOT / "testdata" / "images").glob("*") if p.suffix in (".jpg", ".png"))
 MOBILENET = ROOT / "testdata" / "models" / "mobilenet_v2_128_0.5.onnx"
 YOLOX = ROOT / "examples" / "yolo" / "yolox_nano.onnx"
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from conftest import MOBILENET, YOLOX
+from lower_paths import MOBILENET, YOLOX
 from qbuild_lower import reference
 from qbuild_lower.check import compare, session
 from qbuild_lower.driver import lower_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import MOBILENET
+from lower_paths import MOBILENET
 
 
 def _ws(ws, qdq, extra=""):

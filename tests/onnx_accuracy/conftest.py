@@ -22,7 +22,7 @@ def mnist_feeds():
     from PIL import Image
 
     feeds = []
-    for name in sorted(p.name for p in IMAGES.iterdir()):
+    for name in sorted(p.name for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png")):
         with Image.open(IMAGES / name) as im:
             g = im.convert("L")
             w, h = g.size
@@ -42,7 +42,7 @@ def mobilenet_feeds():
     from PIL import Image
 
     feeds = []
-    for name in sorted(p.name for p in IMAGES.iterdir()):
+    for name in sorted(p.name for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png")):
         with Image.open(IMAGES / name) as im:
             rgb = im.convert("RGB")
             w, h = rgb.size

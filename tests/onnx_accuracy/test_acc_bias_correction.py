@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from conftest import MODELS
+from acc_paths import MODELS
 from qbuild_onnx.accuracy_bias_correction import bias_correct
 from qbuild_onnx.accuracy_metrics import AccuracyError, compare_outputs, make_session, run_model
 from qbuild_onnx.accuracy_ortq import quantize_qdq

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import onnx
-from conftest import MODELS
+from acc_paths import MODELS
 from qbuild_onnx import rules_accuracy
 from qbuild_onnx.accuracy_ortq import quantize_qdq
 from qbuild_onnx.datasets import write_dataset

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from conftest import MODELS
+from acc_paths import MODELS
 from qbuild_onnx.accuracy_metrics import AccuracyError, make_session, run_model, sqnr_db
 from qbuild_onnx.accuracy_ortq import quantize_qdq
 from qbuild_onnx.accuracy_sensitivity import analyze, dequantize_sites, find_sites

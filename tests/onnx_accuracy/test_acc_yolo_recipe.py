@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 import pytest
-from conftest import IMAGES, ROOT
+from acc_paths import IMAGES, ROOT
 from qbuild_onnx import accuracy_yolo as ay
 from qbuild_onnx.accuracy_bias_correction import bias_correct
 from qbuild_onnx.accuracy_metrics import make_session, run_model

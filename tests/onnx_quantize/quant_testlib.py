@@ -121,7 +121,7 @@ def image_inputs(size: int = 128) -> list[dict[str, np.ndarray]]:
     from PIL import Image
 
     feeds = []
-    for path in sorted(IMAGES.iterdir()):
+    for path in sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png")):
         img = Image.open(path).convert("RGB").resize((size, size), Image.BILINEAR)
         x = np.asarray(img, np.float32).transpose(2, 0, 1)[None] / 127.5 - 1.0
         feeds.append({"input_1:0": x.astype(np.float32)})
