@@ -115,6 +115,8 @@ def load_registry(extra_plugins: Iterable[ModuleType | Any] = (),
     """
     pm = pluggy.PluginManager("qbuild")
     pm.add_hookspecs(hookspecs)
+    # Historic: every plugin, registered before or after, may add hook specs of its own.
+    pm.hook.qbuild_addhooks.call_historic(kwargs={"pluginmanager": pm})
     dists: dict[int, tuple[str, str]] = {}
     for name, value, dist_name, dist_version in _entry_points(cache_file):
         try:
