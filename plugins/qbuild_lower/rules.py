@@ -52,7 +52,11 @@ class LowerInteger(Rule):
         from .graph import LowerError
 
         mode = ctx.attrs["mode"]
-        src_path = ctx.attrs["model"].file
+        onnx_files = [f for f in ctx.attrs["model"].files if f.suffix == ".onnx"]
+        if len(onnx_files) != 1:  # quantize/bias_correction also output report.json
+            raise ctx.fail(f"{ctx.attrs['model'].label} must have exactly one .onnx output",
+                           attr="model")
+        src_path = onnx_files[0]
         try:
             source = onnx.load(str(src_path))
             lowered, report, params = lower_model(source, mode)

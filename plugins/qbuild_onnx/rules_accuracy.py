@@ -70,11 +70,14 @@ class Evaluate(Rule):
            "also YOLOX detection F1 against the reference's own detections (score >= "
            "score_threshold, same class, IoU >= 0.5); with latency_runs > 0 the median "
            "1-thread latency (timings make the report not byte-reproducible). Fails if a "
-           "candidate is below min_f1 or min_sqnr_db.")
+           "candidate in `models` is below min_f1 or min_sqnr_db; `baselines` are reported "
+           "the same way but never fail the build.")
     attrs = {
         "models": attr.label_list(doc="Candidate model targets (one .onnx output each).",
                                   required=True),
         "reference": attr.label(doc="The reference (float) model target.", required=True),
+        "baselines": attr.label_list(doc="Models reported like `models` (marked gated = "
+                                         "false) but exempt from min_f1 and min_sqnr_db."),
         "dataset": attr.label(doc="A dataset target (dataset.json + .npy).", required=True),
         "task": attr.enum(["sqnr", "yolo"], default="sqnr", doc="Extra task metric."),
         "input_size": attr.int(default=416, doc="YOLO square input size."),
@@ -104,10 +107,14 @@ class Evaluate(Rule):
                 report["reference_latency_ms"] = round(
                     median_latency_ms(ref_sess, feeds[0], a["latency_runs"]), 3)
             failures = []
-            for dep in a["models"]:
-                sess = make_session(_onnx_file(ctx, dep, "models"))
+            gated = {dep.label for dep in a["models"]}
+            for dep in [*a["models"], *(a["baselines"] or [])]:
+                sess = make_session(_onnx_file(ctx, dep, "models" if dep.label in gated
+                                               else "baselines"))
                 outs = run_model(sess, feeds)
                 entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs)}
+                if a["baselines"]:
+                    entry["gated"] = dep.label in gated
                 if a["task"] == "yolo":
                     name = next(iter(ref[0]))
                     f1 = ay.detection_f1([r[name] for r in ref], [o[name] for o in outs],
@@ -115,12 +122,12 @@ class Evaluate(Rule):
                     f1.pop("per_sample")
                     entry["detection"] = {k: round(v, 6) if isinstance(v, float) else v
                                           for k, v in f1.items()}
-                    if f1["f1"] < a["min_f1"]:
+                    if f1["f1"] < a["min_f1"] and dep.label in gated:
                         failures.append(f"{dep.label}: F1 {f1['f1']:.4f} < min_f1 {a['min_f1']}")
                 for out, m in entry["outputs"].items():
                     s = m["sqnr_db"]
                     s = float("inf") if s == "inf" else float(s)
-                    if s < a["min_sqnr_db"]:
+                    if s < a["min_sqnr_db"] and dep.label in gated:
                         failures.append(f"{dep.label}: output '{out}' SQNR {s:.2f} dB < "
                                         f"min_sqnr_db {a['min_sqnr_db']}")
                 if a["latency_runs"]:
