@@ -12,8 +12,6 @@ import importlib
 import os
 import shutil
 import time
-import traceback
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -89,6 +87,8 @@ def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str
     except QbuildError as exc:
         raise exc.located(file=ctx.build_file, target=ctx.label) from None
     except Exception as exc:
+        import traceback
+
         ctx.log(traceback.format_exc())
         raise RuleError(f"{type(exc).__name__}: {exc}", file=ctx.build_file,
                         target=ctx.label) from None
@@ -163,7 +163,7 @@ class LocalExecutor:
     def execute(self, action: Action) -> Outcome:
         """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""
         started = time.monotonic()
-        sandbox = self.store.tmp / f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        sandbox = self.store.tmp / f"{os.getpid()}-{os.urandom(6).hex()}"
         sandbox.mkdir(parents=True)
         log_path = sandbox / "_action.log"
         log_path.touch()
