@@ -85,6 +85,8 @@ class Evaluate(Rule):
         "min_f1": attr.float(default=0.0, doc="Fail if a candidate's F1 is below this."),
         "min_sqnr_db": attr.float(default=-1000.0, doc="Fail if an output SQNR is below."),
         "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
+        "trial": attr.int(default=0, doc="Ignored by the rule: a matrix axis to pair variants "
+                          "with other targets' variants (models = [\":q@trial={trial}\"])."),
     }
     outputs = ["report.json"]
 
@@ -185,12 +187,13 @@ class Sensitivity(Rule):
 
 class MixedPrecision(Rule):
     kind = "mixed_precision"
-    version = 1
+    version = 2
     heavy = True
     doc = ("Writes overrides.json putting activation tensors at 16 bits or in float: the "
            "named `tensors`, the outputs of `op_types`, and the `top_k` most sensitive "
            "activations of a `sensitivity` report. The document's 'tensors' table is the "
-           "quantize rule's tensor_overrides; 'nodes_to_exclude' its nodes_to_exclude.")
+           "quantize rule's tensor_overrides; 'nodes_to_exclude' its nodes_to_exclude; "
+           "'promoted' lists the chosen tensors. Use it as quantize's `overrides` label.")
     attrs = {
         "model": attr.label(doc="The float model the overrides refer to.", required=True),
         "sensitivity": attr.label(doc="A sensitivity target (optional)."),
@@ -225,10 +228,104 @@ class MixedPrecision(Rule):
                 names += ranked_tensors(rep)[: a["top_k"]]
             names = list(dict.fromkeys(names))
             doc = overrides_for_tensors(model, names, a["action"])
+            doc["promoted"] = names
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
         _write_json(ctx.output("overrides.json"), doc)
         return {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}
+
+
+_HIGHER_IS_BETTER = {"sqnr_db": True, "cosine": True, "f1": True, "max_abs_error": False}
+
+
+def trial_score(entry: dict[str, Any], metric: str, output: str = "") -> float:
+    """One model's score in an evaluate report entry: detection F1, or the worst output's
+    SQNR / cosine / max abs error (or the named output's)."""
+    if metric == "f1":
+        if "detection" not in entry:
+            raise KeyError("the report has no detection F1 (evaluate with task = 'yolo')")
+        return float(entry["detection"]["f1"])
+    outs = entry["outputs"]
+    if output:
+        if output not in outs:
+            raise KeyError(f"no output '{output}' in the report (it has: {', '.join(outs)})")
+        outs = {output: outs[output]}
+    values = [float("inf") if m[metric] == "inf" else float(m[metric]) for m in outs.values()]
+    return min(values) if _HIGHER_IS_BETTER[metric] else max(values)
+
+
+def select(trials: list[dict[str, Any]], metric: str, threshold: float) -> dict[str, Any] | None:
+    """The cheapest trial (fewest promoted tensors, then list order) whose score meets
+    ``threshold`` (>= for higher-is-better metrics, <= for max_abs_error), or None."""
+    higher = _HIGHER_IS_BETTER[metric]
+    ok = [t for t in trials if (t["score"] >= threshold if higher else t["score"] <= threshold)]
+    return min(ok, key=lambda t: (t["promoted"], t["index"])) if ok else None
+
+
+class SelectBest(Rule):
+    kind = "select_best"
+    version = 1
+    heavy = False
+    doc = ("Picks, among candidate models (e.g. quantize variants over mixed_precision "
+           "top_k), the cheapest one (fewest promoted tensors, from the quantize info; then "
+           "list order) whose score in the `reports` (evaluate targets) meets `threshold`. "
+           "Copies it to {name}.onnx and writes report.json; fails if no candidate meets it. "
+           "Only this target reruns when the threshold changes.")
+    attrs = {
+        "models": attr.label_list(doc="Candidate model targets (one .onnx output each).",
+                                  required=True),
+        "reports": attr.label_list(doc="evaluate targets that report on the candidates.",
+                                   required=True),
+        "metric": attr.enum(sorted(_HIGHER_IS_BETTER), default="sqnr_db",
+                            doc="Score: worst-output SQNR (dB), cosine or max abs error, or "
+                                "detection F1 (evaluate task = 'yolo')."),
+        "output": attr.string(default="", doc="Score only this model output (default: the "
+                              "worst output)."),
+        "threshold": attr.float(required=True, doc="Target score: >= (<= for max_abs_error)."),
+    }
+    outputs = ["{name}.onnx", "report.json"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        import json
+        import shutil
+
+        a = ctx.attrs
+        entries: dict[str, dict[str, Any]] = {}
+        for dep in a["reports"]:
+            path = dep.output("report.json")
+            rep = json.loads(path.read_text())
+            if not isinstance(rep, dict) or not isinstance(rep.get("models"), dict):
+                raise ctx.fail(f"{dep.label} is not an evaluate report", attr="reports")
+            entries.update(rep["models"])
+        trials = []
+        for index, dep in enumerate(a["models"]):
+            if dep.label not in entries:
+                raise ctx.fail(f"no report in `reports` evaluates {dep.label}", attr="reports")
+            try:
+                score = trial_score(entries[dep.label], a["metric"], a["output"])
+            except KeyError as e:
+                raise ctx.fail(f"{dep.label}: {e.args[0]}", attr="metric") from None
+            promoted = dep.info.get("promoted", [])
+            trials.append({"model": dep.label, "index": index, "promoted": len(promoted),
+                           "tensors": list(promoted), "score": round(score, 6)})
+        chosen = select(trials, a["metric"], a["threshold"])
+        report = {"metric": a["metric"], "output": a["output"], "threshold": a["threshold"],
+                  "chosen": chosen["model"] if chosen else None,
+                  "trials": [{k: v for k, v in t.items() if k != "index"} for t in trials]}
+        _write_json(ctx.output("report.json"), report)
+        if chosen is None:
+            best = max(trials, key=lambda t: t["score"] if _HIGHER_IS_BETTER[a["metric"]]
+                       else -t["score"])
+            raise ctx.fail(f"no candidate meets {a['metric']} "
+                           f"{'>=' if _HIGHER_IS_BETTER[a['metric']] else '<='} "
+                           f"{a['threshold']}; best is {best['model']} with {best['score']} "
+                           f"({len(trials)} candidates)", attr="threshold")
+        src = _onnx_file(ctx, a["models"][chosen["index"]], "models")
+        shutil.copyfile(src, ctx.output("{name}.onnx"))
+        ctx.log(f"chose {chosen['model']}: {a['metric']} {chosen['score']} with "
+                f"{chosen['promoted']} promoted tensor(s)")
+        return {"chosen": chosen["model"], "promoted": chosen["tensors"],
+                "score": chosen["score"]}
 
 
 class BiasCorrection(Rule):
@@ -265,4 +362,4 @@ class BiasCorrection(Rule):
 
 @hookimpl
 def qbuild_rule_types():
-    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection]
+    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection, SelectBest]

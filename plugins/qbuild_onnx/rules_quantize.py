@@ -65,6 +65,42 @@ def _pick(ctx: ActionContext, dep: Dep, attr_name: str, suffix: str,
     return matching[0]
 
 
+def _load_overrides(ctx: ActionContext, dep: Dep) -> dict[str, Any]:
+    """The precision-override document of a ``mixed_precision`` target (overrides.json)."""
+    import json
+
+    path = _pick(ctx, dep, "overrides", ".json", "overrides.json")
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ctx.fail(f"{dep.label}: cannot read {path.name}: {exc}", attr="overrides") from None
+    tensors = doc.get("tensors", {}) if isinstance(doc, dict) else None
+    nodes = doc.get("nodes_to_exclude", []) if isinstance(doc, dict) else None
+    if not isinstance(tensors, dict) or not isinstance(nodes, list) or \
+            not all(isinstance(n, str) for n in nodes):
+        raise ctx.fail(f"{dep.label}: {path.name} is not a precision-override document (an "
+                       "object with a 'tensors' table and a 'nodes_to_exclude' list)",
+                       attr="overrides")
+    promoted = doc.get("promoted")
+    if not isinstance(promoted, list):
+        promoted = sorted(set(tensors) | set(nodes))
+    return {"tensors": tensors, "nodes_to_exclude": nodes, "promoted": promoted}
+
+
+def merge_label_overrides(a: dict[str, Any], doc: dict[str, Any]) -> tuple[dict[str, Any],
+                                                                            list[str]]:
+    """Attributes with an overrides document merged in. Inline values win: a tensor set in
+    ``tensor_overrides`` keeps its inline table whole (returned as the shadowed names);
+    ``nodes_to_exclude`` is the union, inline names first."""
+    merged = dict(a)
+    inline = a["tensor_overrides"] or {}
+    shadowed = sorted(t for t in doc["tensors"] if t in inline)
+    merged["tensor_overrides"] = {**doc["tensors"], **inline}
+    merged["nodes_to_exclude"] = list(dict.fromkeys([*a["nodes_to_exclude"],
+                                                     *doc["nodes_to_exclude"]]))
+    return merged, shadowed
+
+
 def _static_options(a: dict[str, Any]) -> StaticOptions:
     return StaticOptions(
         quant_format=a["format"], per_channel=a["per_channel"], weight_type=a["weight_type"],
@@ -104,14 +140,15 @@ class Quantize(Rule):
     """Static quantization from a calibration artifact."""
 
     kind = "quantize"
-    version = 1
+    version = 2
     heavy = True
     doc = ("Static quantization with onnxruntime's QDQ or QOperator quantizer, from the "
            "tensor ranges of a `calibrate` target (never recalibrates). The calibration must "
            "have been computed on exactly the `model` file (sha256 checked). Per-channel "
            "models below opset 13 are upgraded (DequantizeLinear needs `axis`); the output "
-           "is checked with onnx's full checker and an onnxruntime session. Outputs the "
-           "model and report.json (Q/DQ counts, quantized ops, dtypes, size).")
+           "is checked with onnx's full checker and an onnxruntime session. `overrides` "
+           "merges a mixed_precision target's overrides.json (inline values win). Outputs "
+           "the model and report.json (Q/DQ counts, quantized ops, dtypes, size).")
     attrs = {
         **_COMMON,
         "calibration": attr.label(doc="The calibrate target (its calibration.json).",
@@ -132,6 +169,13 @@ class Quantize(Rule):
                                          "a list of tables, the first with axis."),
         "node_overrides": attr.mapping(default={}, doc="Node name -> table applied to every "
                                        "output tensor of that node (as tensor_overrides)."),
+        "overrides": attr.label(doc="A mixed_precision target: its overrides.json 'tensors' "
+                                "are merged into tensor_overrides (an inline entry for the "
+                                "same tensor wins whole) and its 'nodes_to_exclude' into "
+                                "nodes_to_exclude (union)."),
+        "trial": attr.int(default=0, doc="Ignored by the rule: a matrix axis to pair variants "
+                          "with other targets' variants (e.g. overrides = "
+                          "\":mp@top_k={trial}\")."),
     }
     outputs = ["{name}.onnx", "report.json"]
 
@@ -147,11 +191,30 @@ class Quantize(Rule):
         model = _pick(ctx, ctx.attrs["model"], "model", ".onnx")
         calibration = _pick(ctx, ctx.attrs["calibration"], "calibration", ".json",
                             "calibration.json")
-        options = _static_options(ctx.attrs)
-        return _run(ctx, lambda: quantize_static_model(
+        a = ctx.attrs
+        inputs = {model: a["model"], calibration: a["calibration"]}
+        promoted = None
+        if a["overrides"] is not None:
+            doc = _load_overrides(ctx, a["overrides"])
+            a, shadowed = merge_label_overrides(a, doc)
+            promoted = doc["promoted"]
+            ctx.log(f"overrides from {ctx.attrs['overrides'].label}: {len(doc['tensors'])} "
+                    f"tensor(s), {len(doc['nodes_to_exclude'])} excluded node(s)")
+            if shadowed:
+                ctx.log(f"inline tensor_overrides win for: {', '.join(shadowed)}")
+        options = _static_options(a)
+        if promoted is not None:
+            try:
+                check_static_options(options)
+            except QuantizeError as exc:
+                raise ctx.fail(f"with the overrides of {a['overrides'].label}: {exc}",
+                               attr="overrides") from None
+        info = _run(ctx, lambda: quantize_static_model(
             model, calibration, ctx.output("{name}.onnx"), options,
-            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn),
-            {model: ctx.attrs["model"], calibration: ctx.attrs["calibration"]})
+            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn), inputs)
+        if promoted is not None:
+            info = {**info, "overrides": a["overrides"].label, "promoted": promoted}
+        return info
 
 
 class QuantizeDynamic(Rule):
