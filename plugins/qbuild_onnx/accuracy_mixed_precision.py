@@ -2,9 +2,12 @@
 operator type, or automatically from a sensitivity ranking until a target is met.
 
 The result is always a precision-override document (see accuracy_ortq), so every trial and
-the final choice are plain JSON that the ``quantize`` rule consumes as ``tensor_overrides`` /
-``nodes_to_exclude``. ``action`` is a quant type name ("uint16", "int16") or "float"; a
-tensor is kept float by excluding its producer and every consumer from quantization.
+the final choice are plain JSON that the ``quantize`` rule takes through its ``overrides``
+label (merged into ``tensor_overrides`` / ``nodes_to_exclude``). In a build, automatic
+selection is a matrix of mixed_precision -> quantize -> evaluate targets plus
+``select_best`` (each trial cached); ``search`` is the same loop for Python callers.
+``action`` is a quant type name ("uint16", "int16") or "float"; a tensor is kept float by
+excluding its producer and every consumer from quantization.
 """
 
 from __future__ import annotations

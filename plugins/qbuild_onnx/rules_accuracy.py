@@ -1,7 +1,8 @@
 """Accuracy rules: ``evaluate`` (candidate models vs a reference on a dataset: SQNR, max abs
 error, cosine, optional YOLO detection F1 and latency; can fail below a threshold),
 ``sensitivity`` (per-tensor ranking of a QDQ model), ``mixed_precision`` (precision
-overrides for the most sensitive tensors) and ``bias_correction`` (a QDQ model with
+overrides for the most sensitive tensors), ``select_best`` (the cheapest of several
+evaluated candidates that meets a target) and ``bias_correction`` (a QDQ model with
 corrected biases). Thin wrappers over the ``accuracy_*`` modules, which are imported
 inside ``run`` only.
 """
