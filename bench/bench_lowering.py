@@ -22,7 +22,9 @@ def main(act: str = "uint8", runs: int = 30) -> None:
     from qbuild_lower.driver import lower_model
     from qbuild_lower.qdq_source import image_batches, make_qdq
 
-    images = sorted((ROOT / "testdata" / "images").glob("*"))
+    images = sorted(
+        p for p in (ROOT / "testdata" / "images").glob("*") if p.suffix in (".jpg", ".png")
+    )
     tmp = Path(tempfile.mkdtemp())
     src_path = make_qdq(
         ROOT / "examples/yolo/yolox_nano.onnx",
@@ -54,18 +56,22 @@ def main(act: str = "uint8", runs: int = 30) -> None:
                 statistics.median(times),
             )
         )
+    # Interleaved: every round runs each model once, so load from other processes on a
+    # shared machine hits all models alike (sequential medians drift more than the gap).
     lat = {}
-    for name, m in models.items():
-        for threads in (1, 0):
-            s = session(m, threads)
+    for threads in (1, 0):
+        sessions = {name: session(m, threads) for name, m in models.items()}
+        for s in sessions.values():
             for _ in range(3):
                 s.run(None, feeds[0])
-            ts = []
-            for k in range(runs):
+        ts = {name: [] for name in models}
+        for k in range(runs):
+            for name, s in sessions.items():
                 t = time.perf_counter()
                 s.run(None, feeds[k % len(feeds)])
-                ts.append(time.perf_counter() - t)
-            lat[(name, threads)] = statistics.median(ts) * 1e3
+                ts[name].append(time.perf_counter() - t)
+        for name in models:
+            lat[(name, threads)] = statistics.median(ts[name]) * 1e3
     print(f"YOLOX-Nano, {act} activations, {len(feeds)} images\n")
     print(
         "| mode | nodes lowered | within ±1 LSB | bit-exact | max LSB "

@@ -15,6 +15,7 @@ from collections import Counter
 import onnx
 from onnx import helper
 
+from .chains import focus_space_to_depth
 from .emit import Builder
 from .graph import Graph, LowerError, toposort
 from .groups import UNSUPPORTED_OP, Unsupported, analyze, is_dq, is_q
@@ -85,8 +86,12 @@ def lower_model(model: onnx.ModelProto, mode: str) -> tuple[onnx.ModelProto, dic
                     del rec["table_name"]
 
     keep = [n for i, n in enumerate(g.nodes) if i not in lowered and i not in absorbed_q]
-    nodes = _rename(keep + b.nodes, aliases)
+    nodes = _dead_code(_rename(keep + b.nodes, aliases), g.outputs)
+    before = {id(n) for n in nodes}
+    nodes, chain = focus_space_to_depth(nodes, model, b.fresh, b.const, g.outputs)
+    b.nodes += [n for n in nodes if id(n) not in before]  # checked like the other emitted
     nodes = _dead_code(nodes, g.outputs)
+    _chains_lowered(g, entries, chain, nodes)
     nodes = toposort(nodes, g.inputs)
     used = {t for n in nodes for t in n.input if t}
     inits = [t for t in list(model.graph.initializer) + b.inits if t.name in used]
@@ -103,6 +108,18 @@ def lower_model(model: onnx.ModelProto, mode: str) -> tuple[onnx.ModelProto, dic
             out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     report = _report(g, entries, nodes, mode, b)
     return out, report, b.params
+
+
+def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list) -> None:
+    """Report the float Slice nodes a chain rewrite made dead as lowered."""
+    live = {id(n) for n in nodes}
+    names = {g.node_name(i) for i, n in enumerate(g.nodes)
+             if any(n is c for c in chain) and id(n) not in live}
+    for e in entries:
+        if e["node"] in names and e["status"] == "float":
+            e.update(status="lowered", lowered_as=["QuantizeLinear", "SpaceToDepth", "Gather"])
+            e.pop("category", None)
+            e.pop("reason", None)
 
 
 def _rename(nodes, aliases: dict):

@@ -199,6 +199,12 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
             out = [x[tuple(sl)]]
         elif op == "Identity":
             out = [ins[0]]
+        elif op == "SpaceToDepth":
+            b = attr(n, "blocksize")
+            x = ins[0]
+            nb, c, h, w = x.shape
+            x = x.reshape(nb, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+            out = [x.reshape(nb, c * b * b, h // b, w // b)]
         else:
             out = _delegate(n, ins, opset)
             if stats is not None:
