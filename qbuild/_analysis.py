@@ -133,8 +133,10 @@ class Graph:
             raise ConfigError(f"unknown rule '{spec.kind}' (known rules: {known}; "
                               "is the plugin providing it installed?)", attr="rule", **where)
         rule = entry.cls()
+        raw = {k: v for k, v in spec.raw.items()
+               if k in rule.attrs or k not in spec.matrix_keys}
         try:
-            values = check_attrs(rule, spec.raw)
+            values = check_attrs(rule, raw)
         except ConfigError as exc:
             raise exc.located(**where) from None
         target = Target(label, spec.kind, spec.build_file, entry, rule)
@@ -162,7 +164,7 @@ class Graph:
         if kind == "label":
             return self._dep(value, label, target)
         if kind == "label_list":
-            return [self._dep(v, label, target) for v in value]
+            return [dep for v in value for dep in self._deps(v, label, target)]
         if kind == "file":
             if is_label_text(value):
                 return self._dep(value, label, target)
@@ -175,7 +177,7 @@ class Graph:
             out: list[str] = []
             for item in value:
                 if is_label_text(item):
-                    out.append(self._dep(item, label, target))
+                    out.extend(self._deps(item, label, target))
                 else:
                     paths = self._sources(item, label)
                     target.sources.extend(paths)
@@ -185,9 +187,22 @@ class Graph:
 
     def _dep(self, text: str, label: Label, target: Target) -> str:
         dep = parse_label(text, label.package)
-        self._require(dep, None, None, None)
+        spec = self._require(dep, None, None, None)
+        if spec.kind == MATRIX_KIND:
+            raise ConfigError(f"{dep} is a matrix of {len(spec.variants)} variants; name one "
+                              f"(e.g. {spec.variants[0]}) or use a list attribute")
         target.deps.append(dep)
         return str(dep)
+
+    def _deps(self, text: str, label: Label, target: Target) -> list[str]:
+        """Like ``_dep``, but a matrix group stands for all its variants, in order."""
+        dep = parse_label(text, label.package)
+        spec = self._require(dep, None, None, None)
+        if spec.kind == MATRIX_KIND:
+            target.deps.extend(spec.variants)
+            return [str(v) for v in spec.variants]
+        target.deps.append(dep)
+        return [str(dep)]
 
     def _sources(self, text: str, label: Label) -> list[str]:
         rel = Path(text)

@@ -10,7 +10,8 @@ A BUILD.toml holds one table per target::
 A ``matrix`` expands the table into one ordinary target per combination, labelled
 ``yolo_int8@per_channel=true,method=minmax`` and so on (keys in the order written), and
 makes ``yolo_int8`` itself a group of all variants. In a variant, ``{key}`` inside string
-values is replaced by that variant's value, so dependent matrices can pair up.
+values is replaced by that variant's value, so dependent matrices can pair up. A matrix
+key the rule declares becomes that attribute; any other key is only such a variable.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class TargetSpec:
     raw: dict[str, Any]
     build_file: str
     variants: list[Label] = field(default_factory=list)
+    matrix_keys: tuple[str, ...] = ()
 
 
 def _format_value(value: Any) -> str:
@@ -100,7 +102,8 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
         attrs = _substitute(raw, bindings)
         attrs.update({key: v for (key, _), v in zip(axes, combination)})
         variant = Label(package, variant_name)
-        specs.append(TargetSpec(variant, kind, attrs, shown))
+        specs.append(TargetSpec(variant, kind, attrs, shown,
+                                matrix_keys=tuple(key for key, _ in axes)))
         group.variants.append(variant)
     return [group, *specs]
 

@@ -213,3 +213,35 @@ def test_outputs_are_read_only(ws):
     result = ws.build("//p:ab")
     mode = os.stat(result.output("//p:ab")).st_mode
     assert mode & 0o222 == 0
+
+
+def test_matrix_keys_the_rule_lacks_are_template_variables_and_groups_expand(ws):
+    ws.write("p/a.txt", "x")
+    ws.write("p/BUILD.toml", """
+        [base]
+        rule = "concat"
+        srcs = ["a.txt"]
+        matrix = { repeat = [1, 3] }
+
+        [paired]
+        rule = "concat"
+        deps = [":base@repeat={k}"]
+        sep = "{k}"
+        matrix = { k = [1, 3] }
+
+        [everything]
+        rule = "concat"
+        deps = [":base"]
+        sep = ","
+
+        [single]
+        rule = "length"
+        dep = ":base"
+    """)
+    result = ws.build("//p:paired", "//p:everything")
+    assert result.ok, result.error
+    assert ws.path("qbuild-out/p/paired@k=3/out.txt").read_text() == "xxx"
+    assert ws.path("qbuild-out/p/everything/out.txt").read_text() == "x,xxx"
+    single = ws.build("//p:single")
+    assert single.exit_code == 2
+    assert "//p:base is a matrix of 2 variants; name one" in single.error
