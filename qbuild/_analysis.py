@@ -50,6 +50,7 @@ class Graph:
         self.registry = registry
         self.loader = PackageLoader(workspace)
         self.targets: dict[Label, Target] = {}
+        self.deep_globs = False  # a '**' glob: the no-op fast path cannot vouch for it
 
     # -- patterns -----------------------------------------------------------------------
     def expand(self, patterns: Iterable[str], current_package: str | None) -> list[Label]:
@@ -73,6 +74,18 @@ class Graph:
         label = Label(pattern.package, pattern.name)
         self._require(label, None, None, None)
         return [label]
+
+    def watched_files(self) -> list[str]:
+        """Every file and directory whose stat decides this graph (for the no-op path)."""
+        root = self.workspace.root
+        files = {str(root / "qbuild.toml")}
+        files.update(str(p) for p in self.loader.loaded_build_files())
+        files.update(str(d) for d in self.loader.walked_dirs)
+        for target in self.targets.values():
+            for rel in target.sources:
+                files.add(str(root / rel))
+                files.add(str((root / rel).parent))
+        return sorted(files)
 
     def _package_targets(self, package: str) -> list[Label]:
         specs = self.loader.load(package)
@@ -212,6 +225,9 @@ class Graph:
             raise ConfigError(f"'{text}' leaves the package; refer to other packages' files "
                               "through their targets (labels)")
         package_dir = self.workspace.root / label.package
+        self.loader.walked_dirs.add(package_dir)
+        if "**" in text:
+            self.deep_globs = True
         if _GLOB_CHARS & set(text):
             matches = sorted(p for p in package_dir.glob(text) if p.is_file())
             if not matches:

@@ -114,12 +114,16 @@ class PackageLoader:
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
         self._packages: dict[str, dict[str, TargetSpec]] = {}
+        self.walked_dirs: set[Path] = set()  # directories whose listing mattered
 
     def build_file(self, package: str) -> Path:
         return self.workspace.root / package / BUILD_FILE
 
     def shown_path(self, package: str) -> str:
         return f"{package}/{BUILD_FILE}" if package else BUILD_FILE
+
+    def loaded_build_files(self) -> list[Path]:
+        return [self.build_file(package) for package in self._packages]
 
     def has_package(self, package: str) -> bool:
         return package in self._packages or self.build_file(package).is_file()
@@ -166,6 +170,7 @@ class PackageLoader:
         found = []
         for directory, subdirs, files in os.walk(start):
             here = Path(directory)
+            self.walked_dirs.add(here)
             subdirs[:] = sorted(
                 d for d in subdirs
                 if not d.startswith(".") and d not in _SKIP_DIRS

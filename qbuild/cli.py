@@ -103,9 +103,35 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def _noop_package(workspace: Any) -> str | None:
+    try:
+        return workspace.package_of(Path.cwd())
+    except ValueError:
+        return None
+
+
 def cmd_build(args: argparse.Namespace) -> int:
+    from ._noop import try_noop
+
+    if not args.explain and not args.event_log:
+        from ._workspace import load_workspace
+
+        workspace = load_workspace(Path.cwd())
+        snapshot = try_noop(workspace.output_dir, args.patterns, _noop_package(workspace))
+        if snapshot is not None:
+            for line in snapshot["lines"]:
+                print(_rel(workspace.root / line))
+            summary = snapshot["summary"]
+            print(f"Build OK: {summary['targets']} targets, 0 actions run, "
+                  f"{summary['actions']} cache hits (nothing changed)", file=sys.stderr)
+            return EXIT_OK
+    return _full_build(args)
+
+
+def _full_build(args: argparse.Namespace) -> int:
     from ._build import Build, BuildOptions
     from ._executor import clean_stale_sandboxes
+    from ._noop import record
     from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
 
     session, package = _session()
@@ -122,9 +148,21 @@ def cmd_build(args: argparse.Namespace) -> int:
         build = Build(session, BuildOptions(jobs=jobs, keep_going=args.keep_going,
                                             explain=args.explain), reporter)
         result = build.run(labels)
+        lines = []
         for label in result.requested:
             for path in result.outputs.get(label, []):
                 print(_rel(path))
+                lines.append(path.relative_to(session.workspace.root).as_posix())
+        if result.ok and not session.graph.deep_globs:
+            from ._executor import label_dir
+
+            prefixes = tuple(label_dir(label) + "/" for label in result.requested)
+            outputs = [str(session.workspace.output_dir / rel) for rel in
+                       build.state.materialized if rel.startswith(prefixes)]
+            record(session.workspace.output_dir, args.patterns, package,
+                   session.graph.watched_files() + outputs, lines,
+                   {"targets": len(result.requested),
+                    "actions": len(result.ran) + len(result.cached)})
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
