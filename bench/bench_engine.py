@@ -57,11 +57,12 @@ def generate(root: Path, targets: int) -> None:
         (root / f"p{i}" / "BUILD.toml").write_text("\n".join(blocks))
 
 
-def run(root: Path, *args: str) -> tuple[float, int, dict]:
+def run(root: Path, *args: str, event_log: bool = True) -> tuple[float, int, dict]:
     """Run qbuild; return (seconds, peak RSS bytes, build_finished event)."""
     log = root / "events.jsonl"
     argv = [sys.executable, "-m", "qbuild", *args]
-    if args and args[0] == "build":
+    event_log = event_log and bool(args) and args[0] == "build"
+    if event_log:
         argv += ["--event_log", str(log)]
     start = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL,
@@ -72,7 +73,7 @@ def run(root: Path, *args: str) -> tuple[float, int, dict]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"qbuild {' '.join(args)} failed:\n{err}")
     finished = {}
-    if args and args[0] == "build":
+    if event_log:
         lines = log.read_text().splitlines()
         finished = json.loads(lines[-1])
     return seconds, usage.ru_maxrss * 1024, finished
@@ -98,30 +99,43 @@ def main() -> None:
             for _ in range(max(1, args.runs // 3)):
                 shutil.rmtree(root / "qbuild-out", ignore_errors=True)
                 warm.append(run(root, "build", "//...")[0])
-            run(root, "build", "//...")
+            run(root, "build", "//...", event_log=False)
+            fast = [run(root, "build", "//...", event_log=False) for _ in range(args.runs)]
+            # With an event log the fast path is off: the full no-op path (analysis,
+            # stat memo, action-cache lookups), which also reports bytes hashed.
             noop = [run(root, "build", "//...") for _ in range(args.runs)]
             rows.append({
                 "targets": size,
                 "cold_s": statistics.median(cold),
                 "warm_s": statistics.median(warm),
+                "fast_s": statistics.median(r[0] for r in fast),
+                "fast_rss_mb": max(r[1] for r in fast) / 2**20,
                 "noop_s": statistics.median(r[0] for r in noop),
                 "noop_bytes_hashed": max(r[2]["bytes_hashed"] for r in noop),
                 "noop_actions_run": max(r[2]["actions_run"] for r in noop),
                 "noop_peak_rss_mb": max(r[1] for r in noop) / 2**20,
             })
         version = [run(base, "--version")[0] for _ in range(args.runs)]
+        bare = []
+        for _ in range(args.runs):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            bare.append(time.perf_counter() - start)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.system()} {platform.release()}; "
           f"medians of {args.runs} runs (cold/warm: {max(1, args.runs // 3)})\n")
-    print("| targets | cold build | warm build (cache, no outputs) | no-op build | "
-          "no-op bytes hashed | no-op actions run | no-op peak RSS |")
-    print("|---|---|---|---|---|---|---|")
+    print("| targets | cold build | warm build (cache, no outputs) | no-op build (fast path) "
+          "| no-op build (full path) | no-op bytes hashed | no-op actions run | no-op peak RSS "
+          "(fast / full) |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['targets']} | {r['cold_s']:.2f} s | {r['warm_s']:.2f} s | "
-              f"{r['noop_s'] * 1000:.0f} ms | {r['noop_bytes_hashed']} | "
-              f"{r['noop_actions_run']} | {r['noop_peak_rss_mb']:.1f} MB |")
+              f"{r['fast_s'] * 1000:.0f} ms | {r['noop_s'] * 1000:.0f} ms | "
+              f"{r['noop_bytes_hashed']} | {r['noop_actions_run']} | "
+              f"{r['fast_rss_mb']:.1f} / {r['noop_peak_rss_mb']:.1f} MB |")
+    print(f"\nInterpreter alone (`python -c pass`): {statistics.median(bare) * 1000:.0f} ms")
     print(f"\n`qbuild --version`: {statistics.median(version) * 1000:.0f} ms")
 
 
