@@ -36,9 +36,23 @@ _COMMON = {
 }
 
 
+def _plugin_distributions() -> str:
+    """Every distribution with a ``qbuild`` entry point, with its version: any of them may
+    add dtype targets through the hook, so upgrading one must rerun these rules."""
+    from importlib import metadata
+
+    found = set()
+    for ep in metadata.entry_points(group="qbuild"):
+        dist = getattr(ep, "dist", None)
+        if dist is not None:
+            found.add(f"{dist.metadata['name']}=={dist.version}")
+    return ",".join(sorted(found))
+
+
 def _env() -> dict[str, str]:
     return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-            "numpy": dist_version("numpy"), "ml_dtypes": dist_version("ml_dtypes")}
+            "numpy": dist_version("numpy"), "ml_dtypes": dist_version("ml_dtypes"),
+            "target_plugins": _plugin_distributions()}
 
 
 def _model_file(ctx: ActionContext, dep: Dep) -> Path:
@@ -88,7 +102,7 @@ def _guess_attr(message: str, default: str) -> str:
 
 class QdqRetarget(Rule):
     kind = "qdq_retarget"
-    version = 1
+    version = 2
     doc = ("Convert a QDQ model between the zero-point form and the opset-21 output_dtype "
            "form for a target runtime: raises the opset to 21 where needed (never above "
            "what the target loads), elides all-zero zero points where legal, and applies the "
