@@ -98,6 +98,12 @@ class OnnxModel(Rule):
         return info
 
 
+# Attributes every dataset rule shares.
+_DATASET_COMMON = {
+    "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
+    "model": attr.label(doc="Optional model target to check the dataset against."),
+}
+
 _IMAGE_ATTRS = {
     "images": attr.files(doc="Image files or folders (globs allowed; sorted).", required=True),
     "input": attr.string(doc="The model input the images feed.", required=True),
@@ -122,8 +128,7 @@ _IMAGE_ATTRS = {
     "seed": attr.int(default=0, doc="Augmentation seed."),
     "flip": attr.bool(default=True, doc="Augmentation may flip horizontally."),
     "min_scale": attr.float(default=0.5, doc="Smallest crop area fraction in augmentation."),
-    "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
-    "model": attr.label(doc="Optional model target to check the dataset against."),
+    **_DATASET_COMMON,
 }
 
 
@@ -174,8 +179,7 @@ class NumpyDataset(Rule):
         "mapping": attr.mapping(default={}, doc="Input name -> file or file.npz:key."),
         "cast": attr.mapping(default={}, doc="Input name -> dtype to convert to."),
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
-        "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
-        "model": attr.label(doc="Optional model target to check the dataset against."),
+        **_DATASET_COMMON,
     }
     outputs = ["data/"]
 
@@ -242,8 +246,7 @@ class CustomDataset(Rule):
         "files": attr.files(doc="Files handed to the reader."),
         "options": attr.mapping(default={}, doc="Options handed to the reader."),
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
-        "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
-        "model": attr.label(doc="Optional model target to check the dataset against."),
+        **_DATASET_COMMON,
     }
     outputs = ["data/"]
 
