@@ -86,8 +86,6 @@ class Evaluate(Rule):
         "min_f1": attr.float(default=0.0, doc="Fail if a candidate's F1 is below this."),
         "min_sqnr_db": attr.float(default=-1000.0, doc="Fail if an output SQNR is below."),
         "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
-        "trial": attr.int(default=0, doc="Ignored by the rule: a matrix axis to pair variants "
-                          "with other targets' variants (models = [\":q@trial={trial}\"])."),
     }
     outputs = ["report.json"]
 

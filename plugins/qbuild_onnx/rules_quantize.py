@@ -173,9 +173,6 @@ class Quantize(Rule):
                                 "are merged into tensor_overrides (an inline entry for the "
                                 "same tensor wins whole) and its 'nodes_to_exclude' into "
                                 "nodes_to_exclude (union)."),
-        "trial": attr.int(default=0, doc="Ignored by the rule: a matrix axis to pair variants "
-                          "with other targets' variants (e.g. overrides = "
-                          "\":mp@top_k={trial}\")."),
     }
     outputs = ["{name}.onnx", "report.json"]
 
