@@ -313,7 +313,7 @@ class Build:
         base = self.session.workspace.output_dir / base_rel
         wanted = {e["path"] for e in result["outputs"]}
         for attempt in range(2):
-            ok = all(self._place(base, f"{base_rel}/{e['path']}", e["digest"])
+            ok = all(self._place(f"{base_rel}/{e['path']}", e["digest"])
                      for e in result["outputs"])
             if ok:
                 break
@@ -327,7 +327,7 @@ class Build:
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
         self.result.outputs[str(label)] = [base / name.rstrip("/") for name in result["declared"]]
 
-    def _place(self, base: Path, rel: str, digest: str) -> bool:
+    def _place(self, rel: str, digest: str) -> bool:
         path = self.session.workspace.output_dir / rel
         record = self.state.materialized.get(rel)
         try:

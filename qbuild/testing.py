@@ -88,6 +88,17 @@ class Workspace:
         root.mkdir(parents=True, exist_ok=True)
         self.write("qbuild.toml", f'[settings]\ncache_dir = "{cache_dir.as_posix()}"\n')
 
+    @classmethod
+    def existing(cls, root: Path, plugins: list[ModuleType | Any] | None = None) -> Workspace:
+        """A handle on a workspace that already exists (its qbuild.toml is kept as is)."""
+        from ._workspace import load_workspace
+
+        workspace = cls.__new__(cls)
+        workspace.root = Path(root)
+        workspace.cache_dir = load_workspace(workspace.root).cache_dir
+        workspace.plugins = list(plugins or [])
+        return workspace
+
     def path(self, rel: str) -> Path:
         return self.root / rel
 

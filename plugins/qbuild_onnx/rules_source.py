@@ -132,7 +132,17 @@ _IMAGE_ATTRS = {
 }
 
 
-class ImageDataset(Rule):
+class _DatasetRule(Rule):
+    """What every dataset rule shares: a ``data/`` directory output (dataset.json plus
+    one .npy per input) and the library versions in the key."""
+
+    outputs = ["data/"]
+
+    def env(self) -> dict[str, str]:
+        return _env()
+
+
+class ImageDataset(_DatasetRule):
     kind = "image_dataset"
     version = 1
     heavy = True
@@ -140,7 +150,6 @@ class ImageDataset(Rule):
            "resize/letterbox/crop, colour order, scale/mean/std, layout and dtype; optional "
            "seeded augmentation to get more samples than images.")
     attrs = _IMAGE_ATTRS
-    outputs = ["data/"]
 
     def env(self) -> dict[str, str]:
         return _env("Pillow")
@@ -168,7 +177,7 @@ class ImageDataset(Rule):
         return _finish_dataset(ctx, out, a.get("model"))
 
 
-class NumpyDataset(Rule):
+class NumpyDataset(_DatasetRule):
     kind = "numpy_dataset"
     version = 1
     heavy = True
@@ -181,11 +190,6 @@ class NumpyDataset(Rule):
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
         **_DATASET_COMMON,
     }
-    outputs = ["data/"]
-
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from .datasets import DatasetError, build_numpy_dataset
 
@@ -199,7 +203,7 @@ class NumpyDataset(Rule):
         return _finish_dataset(ctx, out, a.get("model"))
 
 
-class SyntheticDataset(Rule):
+class SyntheticDataset(_DatasetRule):
     kind = "synthetic_dataset"
     version = 1
     heavy = True
@@ -214,11 +218,6 @@ class SyntheticDataset(Rule):
         "high": attr.float(default=1.0, doc="Upper bound of the uniform values."),
         "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
     }
-    outputs = ["data/"]
-
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from .datasets import DatasetError, build_synthetic_dataset
 
@@ -235,7 +234,7 @@ class SyntheticDataset(Rule):
         return _finish_dataset(ctx, out, a["model"])
 
 
-class CustomDataset(Rule):
+class CustomDataset(_DatasetRule):
     kind = "dataset"
     version = 1
     heavy = True
@@ -248,11 +247,6 @@ class CustomDataset(Rule):
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
         **_DATASET_COMMON,
     }
-    outputs = ["data/"]
-
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from .datasets import DatasetError, build_reader_dataset, find_reader
 

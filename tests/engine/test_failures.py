@@ -113,16 +113,15 @@ RUNNER = """
 import sys, toy_rules
 from qbuild.testing import Workspace
 from pathlib import Path
-ws = Workspace.__new__(Workspace)
-ws.root, ws.cache_dir, ws.plugins = Path(sys.argv[1]), Path(sys.argv[2]), [toy_rules]
-result = ws.build(*sys.argv[3:])
+ws = Workspace.existing(Path(sys.argv[1]), plugins=[toy_rules])
+result = ws.build(*sys.argv[2:])
 print("RAN", " ".join(result.ran))
 print("OK" if result.ok else "FAILED " + result.error)
 """
 
 
 def _spawn(ws, *patterns, extra_env=None):
-    return subprocess.Popen([sys.executable, "-c", RUNNER, str(ws.root), str(ws.cache_dir),
+    return subprocess.Popen([sys.executable, "-c", RUNNER, str(ws.root),
                              *patterns], env=_cli_env(ws, extra_env), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 

@@ -102,8 +102,8 @@ def test_moving_the_workspace_keeps_every_hit(ws, tmp_path):
     moved_root = tmp_path / "elsewhere" / "ws2"
     shutil.copytree(ws.root, moved_root)
     shutil.rmtree(moved_root / "qbuild-out")
-    moved = Workspace.__new__(Workspace)
-    moved.root, moved.cache_dir, moved.plugins = moved_root, ws.cache_dir, ws.plugins
+    moved = Workspace.existing(moved_root, plugins=ws.plugins)
+    assert moved.cache_dir == ws.cache_dir.resolve()
     result = moved.build("//p:len")
     assert result.ok and result.ran == []
     assert result.output("//p:len").read_text() == "10"
