@@ -21,12 +21,17 @@ from .graph import Graph, LowerError, toposort
 from .groups import UNSUPPORTED_OP, Unsupported, analyze, is_dq, is_q
 
 MODES = ("ort", "fixed_point")
+ROUNDINGS = ("half_up", "onnxruntime")
 
 
-def lower_model(model: onnx.ModelProto, mode: str) -> tuple[onnx.ModelProto, dict, list]:
-    """Returns (lowered model, report, fixed-point parameter records)."""
+def lower_model(model: onnx.ModelProto, mode: str,
+                rounding: str = "half_up") -> tuple[onnx.ModelProto, dict, list]:
+    """Returns (lowered model, report, fixed-point parameter records). ``rounding``
+    (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``fixedpoint``)."""
     if mode not in MODES:
         raise LowerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if rounding not in ROUNDINGS:
+        raise LowerError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
     if mode == "ort":
         from .lower_ort import handler
     else:
@@ -36,6 +41,7 @@ def lower_model(model: onnx.ModelProto, mode: str) -> tuple[onnx.ModelProto, dic
     if not any(is_q(n) for n in g.nodes) or not any(is_dq(n) for n in g.nodes):
         raise LowerError("the model has no QuantizeLinear/DequantizeLinear nodes: not a QDQ model")
     b = Builder(g, mode)
+    b.rounding = rounding
     if mode == "fixed_point":
         prepare(g, b)
     entries, absorbed_q, aliases = [], set(), {}

@@ -9,7 +9,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import fixedpoint as fp
-from .graph import Graph, attr
+from .graph import Graph, attr, opset_of
 from .groups import SCALE_MISMATCH, Group, Unsupported, need_act, same_params
 
 #: Ops that only move or select elements: they run on the quantized codes unchanged when
@@ -52,7 +52,8 @@ class Builder:
         self.inits: list = []
         self.used = set(g.inits) | set(g.producer) | set(g.inputs) | set(g.outputs)
         self.used |= {n.name for n in g.nodes if n.name}
-        self.luts: list = []  # (init name, group) filled in by lut.py at the end
+        self.luts: list = []  # (init name, group, kind) filled in by lut.py at the end
+        self.rounding = "half_up"  # fixed_point: or "onnxruntime" (see fixedpoint.py)
         self.params: list = []  # fixed-point parameter records
         self._const_cache: dict = {}
 
@@ -149,7 +150,7 @@ def lower_lut(grp: Group, b: Builder) -> list[str]:
         raise Unsupported(f"{n.op_type} with several outputs")
     out = grp.outs[0]
     table = b.fresh(f"{n.name or n.op_type}_table")
-    b.luts.append((table, grp))
+    b.luts.append((table, grp, "unary"))
     idx = b.tmp(f"{x.q}_i32")
     b.node("Cast", [x.q], [idx], f"{n.name or n.op_type}_cast", to=onnx.TensorProto.INT32)
     if x.qp.dtype == np.int8:
@@ -162,12 +163,15 @@ def lower_lut(grp: Group, b: Builder) -> list[str]:
 
 
 def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str,
-                 base: str, shape=(-1,), prod_bound: int = fp.PRODUCT_LIMIT) -> list[str]:
+                 base: str, shape=(-1,), prod_bound: int = fp.PRODUCT_LIMIT,
+                 rounding: str = "half_up") -> list[str]:
     """int64 ``prod`` (already multiplied by M0) -> 8-bit ``out``:
     Add(2**(n-1) + 2**61 + c_extra) -> Div(2**n) -> Add(zp - 2**(61-n)) -> Clip -> Cast.
 
     The 2**61 bias keeps the dividend positive so that ONNX's truncating integer Div is a
-    floor; ``c_extra`` carries folded constants (bias * M0, -zero point * M0)."""
+    floor; ``c_extra`` carries folded constants (bias * M0, -zero point * M0). With
+    ``rounding="onnxruntime"`` the half-up result is corrected to onnxruntime's float32
+    rounding (``fixedpoint.requantize_onnxruntime``) before the zero point is added."""
     shift = np.asarray(shift, dtype=np.int64)
     # Split the folded constant into whole output steps (added after the division) and a
     # remainder in [0, 2**n) (added before it): exact, and keeps the dividend small.
@@ -192,13 +196,74 @@ def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str
     t1, t2, t3, t4 = (b.tmp(f"{base}_{s}") for s in ("rnd", "shr", "zp", "clip"))
     b.node("Add", [prod, b.const(f"{base}_round", shaped(c))], [t1], f"{base}_round")
     b.node("Div", [t1, b.const(f"{base}_pow2", shaped(div))], [t2], f"{base}_shift")
-    b.node("Add", [t2, b.const(f"{base}_offset", shaped(off))], [t3], f"{base}_zp")
+    ops = ["Add", "Div"]
+    if rounding == "onnxruntime":
+        r0 = b.tmp(f"{base}_r0")
+        b.node("Add", [t2, b.const(f"{base}_offset", shaped(off - zp))], [r0], f"{base}_r0")
+        r, extra = _float32_rounding(b, t1, t2, r0, shift, shaped, base)
+        b.node("Add", [r, b.const(f"zp_i64_{zp}", np.array(zp, np.int64))], [t3], f"{base}_zp")
+        ops += ["Add", *extra, "Add"]
+    else:
+        b.node("Add", [t2, b.const(f"{base}_offset", shaped(off))], [t3], f"{base}_zp")
+        ops += ["Add"]
     b.node("Clip", [t3, b.const(f"clip_lo_i64_{lo}", np.array(lo, np.int64)),
                     b.const(f"clip_hi_i64_{hi}", np.array(hi, np.int64))], [t4],
            f"{base}_clip")
     to = onnx.TensorProto.UINT8 if np.dtype(dtype) == np.uint8 else onnx.TensorProto.INT8
     b.node("Cast", [t4], [out], f"{base}_cast", to=to)
-    return ["Add", "Div", "Add", "Clip", "Cast"]
+    return ops + ["Clip", "Cast"]
+
+
+def _float32_rounding(b: Builder, t1: str, t2: str, r0: str, shift, shaped, base: str):
+    """Emit ``fixedpoint._correct``: r0 (rounded half up) -> onnxruntime's result.
+
+    ``t1`` is the biased dividend and ``t2 = t1 / 2**n``, so the remainder is
+    ``t1 - t2 * 2**n`` (in [0, 2**n)); the window around each half-integer comes from the
+    ``POW2_FLOOR`` table. Returns (result tensor, op types emitted)."""
+    i64 = onnx.TensorProto.INT64
+    shift = np.asarray(shift, dtype=object)
+    pow2 = shaped(np.asarray(1, dtype=object) << shift)
+    k = shaped(np.asarray(1, dtype=object) << (shift - fp.MIN_ORT_SHIFT))
+    t = {s: b.tmp(f"{base}_{s}") for s in (
+        "q2n", "rem", "r0c", "r0x2", "mlo", "mhi", "alo", "ahi", "tlo", "thi", "klo", "khi",
+        "wlo", "whi", "gap", "down", "up", "downi", "upi", "step", "odd", "corr", "r")}
+    c = b.const
+    b.node("Mul", [t2, c(f"{base}_pow2", pow2)], [t["q2n"]], f"{base}_q2n")
+    b.node("Sub", [t1, t["q2n"]], [t["rem"]], f"{base}_rem")
+    b.node("Clip", [r0, c("clip_lo_i64_-512", np.array(-512, np.int64)),
+                    c("clip_hi_i64_512", np.array(512, np.int64))], [t["r0c"]], f"{base}_r0c")
+    b.node("Mul", [t["r0c"], c("i64_2", np.array(2, np.int64))], [t["r0x2"]], f"{base}_r0x2")
+    one = c("i64_1", np.array(1, np.int64))
+    b.node("Sub", [t["r0x2"], one], [t["mlo"]], f"{base}_mlo")
+    b.node("Add", [t["r0x2"], one], [t["mhi"]], f"{base}_mhi")
+    table = c("pow2_floor_table", fp.POW2_FLOOR)
+    for side in ("lo", "hi"):
+        b.node("Abs", [t[f"m{side}"]], [t[f"a{side}"]], f"{base}_abs{side}")
+        b.node("Gather", [table, t[f"a{side}"]], [t[f"t{side}"]], f"{base}_ulp{side}", axis=0)
+        b.node("Mul", [t[f"t{side}"], c(f"{base}_ulpk", k)], [t[f"k{side}"]], f"{base}_k{side}")
+        b.node("Div", [t[f"k{side}"], c("i64_512", np.array(512, np.int64))], [t[f"w{side}"]],
+               f"{base}_w{side}")
+    b.node("Sub", [c(f"{base}_pow2", pow2), t["rem"]], [t["gap"]], f"{base}_gap")
+    if opset_of(b.g.model) >= 12:
+        b.node("LessOrEqual", [t["rem"], t["wlo"]], [t["down"]], f"{base}_down")
+        b.node("LessOrEqual", [t["gap"], t["whi"]], [t["up"]], f"{base}_up")
+        cmp_ops = ["LessOrEqual", "LessOrEqual"]
+    else:
+        gt_lo, gt_hi = b.tmp(f"{base}_gtlo"), b.tmp(f"{base}_gthi")
+        b.node("Greater", [t["rem"], t["wlo"]], [gt_lo], f"{base}_gtlo")
+        b.node("Not", [gt_lo], [t["down"]], f"{base}_down")
+        b.node("Greater", [t["gap"], t["whi"]], [gt_hi], f"{base}_gthi")
+        b.node("Not", [gt_hi], [t["up"]], f"{base}_up")
+        cmp_ops = ["Greater", "Not", "Greater", "Not"]
+    b.node("Cast", [t["down"]], [t["downi"]], f"{base}_downi", to=i64)
+    b.node("Cast", [t["up"]], [t["upi"]], f"{base}_upi", to=i64)
+    b.node("Sub", [t["upi"], t["downi"]], [t["step"]], f"{base}_step")
+    b.node("Mod", [r0, c("i64_2", np.array(2, np.int64))], [t["odd"]], f"{base}_odd")
+    b.node("Mul", [t["odd"], t["step"]], [t["corr"]], f"{base}_corr")
+    b.node("Add", [r0, t["corr"]], [t["r"]], f"{base}_even")
+    ops = ["Mul", "Sub", "Clip", "Mul", "Sub", "Add"] + ["Abs", "Gather", "Mul", "Div"] * 2
+    ops += ["Sub", *cmp_ops, "Cast", "Cast", "Sub", "Mod", "Mul", "Add"]
+    return t["r"], ops
 
 
 def bias_codes(grp: Group, b: Builder, k: int, acc_scale: np.ndarray,

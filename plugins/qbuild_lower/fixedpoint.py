@@ -10,6 +10,15 @@ round half up::
 computed in int64. ``requantize`` is the exact numpy definition; ``lower_fixed`` emits the
 same computation as standard ONNX integer ops and ``reference`` executes those ops, and the
 tests hold all three to ``fractions.Fraction`` arithmetic.
+
+Rounding ``onnxruntime`` reproduces onnxruntime's CPU requantization instead, still in
+integers: onnxruntime computes ``rint_half_even(float32(float32(acc) * S))`` with the
+float32 scale ``S``. When ``M0 * 2**-n`` equals ``S`` exactly (it does: a float32 has 24
+significant bits) the float32 product differs from the exact one only where it lands
+exactly on a half-integer ``h``, which happens iff ``|acc*S - h| <= ulp(h)/2``; the result
+is then the even neighbour instead of the one rounding half up picks.
+``requantize_onnxruntime`` corrects the half-up result by at most one step in exactly
+those cases (``requantize_float32`` is onnxruntime's formula, for the tests).
 """
 
 from __future__ import annotations
@@ -103,6 +112,56 @@ def requantize(acc, m0, shift, zero_point, lo: int, hi: int) -> np.ndarray:
         raise OverflowError("acc * M0 exceeds the int64 requantization range")
     y = round_shift(prod, shift) + np.asarray(zero_point, dtype=np.int64)
     return np.clip(y, lo, hi)
+
+
+#: Accumulators must stay below this for float32(acc) to be exact (24 significant bits).
+FLOAT32_EXACT = 2**24
+#: ``POW2_FLOOR[m]`` = the largest power of two <= m (m >= 1). For a half-integer ``h``,
+#: ``m = |2h|`` and ``ulp(h)/2 = POW2_FLOOR[m] * 2**-25``; indices above 1023 are never
+#: needed because the output clamps long before (|h| <= 256 matters for 8-bit outputs).
+POW2_FLOOR = np.array([1] + [1 << (m.bit_length() - 1) for m in range(1, 1026)], np.int64)
+#: Rounding ``onnxruntime`` needs ``shift >= MIN_ORT_SHIFT`` (the window is computed as
+#: ``POW2_FLOOR * 2**(shift-16) / 2**9`` in int64).
+MIN_ORT_SHIFT = 16
+
+
+def exact_float32(m0, shift, scale) -> bool:
+    """True when ``m0 * 2**-shift`` equals the float32 ``scale`` exactly (per channel)."""
+    m0, shift = np.ravel(m0), np.ravel(shift)
+    scale = np.broadcast_to(np.asarray(scale, np.float32).ravel(), m0.shape)
+    return all(math.ldexp(int(q), -int(n)) == float(s) for q, n, s in zip(m0, shift, scale))
+
+
+def requantize_float32(acc, scale, zero_point, lo: int, hi: int) -> np.ndarray:
+    """onnxruntime's CPU requantization: clamp(zp + rint(float32(acc) * float32(scale)))."""
+    v = np.asarray(acc).astype(np.float32) * np.asarray(scale, np.float32)
+    z = np.asarray(zero_point, np.int64)
+    v = np.clip(v, (lo - z).astype(np.float32), (hi - z).astype(np.float32))
+    return np.rint(v).astype(np.int64) + z
+
+
+def requantize_onnxruntime(acc, m0, shift, zero_point, lo: int, hi: int) -> np.ndarray:
+    """``requantize_float32`` computed with integers only (the definition the lowered graph
+    implements): round half up, then step to the even neighbour where float32 would have
+    landed exactly on the half-integer between the two."""
+    acc = np.asarray(acc, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    prod = acc * np.asarray(m0, dtype=np.int64)
+    t = prod + (np.int64(1) << (shift - 1))
+    r0 = t >> shift
+    rem = t - (r0 << shift)
+    return np.clip(_correct(r0, rem, shift) + np.asarray(zero_point, np.int64), lo, hi)
+
+
+def _correct(r0, rem, shift):
+    r0c = np.clip(r0, -512, 512)
+    k = np.int64(1) << (shift - MIN_ORT_SHIFT)
+    w_lo = POW2_FLOOR[np.abs(2 * r0c - 1)] * k // 512
+    w_hi = POW2_FLOOR[np.abs(2 * r0c + 1)] * k // 512
+    down = rem <= w_lo
+    up = ((np.int64(1) << shift) - rem) <= w_hi
+    odd = np.mod(r0, 2)
+    return r0 + odd * (up.astype(np.int64) - down.astype(np.int64))
 
 
 def dtype_range(dtype) -> tuple[int, int]:

@@ -80,7 +80,7 @@ def _record(b: Builder, grp: Group, kind: str, ins: list, out, m0, shift, real, 
             "scale": float(out.qp.scale.ravel()[0]),
         },
         "clamp": [lo, hi],
-        "rounding": "half_up",
+        "rounding": "half_up" if m0 is not None else "table",
     }
     if m0 is not None:
         rec["multiplier"] = [int(v) for v in np.ravel(m0)]
@@ -92,6 +92,10 @@ def _record(b: Builder, grp: Group, kind: str, ins: list, out, m0, shift, real, 
         rec["real_multiplier"] = [float(v) for v in np.ravel(real)]
     rec.update(extra)
     b.params.append(rec)
+
+
+def _half_up_note(b: Builder, why: str) -> dict:
+    return {"rounding_note": why} if b.rounding == "onnxruntime" else {}
 
 
 def _bcast(rank: int | None, axis: int, n: int) -> tuple:
@@ -108,6 +112,95 @@ def _bcast(rank: int | None, axis: int, n: int) -> tuple:
 def _check_range(bound: np.ndarray, m0: np.ndarray, what: str) -> None:
     if np.any(bound.astype(object) * m0.astype(object) >= fp.PRODUCT_LIMIT):
         raise Unsupported(f"{what}: accumulator * M0 could exceed the int64 range", RANGE)
+
+
+def _rounding(b: Builder, m0, shift, real, acc_bound: int, exact_op: bool = True):
+    """The rounding this layer's requantization uses: (rounding, why not onnxruntime)."""
+    if b.rounding != "onnxruntime":
+        return "half_up", None
+    if not exact_op:
+        return "half_up", "onnxruntime's kernel for this op is not reproduced"
+    if not fp.exact_float32(m0, shift, real):
+        return "half_up", "M0 * 2**-shift is not onnxruntime's float32 scale exactly"
+    if int(np.min(shift)) < fp.MIN_ORT_SHIFT:
+        return "half_up", f"shift below {fp.MIN_ORT_SHIFT} (multiplier too large)"
+    if acc_bound >= fp.FLOAT32_EXACT and fp.FLOAT32_EXACT * float(np.min(real)) < 1024:
+        return "half_up", "the accumulator may exceed 2**24, where float32(acc) rounds"
+    return "onnxruntime", None
+
+
+def _shape(b: Builder, x) -> list | None:
+    shapes = getattr(b.g, "shapes", {})
+    return shapes.get(x.name) or shapes.get(x.q)
+
+
+def _pair_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
+    """Rounding onnxruntime: an elementwise op of two 8-bit activations of one shape as a
+    65,536-entry table computed by onnxruntime (index a * 256 + b); None when the inputs
+    do not qualify (constants, broadcasting, unknown shapes)."""
+    if xa.kind != "act" or xb.kind != "act":
+        return None
+    chained = _chained_table(grp, b, xa, xb, name)
+    if chained:
+        return chained
+    sa, sb = _shape(b, xa), _shape(b, xb)
+    if not sa or sa != sb or any(d is None for d in sa):
+        return None
+    table = b.fresh(f"{name}_table")
+    b.luts.append((table, grp, "pair"))
+    i32 = onnx.TensorProto.INT32
+    ia, ib, hi, idx, idx2 = (b.tmp(f"{name}_{t}") for t in ("ia", "ib", "hi", "idx", "idx2"))
+    b.node("Cast", [xa.q], [ia], f"{name}_cast_a", to=i32)
+    b.node("Cast", [xb.q], [ib], f"{name}_cast_b", to=i32)
+    b.node("Mul", [ia, b.const("i32_256", np.array(256, np.int32))], [hi], f"{name}_row")
+    b.node("Add", [hi, ib], [idx], f"{name}_index")
+    offset = (128 if xa.qp.dtype == np.int8 else 0) * 256 + (128 if xb.qp.dtype == np.int8 else 0)
+    ops = ["Cast", "Cast", "Mul", "Add"]
+    if offset:
+        b.node("Add", [idx, b.const(f"i32_{offset}", np.array(offset, np.int32))], [idx2],
+               f"{name}_offset")
+        idx = idx2
+        ops.append("Add")
+    b.node("Gather", [table, idx], [grp.outs[0].q], f"{name}_lut", axis=0)
+    _record(b, grp, "lookup_table_2d", [xa, xb], grp.outs[0], None, None, None,
+            rounding="onnxruntime", table_initializer=table)
+    return ops + ["Gather"]
+
+
+def _chained_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
+    """``op(x, f(x))`` with ``f`` a lookup table lowered earlier (SiLU: ``x * Sigmoid(x)``)
+    is a function of the codes of ``x`` alone: one 256-entry table, computed by onnxruntime
+    running both groups, replaces the 65,536-entry one."""
+    for _table, ugrp, kind in b.luts:
+        if kind != "unary":
+            continue
+        src, dst = ugrp.ins[0].q, ugrp.outs[0].q
+        for j, (x, fx) in enumerate(((xa, xb), (xb, xa))):
+            if fx.q == dst and x.q == src:
+                lut_input = 1 - j  # the pair input the unary table produces
+                new = b.fresh(f"{name}_table")
+                b.luts.append((new, grp, ("chain", lut_input, ugrp)))
+                ops = _gather_codes(b, x, new, grp.outs[0].q, name)
+                _record(b, grp, "lookup_table", [x], grp.outs[0], None, None, None,
+                        rounding="onnxruntime", composed_with=ugrp.node.name or "",
+                        table_name=new)
+                return ops
+    return None
+
+
+def _gather_codes(b: Builder, x, table: str, out: str, name: str) -> list[str]:
+    """out = table[code of x] (+128 for int8 codes)."""
+    idx = b.tmp(f"{name}_idx")
+    b.node("Cast", [x.q], [idx], f"{name}_cast", to=onnx.TensorProto.INT32)
+    ops = ["Cast"]
+    if x.qp.dtype == np.int8:
+        shifted = b.tmp(f"{name}_idx128")
+        b.node("Add", [idx, b.const("lut_offset_128", np.array(128, np.int32))], [shifted],
+               f"{name}_offset")
+        idx = shifted
+        ops.append("Add")
+    b.node("Gather", [table, idx], [out], f"{name}_lut", axis=0)
+    return ops + ["Gather"]
 
 
 def conv(grp: Group, b: Builder):
@@ -133,6 +226,7 @@ def conv(grp: Group, b: Builder):
     bias = np.zeros(cout, np.int64) if bias is None else bias.astype(np.int64)
     wabs = np.abs(wv.astype(np.int64) - int(wz[0])).reshape(cout, -1).sum(axis=1)
     _check_range(wabs * _span(x.qp), m0, "Conv")
+    rounding, why = _rounding(b, m0, shift, real, int((wabs * _span(x.qp) + np.abs(bias)).max()))
     name = grp.node.name or "Conv"
     ins = [x.q, w.q, _zp_name(b, x.qp)]
     if int(wz[0]) != 0:
@@ -158,6 +252,7 @@ def conv(grp: Group, b: Builder):
         name,
         shape,
         prod_bound=int((wabs * _span(x.qp) * m0).max()),
+        rounding=rounding,
     )
     _record(
         b,
@@ -170,6 +265,8 @@ def conv(grp: Group, b: Builder):
         real,
         bias=[int(v) for v in bias],
         weight_zero_point=int(wz[0]),
+        rounding=rounding,
+        **({"rounding_note": why} if why else {}),
     )
     return ["ConvInteger", "Cast", "Mul", *ops]
 
@@ -217,6 +314,13 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
             bias = bc.astype(np.int64)
     if babs is not None:
         _check_range(babs * _span(a.qp), m0, grp.node.op_type)
+    if babs is not None:
+        bound = int((babs * _span(a.qp) + np.abs(bias)).max())
+    else:  # activation B: the reduction length bounds the accumulator
+        k_dim = (_shape(b, a) or [None])[-1]
+        bound = (int(k_dim) * _span(a.qp) * _span(wb.qp) + int(np.abs(bias).max())
+                 if k_dim else fp.FLOAT32_EXACT)
+    rounding, why = _rounding(b, m0, shift, real, bound, exact_op=alpha == 1.0)
     acc, acc64, prod = b.tmp(f"{name}_acc"), b.tmp(f"{name}_acc64"), b.tmp(f"{name}_prod")
     b.node("MatMulInteger", [a.q, b_name, _zp_name(b, a.qp), bz_name], [acc], name)
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
@@ -232,8 +336,10 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         out.q,
         name,
         (n,) if n > 1 else (),
+        rounding=rounding,
     )
-    _record(b, grp, "matmul", [a], out, m0, shift, real, bias=[int(v) for v in bias])
+    _record(b, grp, "matmul", [a], out, m0, shift, real, bias=[int(v) for v in bias],
+            rounding=rounding, **({"rounding_note": why} if why else {}))
     return ["MatMulInteger", "Cast", "Mul", *ops]
 
 
@@ -271,6 +377,10 @@ def add(grp: Group, b: Builder):
     xb = need_act(grp.ins[1], "Add input B")
     out = grp.outs[0]
     name = grp.node.name or "Add"
+    if b.rounding == "onnxruntime":
+        ops = _pair_table(grp, b, xa, xb, name)
+        if ops:
+            return ops
     ys = out.qp.scale.ravel()[0]
     reals = [_f32_ratio(xa.qp.scale.ravel()[0], ys), _f32_ratio(xb.qp.scale.ravel()[0], ys)]
     m0s, shift = fp.shared_shift(reals)
@@ -300,7 +410,8 @@ def add(grp: Group, b: Builder):
         name,
         np.shape(extra) or (),
     )
-    _record(b, grp, "add", [xa, xb], out, m0s, shift, np.array(reals).ravel())
+    _record(b, grp, "add", [xa, xb], out, m0s, shift, np.array(reals).ravel(),
+            **_half_up_note(b, "a constant or broadcast input has no table"))
     return ops
 
 
@@ -309,6 +420,10 @@ def mul(grp: Group, b: Builder):
     xb = need_act(grp.ins[1], "Mul input B")
     out = grp.outs[0]
     name = grp.node.name or "Mul"
+    if b.rounding == "onnxruntime":
+        ops = _pair_table(grp, b, xa, xb, name)
+        if ops:
+            return ops
     real = _f32_ratio(
         np.float32(xa.qp.scale.ravel()[0]) * np.float32(xb.qp.scale.ravel()[0]),
         out.qp.scale.ravel()[0],
@@ -339,7 +454,8 @@ def mul(grp: Group, b: Builder):
     ops += requant_tail(
         b, pm, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype, out.q, name, ()
     )
-    _record(b, grp, "mul", [xa, xb], out, [mm.m0], mm.shift, [float(real)])
+    _record(b, grp, "mul", [xa, xb], out, [mm.m0], mm.shift, [float(real)],
+            **_half_up_note(b, "a constant or broadcast input has no table"))
     return ops
 
 
@@ -368,6 +484,15 @@ def concat(grp: Group, b: Builder):
     for k, x in enumerate(xs):
         if x.qp.same_as(out.qp):
             names.append(x.q)
+            continue
+        if b.rounding == "onnxruntime":
+            y = b.tmp(f"{name}_in{k}_rq")
+            table = b.fresh(f"{name}_in{k}_table")
+            b.luts.append((table, grp, ("concat", k)))
+            ops += _gather_codes(b, x, table, y, f"{name}_in{k}")
+            names.append(y)
+            _record(b, grp, "lookup_table", [x], out, None, None, None, input_index=k,
+                    rounding="onnxruntime", table_name=table)
             continue
         y, o, (mm, real) = _rescale(b, x, out, f"{name}_in{k}")
         names.append(y)
@@ -415,7 +540,8 @@ def average_pool(grp: Group, b: Builder):
     ops = requant_tail(
         b, prod, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype, out.q, name, ()
     )
-    _record(b, grp, "average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count)
+    _record(b, grp, "average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count,
+            **_half_up_note(b, "onnxruntime's QLinearAveragePool is not reproduced"))
     return ["ConvInteger", "Cast", "Mul", *ops]
 
 
@@ -426,11 +552,15 @@ def global_average_pool(grp: Group, b: Builder):
     if not shape or any(d is None for d in shape[2:]):
         raise Unsupported("GlobalAveragePool: spatial size unknown (shape inference failed)")
     count = int(np.prod(shape[2:]))
-    real = _f32_ratio(
-        x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count)
-    )
+    if b.rounding == "onnxruntime":  # onnxruntime's order: float32(float32(Sx / N) / Sy)
+        real = _f32_ratio(_f32_ratio(x.qp.scale.ravel()[0], count), out.qp.scale.ravel()[0])
+    else:
+        real = _f32_ratio(
+            x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count)
+        )
     mm = fp.decompose(float(real))
     _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "GlobalAveragePool")
+    rounding, why = _rounding(b, [mm.m0], [mm.shift], [real], count * _span(x.qp))
     name = grp.node.name or "GlobalAveragePool"
     axes = list(range(2, len(shape)))
     c32, s, s64, prod = (b.tmp(f"{name}_{t}") for t in ("i32", "sum", "sum64", "prod"))
@@ -458,8 +588,10 @@ def global_average_pool(grp: Group, b: Builder):
         out.q,
         name,
         (),
+        rounding=rounding,
     )
-    _record(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count)
+    _record(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)],
+            window=count, rounding=rounding, **({"rounding_note": why} if why else {}))
     return ["Cast", "ReduceSum", "Cast", "Mul", *ops]
 
 

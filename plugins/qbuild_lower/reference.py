@@ -20,6 +20,10 @@ _NP = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8,
        onnx.TensorProto.FLOAT: np.float32}
 
 
+_COMPARE = {"Less": np.less, "LessOrEqual": np.less_equal, "Greater": np.greater,
+            "GreaterOrEqual": np.greater_equal, "Equal": np.equal}
+
+
 def _conv_integer(x, w, xz, wz, n):
     x = x.astype(np.float64) - float(xz)
     w = w.astype(np.float64) - float(wz)
@@ -167,6 +171,14 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
                 out = [_int_div(ins[0], ins[1])]
             else:
                 out = [(ins[0] / ins[1]).astype(ins[0].dtype)]
+        elif op == "Abs":
+            out = [np.abs(ins[0])]
+        elif op == "Mod" and ins[0].dtype.kind in "iu" and not attr(n, "fmod", 0):
+            out = [np.mod(ins[0], ins[1]).astype(ins[0].dtype)]  # sign of the divisor
+        elif op in _COMPARE:
+            out = [_COMPARE[op](ins[0], ins[1])]
+        elif op == "Not":
+            out = [np.logical_not(ins[0])]
         elif op == "Clip":
             out = [np.clip(ins[0], ins[1], ins[2]).astype(ins[0].dtype)]
         elif op == "Gather":

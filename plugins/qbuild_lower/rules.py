@@ -9,10 +9,19 @@ import json
 
 from qbuild import ActionContext, Rule, attr, dist_version, hookimpl
 
+REQUANTIZATION = {
+    "half_up": "y = clamp(zp + floor((acc*M0 + 2^(shift-1)) / 2^shift))",
+    "onnxruntime": "layers with rounding 'onnxruntime': r = floor((acc*M0 + 2^(shift-1)) / "
+                   "2^shift), then r -> the even one of r-1, r (r, r+1) when acc*M0/2^shift "
+                   "lies within ulp_float32(r -+ 1/2)/2 of r -+ 1/2; y = clamp(zp + r). "
+                   "Layers with rounding 'half_up' use the half_up formula; 'table' layers "
+                   "index a table (see docs/integer-lowering.md)",
+}
+
 
 class LowerInteger(Rule):
     kind = "lower_integer"
-    version = 1
+    version = 2
     doc = (
         "Lower a QDQ model to integer-only arithmetic. mode=ort emits operators onnxruntime "
         "runs (QLinearConv, QLinearMatMul, com.microsoft QLinearAdd/Mul/Concat/Sigmoid/..., "
@@ -31,6 +40,13 @@ class LowerInteger(Rule):
         "min_agreement": attr.float(default=0.999, doc="Minimum share of output elements "
                                                        "within +-1 LSB of the QDQ source."),
         "max_samples": attr.int(default=8, doc="Samples used by the check (0 = all)."),
+        "rounding": attr.enum(
+            ["half_up", "onnxruntime"], default="half_up",
+            doc="fixed_point requantization (mode ort ignores it): half_up = one "
+                "rounding of acc*M0/2^shift, half up (Jacob et al.; what integer hardware "
+                "does); onnxruntime = the same "
+                "integers corrected to onnxruntime's float32 rounding, and Add/Mul/Concat "
+                "rescales as tables onnxruntime computed: bit-exact with the QDQ source."),
     }
     outputs = ["{name}.onnx", "report.json"]
 
@@ -59,7 +75,7 @@ class LowerInteger(Rule):
         src_path = onnx_files[0]
         try:
             source = onnx.load(str(src_path))
-            lowered, report, params = lower_model(source, mode)
+            lowered, report, params = lower_model(source, mode, ctx.attrs["rounding"])
             n = ctx.attrs["max_samples"] or None
             if ctx.attrs.get("dataset") is not None:
                 feeds = load_dataset(ctx.attrs["dataset"].files[0].parent
@@ -78,8 +94,9 @@ class LowerInteger(Rule):
         ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
         if mode == "fixed_point":
             ctx.output("fixed_point_params.json").write_text(json.dumps(
-                {"format": "qbuild-fixed-point", "version": 1,
-                 "requantization": "y = clamp(zp + floor((acc*M0 + 2^(shift-1)) / 2^shift))",
+                {"format": "qbuild-fixed-point", "version": 2,
+                 "rounding": ctx.attrs["rounding"],
+                 "requantization": REQUANTIZATION[ctx.attrs["rounding"]],
                  "layers": params}, indent=1, sort_keys=True))
         ctx.log(f"lowered {report['nodes']['lowered']}/{report['nodes']['compute']} nodes; "
                 f"{result['within_1lsb']:.4%} within 1 LSB, max {result['max_error_lsb']} LSB")

@@ -106,3 +106,61 @@ def test_requant_graph_bit_exact_in_ort_and_reference():
                              -128), 127) for a in acc[:, c].ravel()]
         assert got[:, c].ravel().tolist() == with_bias
         assert len(want) == len(with_bias)
+
+
+def _near_ties(rng, scale: float, n: int) -> np.ndarray:
+    """Accumulators whose product with ``scale`` falls next to a half-integer, where
+    float32 and exact rounding part ways."""
+    h = rng.integers(-260, 260, n) + 0.5
+    acc = np.rint(h / scale).astype(np.int64) + rng.integers(-1, 2, n)
+    return acc[np.abs(acc) < fp.FLOAT32_EXACT]
+
+
+def test_onnxruntime_rounding_equals_float32_formula():
+    """Integer-only emulation == onnxruntime's rint(float32(acc) * float32(S)), on
+    accumulators chosen next to half-integers (where half-up differs from it)."""
+    rng = np.random.default_rng(3)
+    differs_from_half_up = 0
+    for _ in range(400):
+        s = np.float32(np.exp(rng.uniform(np.log(1e-5), np.log(4.0))))
+        d = fp.decompose(float(s))
+        assert fp.exact_float32(d.m0, d.shift, s)
+        zp, (lo, hi) = int(rng.integers(-128, 128)), (-128, 127)
+        acc = np.concatenate([_near_ties(rng, float(s), 1500),
+                              rng.integers(-int(300 / s), int(300 / s) + 1, 200)])
+        want = fp.requantize_float32(acc, s, zp, lo, hi)
+        got = fp.requantize_onnxruntime(acc, d.m0, d.shift, zp, lo, hi)
+        assert np.array_equal(got, want), s
+        differs_from_half_up += int((fp.requantize(acc, d.m0, d.shift, zp, lo, hi) != want).sum())
+    assert differs_from_half_up > 1000  # the cases exist, and the emulation handles them
+
+
+def test_onnxruntime_rounding_graph_in_ort_and_reference():
+    """The emitted correction (standard integer ops only) equals the float32 formula per
+    channel, with a folded bias, in onnxruntime and in the numpy reference."""
+    from qbuild_lower.emit import requant_tail
+
+    rng = np.random.default_rng(4)
+    scales = np.array([0.0031, 0.77, 0.0123, 2.0**-12 * 1.37], np.float32)
+    m0, shift = fp.decompose_all(scales)
+    acc = np.stack([_near_ties(rng, float(s), 4000)[:3000] for s in scales], axis=1)
+    acc = acc.reshape(3000, 4, 1)
+    bias = np.array([-17, 5, 0, 300], dtype=np.int64)
+    acc_nb = acc - bias.reshape(4, 1)  # the graph adds the bias back (folded, times M0)
+    dummy = helper.make_model(helper.make_graph([], "g", [], []))
+    b = Builder(Graph.from_model(dummy), "fixed_point")
+    b.node("Mul", ["acc", b.const("m0", m0.reshape(4, 1))], ["prod"], "mul")
+    requant_tail(b, "prod", shift, bias.astype(object) * m0.astype(object), 7, np.uint8, "y",
+                 "t", (4, 1), prod_bound=2**24 * 2**31, rounding="onnxruntime")
+    g = helper.make_graph(
+        b.nodes, "rq",
+        [helper.make_tensor_value_info("acc", onnx.TensorProto.INT64, acc.shape)],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.UINT8, acc.shape)], b.inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    got = session(model).run(None, {"acc": acc_nb})[0]
+    ref = reference.run(model, {"acc": acc_nb})["y"]
+    assert np.array_equal(got, ref)
+    for c in range(4):
+        want = fp.requantize_float32(acc[:, c, 0], scales[c], 7, 0, 255)
+        assert np.array_equal(got[:, c, 0], want), c

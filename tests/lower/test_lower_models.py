@@ -82,3 +82,9 @@ def test_yolox_both_modes(qdq_models, image_feeds):
     assert rep_fx["domains"] == ["ai.onnx"] and "Sigmoid" not in rep_fx["op_counts"]
     res = compare(src, fx, feeds[:1])
     assert res["within_1lsb"] >= 0.99
+    # rounding=onnxruntime: the same standard integer ops, bit-exact with the QDQ source
+    fx, rep_fx, params = lower_model(src, "fixed_point", "onnxruntime")
+    assert rep_fx["domains"] == ["ai.onnx"]
+    assert {p["rounding"] for p in params} == {"onnxruntime", "table"}
+    res = compare(src, fx, feeds)
+    assert res["exact"] == 1.0

@@ -174,3 +174,50 @@ def test_per_op_lowering(small_qdq, act, mode):
         ref = reference.run(low, feed)
         for o, v in zip(low.graph.output, got):
             assert np.array_equal(v, ref[o.name]), o.name
+
+
+def _quantized_tensors(model, names):
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    have = {o.name for o in m.graph.output}
+    m.graph.output.extend(onnx.ValueInfoProto(name=t) for t in names if t not in have)
+    return m
+
+
+@pytest.mark.parametrize("act", ["uint8", "int8"])
+def test_per_op_onnxruntime_rounding(small_qdq, act):
+    """rounding=onnxruntime: Conv/Gemm requantization, Add/Mul/Concat tables and lookup
+    tables reproduce onnxruntime bit for bit on every quantized tensor; only what depends
+    on the AveragePool (rounded half up: its kernel is not reproduced) may differ."""
+    src = small_qdq[act]
+    low, rep, params = lower_model(src, "fixed_point", "onnxruntime")
+    assert rep["nodes"]["float"] == 0 and rep["domains"] == ["ai.onnx"]
+    by_kind = {}
+    for p in params:
+        by_kind.setdefault(p["kind"], set()).add(p["rounding"])
+    assert by_kind["conv"] == {"onnxruntime"} and by_kind["matmul"] == {"onnxruntime"}
+    assert by_kind["lookup_table_2d"] == {"onnxruntime"}  # Add of two activations
+    assert by_kind["average_pool"] == {"half_up"}
+    assert by_kind["global_average_pool"] == {"onnxruntime"}
+    produced = {t for n in low.graph.node for t in n.output}
+    q_of = {n.input[0]: n.output[0] for n in src.graph.node if n.op_type == "QuantizeLinear"}
+    upstream = [q_of[t] for t in ("c1", "silu", "c2", "a", "mp", "cat")]
+    assert all(t in produced for t in upstream)
+    # SiLU: Mul(x, Sigmoid(x)) became one 256-entry table of x; the Sigmoid's own output
+    # had no other reader and is gone
+    assert [p["composed_with"] for p in params if "composed_with" in p] != []
+    assert q_of["s1"] not in produced
+    feeds = synthetic_feeds(src, 16, seed=3)
+    s_src = session(_quantized_tensors(src, upstream))
+    s_low = session(_quantized_tensors(low, upstream))
+    for feed in feeds:
+        want = s_src.run(upstream, feed)
+        got = s_low.run(upstream, feed)
+        for t, w, v in zip(upstream, want, got):
+            assert np.array_equal(w, v), t
+    res = compare(src, low, feeds)
+    assert res["within_1lsb"] >= 0.99
+    got = session(low).run(None, feeds[0])
+    ref = reference.run(low, feeds[0])
+    for o, v in zip(low.graph.output, got):
+        assert np.array_equal(v, ref[o.name]), o.name
