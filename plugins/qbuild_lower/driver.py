@@ -113,7 +113,10 @@ def lower_model(model: onnx.ModelProto, mode: str,
         if not any(o.domain == "com.microsoft" for o in out.opset_import):
             out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     report = _report(g, entries, nodes, mode, b)
-    return out, report, b.params
+    # a table composed into another (SiLU) leaves its own layer unused: not a layer
+    produced = {t for n in nodes for t in n.output}
+    params = [p for p in b.params if p["output"]["tensor"] in produced]
+    return out, report, params
 
 
 def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list) -> None:

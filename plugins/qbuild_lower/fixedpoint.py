@@ -132,6 +132,12 @@ def exact_float32(m0, shift, scale) -> bool:
     return all(math.ldexp(int(q), -int(n)) == float(s) for q, n, s in zip(m0, shift, scale))
 
 
+def round_to_float32(acc) -> np.ndarray:
+    """Integers as float32 holds them: rounded to 24 significant bits, ties to even."""
+    acc = np.asarray(acc, dtype=np.int64)
+    return np.asarray(acc.astype(np.float32).astype(np.int64))
+
+
 def requantize_float32(acc, scale, zero_point, lo: int, hi: int) -> np.ndarray:
     """onnxruntime's CPU requantization: clamp(zp + rint(float32(acc) * float32(scale)))."""
     v = np.asarray(acc).astype(np.float32) * np.asarray(scale, np.float32)

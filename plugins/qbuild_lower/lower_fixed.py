@@ -38,7 +38,8 @@ def prepare(g: Graph, b: Builder) -> None:
     shapes = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
         dims = vi.type.tensor_type.shape.dim
-        shapes[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in dims]
+        shapes[vi.name] = [d.dim_value if d.HasField("dim_value")
+                           else (d.dim_param or None) for d in dims]
     g.shapes = shapes
 
 
@@ -115,18 +116,69 @@ def _check_range(bound: np.ndarray, m0: np.ndarray, what: str) -> None:
 
 
 def _rounding(b: Builder, m0, shift, real, acc_bound: int, exact_op: bool = True):
-    """The rounding this layer's requantization uses: (rounding, why not onnxruntime)."""
+    """How this layer requantizes: (rounding, why not onnxruntime, round the accumulator
+    to float32 first). onnxruntime converts the int32 accumulator to float32, which
+    rounds it once ``|acc| >= 2**24``; that matters only if such values can still land
+    inside the output range."""
     if b.rounding != "onnxruntime":
-        return "half_up", None
+        return "half_up", None, False
     if not exact_op:
-        return "half_up", "onnxruntime's kernel for this op is not reproduced"
+        return "half_up", "onnxruntime's kernel for this op is not reproduced", False
     if not fp.exact_float32(m0, shift, real):
-        return "half_up", "M0 * 2**-shift is not onnxruntime's float32 scale exactly"
+        return "half_up", "M0 * 2**-shift is not onnxruntime's float32 scale exactly", False
     if int(np.min(shift)) < fp.MIN_ORT_SHIFT:
-        return "half_up", f"shift below {fp.MIN_ORT_SHIFT} (multiplier too large)"
-    if acc_bound >= fp.FLOAT32_EXACT and fp.FLOAT32_EXACT * float(np.min(real)) < 1024:
-        return "half_up", "the accumulator may exceed 2**24, where float32(acc) rounds"
-    return "onnxruntime", None
+        return "half_up", f"shift below {fp.MIN_ORT_SHIFT} (multiplier too large)", False
+    round_acc = (acc_bound >= fp.FLOAT32_EXACT
+                 and fp.FLOAT32_EXACT * float(np.min(real)) < 1024)
+    return "onnxruntime", None, round_acc
+
+
+def _float32_acc(b: Builder, acc: str, bound: int, base: str) -> tuple[str, list]:
+    """int64 ``acc`` -> float32(acc) as an integer: rounded to 24 significant bits, ties
+    to even (``fixedpoint.round_to_float32``), for |acc| up to ``bound``."""
+    extra_bits = max(int(bound).bit_length() - 24, 0)
+    a, j, g, q, qg, rem, r2 = (b.tmp(f"{base}_{t}") for t in
+                               ("abs", "bits", "step", "q", "qg", "rem", "rem2"))
+    b.node("Abs", [acc], [a], f"{base}_abs")
+    ops = ["Abs"]
+    terms = []
+    for i in range(1, extra_bits + 1):
+        ge, gi = b.tmp(f"{base}_ge{i}"), b.tmp(f"{base}_gei{i}")
+        b.node("Greater", [a, b.const(f"i64_{2**(23 + i) - 1}",
+                                      np.array(2 ** (23 + i) - 1, np.int64))], [ge],
+               f"{base}_ge{i}")
+        b.node("Cast", [ge], [gi], f"{base}_gei{i}", to=I64)
+        terms.append(gi)
+        ops += ["Greater", "Cast"]
+    total = terms[0] if terms else b.const("i64_0", np.array(0, np.int64))
+    for k, t in enumerate(terms[1:], 1):
+        nxt = j if k == len(terms) - 1 else b.tmp(f"{base}_bits{k}")
+        b.node("Add", [total, t], [nxt], f"{base}_bits{k}")
+        total = nxt
+        ops.append("Add")
+    j = total
+    pow2 = b.const("pow2_table_i64", np.array([1 << k for k in range(40)], np.int64))
+    b.node("Gather", [pow2, j], [g], f"{base}_step", axis=0)
+    b.node("Div", [a, g], [q], f"{base}_q")
+    b.node("Mul", [q, g], [qg], f"{base}_qg")
+    b.node("Sub", [a, qg], [rem], f"{base}_rem")
+    b.node("Mul", [rem, b.const("i64_2", np.array(2, np.int64))], [r2], f"{base}_rem2")
+    gt, eq, odd, oddb, tie, up, upi, q2, a2, sg, out = (b.tmp(f"{base}_{t}") for t in (
+        "gt", "eq", "odd", "oddb", "tie", "up", "upi", "q2", "a2", "sign", "f32"))
+    b.node("Greater", [r2, g], [gt], f"{base}_gt")
+    b.node("Equal", [r2, g], [eq], f"{base}_eq")
+    b.node("Mod", [q, b.const("i64_2", np.array(2, np.int64))], [odd], f"{base}_odd")
+    b.node("Cast", [odd], [oddb], f"{base}_oddb", to=onnx.TensorProto.BOOL)
+    b.node("And", [eq, oddb], [tie], f"{base}_tie")
+    b.node("Or", [gt, tie], [up], f"{base}_up")
+    b.node("Cast", [up], [upi], f"{base}_upi", to=I64)
+    b.node("Add", [q, upi], [q2], f"{base}_q2")
+    b.node("Mul", [q2, g], [a2], f"{base}_a2")
+    b.node("Sign", [acc], [sg], f"{base}_sign")
+    b.node("Mul", [a2, sg], [out], f"{base}_f32")
+    ops += ["Gather", "Div", "Mul", "Sub", "Mul", "Greater", "Equal", "Mod", "Cast",
+            "And", "Or", "Cast", "Add", "Mul", "Sign", "Mul"]
+    return out, ops
 
 
 def _shape(b: Builder, x) -> list | None:
@@ -226,7 +278,8 @@ def conv(grp: Group, b: Builder):
     bias = np.zeros(cout, np.int64) if bias is None else bias.astype(np.int64)
     wabs = np.abs(wv.astype(np.int64) - int(wz[0])).reshape(cout, -1).sum(axis=1)
     _check_range(wabs * _span(x.qp), m0, "Conv")
-    rounding, why = _rounding(b, m0, shift, real, int((wabs * _span(x.qp) + np.abs(bias)).max()))
+    bound = int((wabs * _span(x.qp) + np.abs(bias)).max())
+    rounding, why, round_acc = _rounding(b, m0, shift, real, bound)
     name = grp.node.name or "Conv"
     ins = [x.q, w.q, _zp_name(b, x.qp)]
     if int(wz[0]) != 0:
@@ -235,17 +288,24 @@ def conv(grp: Group, b: Builder):
     b.node("ConvInteger", ins, [acc], name, **copy_attrs(grp.node))
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     shape = (cout,) + (1,) * (wv.ndim - 2)
+    acc_ops, folded_bias = [], bias
+    if round_acc:  # the bias must be in the accumulator before float32 rounds it
+        with_bias = b.tmp(f"{name}_acc_bias")
+        b.node("Add", [acc64, b.const(f"{name}_bias", bias.reshape(shape) if cout > 1
+                                      else bias.reshape(()))], [with_bias], f"{name}_bias")
+        acc64, acc_ops = _float32_acc(b, with_bias, bound, f"{name}_f32acc")
+        acc_ops, folded_bias = ["Add", *acc_ops], np.zeros_like(bias)
     b.node(
         "Mul",
         [acc64, b.const(f"{name}_m0", m0.reshape(shape) if cout > 1 else m0.reshape(()))],
         [prod],
         f"{name}_m0",
     )
-    ops = requant_tail(
+    ops = acc_ops + requant_tail(
         b,
         prod,
         shift,
-        bias.astype(object) * m0.astype(object),
+        folded_bias.astype(object) * m0.astype(object),
         int(out.qp.zero_point.ravel()[0]),
         out.qp.dtype,
         out.q,
@@ -320,17 +380,24 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         k_dim = (_shape(b, a) or [None])[-1]
         bound = (int(k_dim) * _span(a.qp) * _span(wb.qp) + int(np.abs(bias).max())
                  if k_dim else fp.FLOAT32_EXACT)
-    rounding, why = _rounding(b, m0, shift, real, bound, exact_op=alpha == 1.0)
+    rounding, why, round_acc = _rounding(b, m0, shift, real, bound, exact_op=alpha == 1.0)
     acc, acc64, prod = b.tmp(f"{name}_acc"), b.tmp(f"{name}_acc64"), b.tmp(f"{name}_prod")
     b.node("MatMulInteger", [a.q, b_name, _zp_name(b, a.qp), bz_name], [acc], name)
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     m0c = m0 if m0.size > 1 else m0.reshape(())
+    acc_ops, folded_bias = [], bias
+    if round_acc:  # the bias must be in the accumulator before float32 rounds it
+        with_bias = b.tmp(f"{name}_acc_bias")
+        b.node("Add", [acc64, b.const(f"{name}_bias", bias if bias.size > 1
+                                      else bias.reshape(()))], [with_bias], f"{name}_bias")
+        acc64, acc_ops = _float32_acc(b, with_bias, bound, f"{name}_f32acc")
+        acc_ops, folded_bias = ["Add", *acc_ops], np.zeros_like(bias)
     b.node("Mul", [acc64, b.const(f"{name}_m0", m0c)], [prod], f"{name}_m0")
-    ops = requant_tail(
+    ops = acc_ops + requant_tail(
         b,
         prod,
         shift,
-        bias.astype(object) * m0.astype(object),
+        folded_bias.astype(object) * m0.astype(object),
         int(out.qp.zero_point.ravel()[0]),
         out.qp.dtype,
         out.q,
@@ -560,7 +627,7 @@ def global_average_pool(grp: Group, b: Builder):
         )
     mm = fp.decompose(float(real))
     _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "GlobalAveragePool")
-    rounding, why = _rounding(b, [mm.m0], [mm.shift], [real], count * _span(x.qp))
+    rounding, why, _ = _rounding(b, [mm.m0], [mm.shift], [real], count * _span(x.qp))
     name = grp.node.name or "GlobalAveragePool"
     axes = list(range(2, len(shape)))
     c32, s, s64, prod = (b.tmp(f"{name}_{t}") for t in ("i32", "sum", "sum64", "prod"))

@@ -17,7 +17,7 @@ from .graph import attr, toposort
 
 _NP = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8,
        onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT64: np.int64,
-       onnx.TensorProto.FLOAT: np.float32}
+       onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.BOOL: np.bool_}
 
 
 _COMPARE = {"Less": np.less, "LessOrEqual": np.less_equal, "Greater": np.greater,
@@ -177,6 +177,10 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
             out = [np.mod(ins[0], ins[1]).astype(ins[0].dtype)]  # sign of the divisor
         elif op in _COMPARE:
             out = [_COMPARE[op](ins[0], ins[1])]
+        elif op == "Sign":
+            out = [np.sign(ins[0]).astype(ins[0].dtype)]
+        elif op in ("And", "Or"):
+            out = [(np.logical_and if op == "And" else np.logical_or)(ins[0], ins[1])]
         elif op == "Not":
             out = [np.logical_not(ins[0])]
         elif op == "Clip":

@@ -164,3 +164,27 @@ def test_onnxruntime_rounding_graph_in_ort_and_reference():
     for c in range(4):
         want = fp.requantize_float32(acc[:, c, 0], scales[c], 7, 0, 255)
         assert np.array_equal(got[:, c, 0], want), c
+
+
+def test_float32_accumulator_rounding_graph():
+    """Accumulators of 2**24 and more: the integer graph rounds them to float32's 24
+    significant bits (ties to even), as onnxruntime's int32 -> float32 conversion does."""
+    from qbuild_lower.lower_fixed import _float32_acc
+
+    rng = np.random.default_rng(5)
+    big = rng.integers(-(2**30), 2**30, 4000)
+    ties = np.array([2**24 + 1, 2**24 + 3, -(2**24 + 1), 2**25 + 2, 2**25 + 6, 2**26 + 4,
+                     2**26 + 12, 2**24 - 1, 0, 1, -1, 2**30 - 1])
+    acc = np.concatenate([big, ties]).astype(np.int64)
+    dummy = helper.make_model(helper.make_graph([], "g", [], []))
+    b = Builder(Graph.from_model(dummy), "fixed_point")
+    out, _ = _float32_acc(b, "acc", 2**30, "f")
+    g = helper.make_graph(
+        b.nodes, "f32", [helper.make_tensor_value_info("acc", onnx.TensorProto.INT64, acc.shape)],
+        [helper.make_tensor_value_info(out, onnx.TensorProto.INT64, acc.shape)], b.inits)
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model, full_check=True)
+    want = fp.round_to_float32(acc)
+    assert not np.array_equal(want, acc)
+    assert np.array_equal(session(model).run(None, {"acc": acc})[0], want)
+    assert np.array_equal(reference.run(model, {"acc": acc})[out], want)

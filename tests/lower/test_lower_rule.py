@@ -51,3 +51,25 @@ def test_rule_fails_below_threshold(qbuild_workspace, qdq_models):
     _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'min_agreement = 1.01')
     r = ws.build("//m:int_fixed")
     assert not r.ok and "min_agreement" in r.error
+
+
+def test_rule_rounding_onnxruntime_is_bit_exact(qbuild_workspace, qdq_models):
+    """rounding = "onnxruntime": the check finds every output element equal, the
+    parameter file says which rounding each layer uses, and changing the attribute
+    rebuilds only that target."""
+    ws = qbuild_workspace
+    _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'rounding = "onnxruntime"')
+    r = ws.build("//m:int_fixed", "//m:int_ort")
+    assert r.ok, r.error
+    outs = {p.name: p for p in r.outputs("//m:int_fixed")}
+    rep = json.loads(outs["report.json"].read_text())
+    assert rep["check"]["exact"] == 1.0 and rep["check"]["max_error_lsb"] == 0.0
+    params = json.loads(outs["fixed_point_params.json"].read_text())
+    assert params["rounding"] == "onnxruntime"
+    assert {p["rounding"] for p in params["layers"] if p["kind"] == "conv"} == {"onnxruntime"}
+    produced = {t for n in __import__("onnx").load(str(outs["int_fixed.onnx"])).graph.node
+                for t in n.output}
+    assert all(p["output"]["tensor"] in produced for p in params["layers"])
+    _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'rounding = "half_up"')
+    r2 = ws.build("//m:int_fixed", "//m:int_ort")
+    assert r2.ok and r2.ran == ["//m:int_fixed"]
