@@ -1,6 +1,7 @@
 """Benchmark of integer lowering on YOLOX-Nano: onnxruntime CPU latency of the ort-mode
 model against its QDQ source (1 thread and default threads), agreement of both modes with
-the source, share of nodes lowered, and the lowering time itself (medians). Prints a
+the source (fixed_point with both roundings), share of nodes lowered, and the lowering
+time itself (medians). Prints a
 markdown table. Run from the repository root: python bench/bench_lowering.py [uint8|int8]
 """
 
@@ -37,17 +38,19 @@ def main(act: str = "uint8", runs: int = 30) -> None:
     feeds = [{"images": x} for x in image_batches(images, (416, 416), "yolox")]
     rows = []
     models = {"qdq source": src}
-    for mode in ("ort", "fixed_point"):
+    for mode, rounding in (("ort", "half_up"), ("fixed_point", "half_up"),
+                           ("fixed_point", "onnxruntime")):
         times = []
         for _ in range(5):
             t = time.perf_counter()
-            low, rep, _ = lower_model(src, mode)
+            low, rep, _ = lower_model(src, mode, rounding)
             times.append(time.perf_counter() - t)
-        models[mode] = low
+        label = mode if mode == "ort" else f"{mode}, rounding {rounding}"
+        models[label] = low
         res = compare(src, low, feeds)
         rows.append(
             (
-                mode,
+                label,
                 rep["nodes"]["lowered"],
                 rep["nodes"]["compute"],
                 res["within_1lsb"],
