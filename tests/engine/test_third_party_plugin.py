@@ -2,6 +2,7 @@
 environment and build with its rule through the real CLI."""
 
 import os
+import site
 import subprocess
 import sys
 import venv
@@ -14,6 +15,15 @@ def test_installed_third_party_plugin_is_found_and_builds(tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
     python = env_dir / "bin" / "python"
+    # The new environment sees this interpreter's packages (qbuild and its dependencies)
+    # even when that interpreter is itself a virtual environment, whose packages
+    # system_site_packages would not reach.
+    purelib = subprocess.run([str(python), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    host = [p for p in site.getsitepackages() if Path(p).is_dir()]
+    Path(purelib, "qbuild_host.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in host))
     subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
                     str(ROOT / "examples" / "plugin-wordcount")],
                    check=True, capture_output=True)
