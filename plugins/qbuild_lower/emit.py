@@ -151,15 +151,22 @@ def lower_lut(grp: Group, b: Builder) -> list[str]:
     out = grp.outs[0]
     table = b.fresh(f"{n.name or n.op_type}_table")
     b.luts.append((table, grp, "unary"))
-    idx = b.tmp(f"{x.q}_i32")
-    b.node("Cast", [x.q], [idx], f"{n.name or n.op_type}_cast", to=onnx.TensorProto.INT32)
+    return gather_codes(b, x, table, out.q, n.name or n.op_type)
+
+
+def gather_codes(b: Builder, x, table: str, out: str, name: str) -> list[str]:
+    """``out = table[code of x]``: Cast to int32 (+128 for int8 codes), Gather."""
+    idx = b.tmp(f"{name}_idx")
+    b.node("Cast", [x.q], [idx], f"{name}_cast", to=onnx.TensorProto.INT32)
+    ops = ["Cast"]
     if x.qp.dtype == np.int8:
-        shifted = b.tmp(f"{x.q}_idx")
+        shifted = b.tmp(f"{name}_idx128")
         b.node("Add", [idx, b.const("lut_offset_128", np.array(128, np.int32))], [shifted],
-               f"{n.name or n.op_type}_offset")
+               f"{name}_offset")
         idx = shifted
-    b.node("Gather", [table, idx], [out.q], f"{n.name or n.op_type}_lut", axis=0)
-    return ["Cast", "Gather"] if x.qp.dtype == np.uint8 else ["Cast", "Add", "Gather"]
+        ops.append("Add")
+    b.node("Gather", [table, idx], [out], f"{name}_lut", axis=0)
+    return ops + ["Gather"]
 
 
 def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str,

@@ -19,6 +19,7 @@ from .emit import (
     Builder,
     bias_codes,
     copy_attrs,
+    gather_codes,
     lower_data_movement,
     lower_lut,
     requant_tail,
@@ -232,27 +233,12 @@ def _chained_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
                 lut_input = 1 - j  # the pair input the unary table produces
                 new = b.fresh(f"{name}_table")
                 b.luts.append((new, grp, ("chain", lut_input, ugrp)))
-                ops = _gather_codes(b, x, new, grp.outs[0].q, name)
+                ops = gather_codes(b, x, new, grp.outs[0].q, name)
                 _record(b, grp, "lookup_table", [x], grp.outs[0], None, None, None,
                         rounding="onnxruntime", composed_with=ugrp.node.name or "",
                         table_name=new)
                 return ops
     return None
-
-
-def _gather_codes(b: Builder, x, table: str, out: str, name: str) -> list[str]:
-    """out = table[code of x] (+128 for int8 codes)."""
-    idx = b.tmp(f"{name}_idx")
-    b.node("Cast", [x.q], [idx], f"{name}_cast", to=onnx.TensorProto.INT32)
-    ops = ["Cast"]
-    if x.qp.dtype == np.int8:
-        shifted = b.tmp(f"{name}_idx128")
-        b.node("Add", [idx, b.const("lut_offset_128", np.array(128, np.int32))], [shifted],
-               f"{name}_offset")
-        idx = shifted
-        ops.append("Add")
-    b.node("Gather", [table, idx], [out], f"{name}_lut", axis=0)
-    return ops + ["Gather"]
 
 
 def conv(grp: Group, b: Builder):
@@ -556,7 +542,7 @@ def concat(grp: Group, b: Builder):
             y = b.tmp(f"{name}_in{k}_rq")
             table = b.fresh(f"{name}_in{k}_table")
             b.luts.append((table, grp, ("concat", k)))
-            ops += _gather_codes(b, x, table, y, f"{name}_in{k}")
+            ops += gather_codes(b, x, table, y, f"{name}_in{k}")
             names.append(y)
             _record(b, grp, "lookup_table", [x], out, None, None, None, input_index=k,
                     rounding="onnxruntime", table_name=table)
