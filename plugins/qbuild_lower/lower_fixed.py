@@ -134,6 +134,20 @@ def _rounding(b: Builder, m0, shift, real, acc_bound: int, exact_op: bool = True
     return "onnxruntime", None, round_acc
 
 
+def _accumulator(b: Builder, acc64: str, bias, shape, bound: int, round_acc: bool,
+                 name: str):
+    """(accumulator, ops, bias still to fold after M0). Without float32 rounding the bias
+    is folded into the rounding constant; with it, the bias must be in the accumulator
+    before float32 rounds it."""
+    if not round_acc:
+        return acc64, [], bias
+    with_bias = b.tmp(f"{name}_acc_bias")
+    b.node("Add", [acc64, b.const(f"{name}_bias", bias.reshape(shape) if bias.size > 1
+                                  else bias.reshape(()))], [with_bias], f"{name}_bias")
+    acc64, ops = _float32_acc(b, with_bias, bound, f"{name}_f32acc")
+    return acc64, ["Add", *ops], np.zeros_like(bias)
+
+
 def _float32_acc(b: Builder, acc: str, bound: int, base: str) -> tuple[str, list]:
     """int64 ``acc`` -> float32(acc) as an integer: rounded to 24 significant bits, ties
     to even (``fixedpoint.round_to_float32``), for |acc| up to ``bound``."""
@@ -274,13 +288,7 @@ def conv(grp: Group, b: Builder):
     b.node("ConvInteger", ins, [acc], name, **copy_attrs(grp.node))
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     shape = (cout,) + (1,) * (wv.ndim - 2)
-    acc_ops, folded_bias = [], bias
-    if round_acc:  # the bias must be in the accumulator before float32 rounds it
-        with_bias = b.tmp(f"{name}_acc_bias")
-        b.node("Add", [acc64, b.const(f"{name}_bias", bias.reshape(shape) if cout > 1
-                                      else bias.reshape(()))], [with_bias], f"{name}_bias")
-        acc64, acc_ops = _float32_acc(b, with_bias, bound, f"{name}_f32acc")
-        acc_ops, folded_bias = ["Add", *acc_ops], np.zeros_like(bias)
+    acc64, acc_ops, folded_bias = _accumulator(b, acc64, bias, shape, bound, round_acc, name)
     b.node(
         "Mul",
         [acc64, b.const(f"{name}_m0", m0.reshape(shape) if cout > 1 else m0.reshape(()))],
@@ -371,13 +379,7 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
     b.node("MatMulInteger", [a.q, b_name, _zp_name(b, a.qp), bz_name], [acc], name)
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     m0c = m0 if m0.size > 1 else m0.reshape(())
-    acc_ops, folded_bias = [], bias
-    if round_acc:  # the bias must be in the accumulator before float32 rounds it
-        with_bias = b.tmp(f"{name}_acc_bias")
-        b.node("Add", [acc64, b.const(f"{name}_bias", bias if bias.size > 1
-                                      else bias.reshape(()))], [with_bias], f"{name}_bias")
-        acc64, acc_ops = _float32_acc(b, with_bias, bound, f"{name}_f32acc")
-        acc_ops, folded_bias = ["Add", *acc_ops], np.zeros_like(bias)
+    acc64, acc_ops, folded_bias = _accumulator(b, acc64, bias, (n,), bound, round_acc, name)
     b.node("Mul", [acc64, b.const(f"{name}_m0", m0c)], [prod], f"{name}_m0")
     ops = acc_ops + requant_tail(
         b,
