@@ -96,8 +96,13 @@ def _record(b: Builder, grp: Group, kind: str, ins: list, out, m0, shift, real, 
     b.params.append(rec)
 
 
+def _note(why: str | None) -> dict:
+    return {"rounding_note": why} if why else {}
+
+
 def _half_up_note(b: Builder, why: str) -> dict:
-    return {"rounding_note": why} if b.rounding == "onnxruntime" else {}
+    """For layers that always round half up: say why, when onnxruntime was asked for."""
+    return _note(why if b.rounding == "onnxruntime" else None)
 
 
 def _bcast(rank: int | None, axis: int, n: int) -> tuple:
@@ -152,26 +157,21 @@ def _float32_acc(b: Builder, acc: str, bound: int, base: str) -> tuple[str, list
     """int64 ``acc`` -> float32(acc) as an integer: rounded to 24 significant bits, ties
     to even (``fixedpoint.round_to_float32``), for |acc| up to ``bound``."""
     extra_bits = max(int(bound).bit_length() - 24, 0)
-    a, j, g, q, qg, rem, r2 = (b.tmp(f"{base}_{t}") for t in
-                               ("abs", "bits", "step", "q", "qg", "rem", "rem2"))
+    a, g, q, qg, rem, r2 = (b.tmp(f"{base}_{t}") for t in
+                            ("abs", "step", "q", "qg", "rem", "rem2"))
     b.node("Abs", [acc], [a], f"{base}_abs")
     ops = ["Abs"]
-    terms = []
+    # j = the number of bits beyond float32's 24: one comparison per possible bit
+    j = b.const("i64_0", np.array(0, np.int64))
     for i in range(1, extra_bits + 1):
-        ge, gi = b.tmp(f"{base}_ge{i}"), b.tmp(f"{base}_gei{i}")
+        ge, gi, total = (b.tmp(f"{base}_{t}{i}") for t in ("ge", "gei", "bits"))
         b.node("Greater", [a, b.const(f"i64_{2**(23 + i) - 1}",
                                       np.array(2 ** (23 + i) - 1, np.int64))], [ge],
                f"{base}_ge{i}")
         b.node("Cast", [ge], [gi], f"{base}_gei{i}", to=I64)
-        terms.append(gi)
-        ops += ["Greater", "Cast"]
-    total = terms[0] if terms else b.const("i64_0", np.array(0, np.int64))
-    for k, t in enumerate(terms[1:], 1):
-        nxt = j if k == len(terms) - 1 else b.tmp(f"{base}_bits{k}")
-        b.node("Add", [total, t], [nxt], f"{base}_bits{k}")
-        total = nxt
-        ops.append("Add")
-    j = total
+        b.node("Add", [j, gi], [total], f"{base}_bits{i}")
+        j = total
+        ops += ["Greater", "Cast", "Add"]
     pow2 = b.const("pow2_table_i64", np.array([1 << k for k in range(40)], np.int64))
     b.node("Gather", [pow2, j], [g], f"{base}_step", axis=0)
     b.node("Div", [a, g], [q], f"{base}_q")
@@ -320,7 +320,7 @@ def conv(grp: Group, b: Builder):
         bias=[int(v) for v in bias],
         weight_zero_point=int(wz[0]),
         rounding=rounding,
-        **({"rounding_note": why} if why else {}),
+        **_note(why),
     )
     return ["ConvInteger", "Cast", "Mul", *ops]
 
@@ -368,7 +368,6 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
             bias = bc.astype(np.int64)
     if babs is not None:
         _check_range(babs * _span(a.qp), m0, grp.node.op_type)
-    if babs is not None:
         bound = int((babs * _span(a.qp) + np.abs(bias)).max())
     else:  # activation B: the reduction length bounds the accumulator
         k_dim = (_shape(b, a) or [None])[-1]
@@ -394,7 +393,7 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         rounding=rounding,
     )
     _record(b, grp, "matmul", [a], out, m0, shift, real, bias=[int(v) for v in bias],
-            rounding=rounding, **({"rounding_note": why} if why else {}))
+            rounding=rounding, **_note(why))
     return ["MatMulInteger", "Cast", "Mul", *ops]
 
 
@@ -646,7 +645,7 @@ def global_average_pool(grp: Group, b: Builder):
         rounding=rounding,
     )
     _record(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)],
-            window=count, rounding=rounding, **({"rounding_note": why} if why else {}))
+            window=count, rounding=rounding, **_note(why))
     return ["Cast", "ReduceSum", "Cast", "Mul", *ops]
 
 
