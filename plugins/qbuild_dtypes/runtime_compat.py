@@ -1,7 +1,8 @@
 """Runtime compatibility of written models: the IR version and opsets a target loads.
 
-onnx 1.23 writes IR 14 / opset 28 by default; onnxruntime 1.31 loads IR <= 13 and ai.onnx
-opset <= 26. Any qbuild rule that writes a model can call:
+onnx 1.23 writes IR 14 / opset 28 by default; what a runtime loads is the target's business
+(onnxruntime's limits are measured on the installed version: 1.31 loads IR <= 13 and ai.onnx
+opset <= 26, 1.32 IR 14 / opset 28). Any qbuild rule that writes a model can call:
 
 * :func:`make_loadable` (model, target) -> ModelProto: lowers the IR version and ai.onnx opset
   where that is legal, raises the IR version to what the model's types need, and raises

@@ -1,8 +1,10 @@
 """Dtype targets: what a runtime loads (IR version, opsets), which quantized types it runs,
-and the QDQ policies it needs. Built-in: ``onnxruntime-cpu`` (1.31), ``onnx-reference`` and
+and the QDQ policies it needs. Built-in: ``onnxruntime-cpu`` (the installed onnxruntime, its
+limits and policies measured by :mod:`qbuild_dtypes.ort_probe`), ``onnx-reference`` and
 ``generic``; plugins add more through the ``qbuild_dtype_targets`` hook (see hookspecs).
 
-Pure Python (no onnx import) so that rules can resolve targets cheaply.
+Pure Python (no onnx import) so that rules can resolve target names cheaply; a measured
+target is filled in from the probe only by :func:`get_target`, inside actions.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ class DtypeTarget:
     float8_weights_in_qdq_groups: bool = True
     preferred_form: str = "output_dtype"
     notes: str = ""
+    # True: max_opset, max_ir and the three policies above are measured on the installed
+    # runtime by get_target (the values written here are placeholders).
+    measured: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -97,20 +102,37 @@ _ORT_QTYPES = frozenset({"uint8", "int8", "uint16", "int16", "uint4", "int4", "u
 
 ONNXRUNTIME_CPU = DtypeTarget(
     name="onnxruntime-cpu",
-    description="onnxruntime 1.31 CPU execution provider",
+    description="the installed onnxruntime's CPU execution provider",
     runtime="onnxruntime",
-    max_opset={"": 26, "ai.onnx.ml": 5, "com.microsoft": 1},
-    max_ir=13,
+    measured=True,
     qtypes=_ORT_QTYPES,  # no float4e2m1 QuantizeLinear kernel
     scale_types=frozenset({"float", "float16"}),  # bfloat16 Q/DQ: NOT_IMPLEMENTED
     keep_activation_zero_point=frozenset({"int8", "uint8"}),
     output_dtype_with_int8_zero_point=False,
     float8_weights_in_qdq_groups=False,
     preferred_form="output_dtype",
-    notes="8-bit activations keep an explicit zero point (QLinearConv fusion, QDQ pair "
-          "removal around Reshape); never output_dtype with an int8 zero point "
+    notes="limits and policies measured on the installed onnxruntime: 8-bit activations "
+          "keep an explicit zero point where fusion needs one (QLinearConv, QDQ pair removal "
+          "around Reshape); output_dtype with an int8 zero point only where it loads "
           "(onnxruntime issue 25526)",
 )
+
+
+def resolve_measured(target: DtypeTarget) -> DtypeTarget:
+    """``target`` with its measured limits and policies filled in from the probe."""
+    if not target.measured:
+        return target
+    from dataclasses import replace
+
+    from .ort_probe import probe
+
+    facts = probe()
+    return replace(
+        target, measured=False, max_opset=dict(facts.max_opset), max_ir=facts.max_ir,
+        keep_activation_zero_point=frozenset(facts.keep_activation_zero_point),
+        output_dtype_with_int8_zero_point=facts.output_dtype_with_int8_zero_point,
+        float8_weights_in_qdq_groups=facts.float8_weights_in_qdq_groups,
+        description=f"onnxruntime {facts.onnxruntime} CPU execution provider (measured)")
 
 ONNX_REFERENCE = DtypeTarget(
     name="onnx-reference",
@@ -164,10 +186,10 @@ def collect_targets(pluginmanager=None, extra=()) -> dict[str, DtypeTarget]:
 
 
 def get_target(name: str | DtypeTarget, pluginmanager=None, extra=()) -> DtypeTarget:
-    """Resolve a target by name (a DtypeTarget passes through)."""
+    """Resolve a target by name (a DtypeTarget passes through), measuring it if needed."""
     if isinstance(name, DtypeTarget):
-        return name
+        return resolve_measured(name)
     known = collect_targets(pluginmanager, extra)
     if name not in known:
         raise DtypeError(f"unknown dtype target {name!r}; known: {', '.join(known)}")
-    return known[name]
+    return resolve_measured(known[name])

@@ -1,5 +1,7 @@
-"""runtime_compat: models written with onnx 1.23 defaults (IR 14, opset 28) made loadable in
-onnxruntime 1.31, and clear errors naming what blocks it."""
+"""runtime_compat: models written with onnx's defaults made loadable in the installed
+onnxruntime (whose limits are measured by ort_probe), and clear errors naming what blocks it.
+Every expectation follows the probe, so the tests hold on onnxruntime 1.31 (IR 13 / opset 26)
+and 1.32 (IR 14 / opset 28) alike."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import onnx.helper as H
 import pytest
 from onnx import TensorProto as T
 from onnx import version_converter
-from qbuild_dtypes import runtime_compat, validate
+from qbuild_dtypes import ort_probe, runtime_compat, targets, validate
 from qbuild_dtypes.errors import DtypeError
 
 
@@ -24,13 +26,56 @@ def mobilenet_28(tmp_path_factory):
     return path
 
 
+def test_probe_matches_what_onnxruntime_loads(tmp_path):
+    facts = ort_probe.probe()
+    assert facts == ort_probe.measure()  # the kept answer is the measured one
+    ir, opset = onnx.IR_VERSION, onnx.defs.onnx_opset_version()
+    assert facts.max_ir <= ir and facts.max_opset[""] <= opset
+    for version, loads in ((facts.max_ir, True), (facts.max_ir + 1, False)):
+        if version > ir:
+            continue
+        m = H.make_model(H.make_graph([H.make_node("Relu", ["x"], ["y"])], "g",
+                                      [H.make_tensor_value_info("x", T.FLOAT, [2])],
+                                      [H.make_tensor_value_info("y", T.FLOAT, [2])]),
+                         opset_imports=[H.make_opsetid("", 21)])
+        m.ir_version = version
+        onnx.save(m, str(tmp_path / "m.onnx"))
+        if loads:
+            validate.ort_session(tmp_path / "m.onnx")
+        else:
+            with pytest.raises(DtypeError, match="onnxruntime cannot load"):
+                validate.ort_session(tmp_path / "m.onnx")
+    target = targets.get_target("onnxruntime-cpu")
+    assert target.ir_limit() == facts.max_ir and target.opset_limit("") == facts.max_opset[""]
+    assert target.float8_weights_in_qdq_groups == facts.float8_weights_in_qdq_groups
+
+
+def test_probe_survives_a_damaged_cache_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    ort_probe.probe.cache_clear()
+    try:
+        first = ort_probe.probe()
+        (file,) = (tmp_path / "qbuild" / "probes").iterdir()
+        file.write_text('{"max_ir": "garbage"')
+        ort_probe.probe.cache_clear()
+        assert ort_probe.probe() == first
+    finally:
+        ort_probe.probe.cache_clear()
+
+
 def test_onnx_defaults_are_lowered_for_onnxruntime(mobilenet_28, tmp_path):
-    with pytest.raises(DtypeError, match="IR version 14 is newer than the 13"):
+    facts = ort_probe.probe()
+    if facts.max_ir < 14:
+        with pytest.raises(DtypeError, match=f"IR version 14 is newer than the {facts.max_ir}"):
+            runtime_compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
+    if facts.max_ir < 14 or facts.max_opset[""] < 28:
+        with pytest.raises(DtypeError, match="onnxruntime cannot load"):
+            validate.ort_session(mobilenet_28)
+    else:  # this onnxruntime loads onnx's defaults as they are
         runtime_compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
-    with pytest.raises(DtypeError, match="onnxruntime cannot load"):
-        validate.ort_session(mobilenet_28)
     fixed = runtime_compat.make_loadable(onnx.load(str(mobilenet_28)), "onnxruntime-cpu")
-    assert fixed.ir_version == 13 and fixed.opset_import[0].version == 26
+    assert fixed.ir_version == min(14, facts.max_ir)
+    assert fixed.opset_import[0].version == min(28, facts.max_opset[""])
     onnx.save(fixed, str(tmp_path / "ok.onnx"))
     info = runtime_compat.check_loadable(tmp_path / "ok.onnx", "onnxruntime-cpu")
     assert info["ran"] and info["outputs"][0]["shape"] == [1, 2]
@@ -41,6 +86,12 @@ def test_onnx_defaults_are_lowered_for_onnxruntime(mobilenet_28, tmp_path):
     # The reference target loads what onnx writes: nothing to lower.
     same = runtime_compat.make_loadable(onnx.load(str(mobilenet_28)), "onnx-reference")
     assert same.ir_version == 14 and same.opset_import[0].version == 28
+
+
+# A target with onnxruntime 1.31's limits written down, so that the lowering logic is tested
+# the same way whatever onnxruntime is installed.
+IR13_OPSET26 = targets.DtypeTarget(name="ir13-opset26", max_opset={"": 26, "ai.onnx.ml": 5},
+                                   max_ir=13)
 
 
 def _single(op, inputs, outputs, opset, inits=(), **kw):
@@ -55,7 +106,7 @@ def test_new_operator_blocks_lowering():
     m = _single("SwiGLU", [("x", T.FLOAT, [2, 8])], [("y", T.FLOAT, [2, 4])], 28)
     with pytest.raises(DtypeError, match="loads ai.onnx opset <= 26: .*operator SwiGLU "
                                          "'blocker' does not exist before opset 28"):
-        runtime_compat.make_loadable(m, "onnxruntime-cpu")
+        runtime_compat.make_loadable(m, IR13_OPSET26)
 
 
 def test_new_type_blocks_lowering():
@@ -64,7 +115,7 @@ def test_new_type_blocks_lowering():
                 [s])
     with pytest.raises(DtypeError, match="DequantizeLinear 'blocker' uses FLOAT6E2M3, which "
                                          "needs opset 28"):
-        runtime_compat.make_loadable(m, "onnxruntime-cpu")
+        runtime_compat.make_loadable(m, IR13_OPSET26)
 
 
 def test_ir_version_follows_the_types_used():
@@ -75,9 +126,12 @@ def test_ir_version_follows_the_types_used():
     m = H.make_model(g, opset_imports=[H.make_opsetid("", 21)])
     m.ir_version = 7  # too old for int4
     assert runtime_compat.required_ir(m) == (10, "initializer 'w' has type INT4")
-    assert runtime_compat.make_loadable(m, "onnxruntime-cpu").ir_version == 10
+    assert runtime_compat.make_loadable(m, IR13_OPSET26).ir_version == 10
     m.ir_version = 14
-    assert runtime_compat.make_loadable(m, "onnxruntime-cpu").ir_version == 13
+    assert runtime_compat.make_loadable(m, IR13_OPSET26).ir_version == 13
+    # The installed onnxruntime: whatever the probe measured, never above it.
+    limit = min(14, ort_probe.probe().max_ir)
+    assert runtime_compat.make_loadable(m, "onnxruntime-cpu").ir_version == limit
 
 
 def test_other_domains_are_checked():
