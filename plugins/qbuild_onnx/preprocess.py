@@ -73,6 +73,14 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     normalise_model_file(out)
     proto = onnx.load(str(out), load_external_data=False)
     info = model_info(proto)
+    # Which node names the rewrite removed, so that a later "no node named X" can say why.
+    from onnxruntime import __version__ as ort_version
+
+    from .selectors import rewrites_between
+
+    info["preprocess_rewrites"] = rewrites_between(
+        onnx.load(str(src), load_external_data=False), proto,
+        f"onnxruntime {ort_version}'s quant_pre_process")
     info["external_data"] = [data_name] if external_data else []
     info["model_sha256"] = sha256_file(out)
     info["preprocess"] = asdict(opts)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from .quantize_options import (
     check_dynamic_options,
     check_static_options,
 )
-from .quantize_overrides import build_tensor_overrides, check_nodes_exist, quant_type
+from .quantize_overrides import build_tensor_overrides, quant_type
 from .quantize_ranges import (
     check_calibration_matches,
     load_calibration,
@@ -43,6 +44,7 @@ from .quantize_validate import (
     check_onnx,
     check_onnxruntime,
 )
+from .selectors import resolve_node_table, resolve_nodes, resolve_tensors
 
 Log = Callable[[str], None]
 _INFER_KEY = "onnx.infer"  # metadata onnxruntime's quantizer adds; not part of our output
@@ -168,11 +170,14 @@ def quantize_static_model(
     report_path: Path | None = None,
     log: Log | None = None,
     warn: Log | None = None,
+    rewrites: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Quantize ``model_path`` statically with the ranges saved in ``calibration_path``.
 
     Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
-    returns the info for dependents. Raises ``QuantizeError`` for bad input.
+    returns the info for dependents. Node and tensor names in ``options`` may be selectors
+    (see :mod:`.selectors`); ``rewrites`` (from ``quant_preprocess``) explains names that
+    pre-processing removed. Raises ``QuantizeError`` for bad input.
     """
     log = log or (lambda _msg: None)
     warn = warn or log
@@ -180,8 +185,7 @@ def quantize_static_model(
     data, model = _load(model_path)
     calibration = load_calibration(calibration_path)
     check_calibration_matches(calibration, Path(model_path), sha256_bytes(data))
-    check_nodes_exist(options.nodes_to_quantize, model, "nodes_to_quantize")
-    check_nodes_exist(options.nodes_to_exclude, model, "nodes_to_exclude")
+    options = _resolve_selectors(options, model, rewrites, log)
 
     # Overrides are checked on the model as given, before any opset conversion renames.
     overrides = build_tensor_overrides(options.tensor_overrides, options.node_overrides, model,
@@ -246,6 +250,26 @@ def quantize_static_model(
     return info
 
 
+def _resolve_selectors(options, model: onnx.ModelProto, rewrites, log: Log):
+    """``options`` with every node / tensor selector expanded to names on ``model``."""
+    changes: dict[str, Any] = {}
+    for attr in ("nodes_to_quantize", "nodes_to_exclude"):
+        given = getattr(options, attr)
+        if given:
+            names = tuple(resolve_nodes(given, model, attr, rewrites))
+            if list(names) != list(given):
+                log(f"{attr}: {len(given)} entr{'y' if len(given) == 1 else 'ies'} select "
+                    f"{len(names)} node(s)")
+            changes[attr] = names
+    if getattr(options, "node_overrides", None):
+        changes["node_overrides"] = resolve_node_table(options.node_overrides, model,
+                                                       "node_overrides", rewrites)
+    if getattr(options, "tensor_overrides", None):
+        changes["tensor_overrides"] = resolve_tensors(options.tensor_overrides, model,
+                                                      "tensor_overrides", rewrites)
+    return replace(options, **changes) if changes else options
+
+
 def _guard_dedicated_pairs(model: onnx.ModelProto, extra: dict[str, Any], warn: Log) -> None:
     # onnxruntime 1.31 with DedicatedQDQPair exports a graph output without its Relu/Clip
     # once it removes that activation (see quantize_validate.check_clamped_outputs).
@@ -279,6 +303,7 @@ def quantize_dynamic_model(
     report_path: Path | None = None,
     log: Log | None = None,
     warn: Log | None = None,
+    rewrites: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Quantize ``model_path`` dynamically (weights now, activations at run time).
 
@@ -289,8 +314,7 @@ def quantize_dynamic_model(
     warn = warn or log
     check_dynamic_options(options)
     data, model = _load(model_path)
-    check_nodes_exist(options.nodes_to_quantize, model, "nodes_to_quantize")
-    check_nodes_exist(options.nodes_to_exclude, model, "nodes_to_exclude")
+    options = _resolve_selectors(options, model, rewrites, log)
     target = required_opset(ai_onnx_opset(model), per_axis=options.per_channel,
                             types={options.weight_type})
     had_infer_key = any(p.key == _INFER_KEY for p in model.metadata_props)

@@ -39,7 +39,10 @@ _COMMON = {
                                  "that onnxruntime supports."),
     "nodes_to_quantize": attr.string_list(default=[], doc="If set, quantize only these "
                                           "nodes (by name)."),
-    "nodes_to_exclude": attr.string_list(default=[], doc="Nodes (by name) kept in float."),
+    "nodes_to_exclude": attr.string_list(default=[], doc="Nodes kept in float: names or "
+                                         "stable selectors (globs, 'op:TYPE', 'upto:TENSOR', "
+                                         "'after:TENSOR', 'first:N', 'last:N'; "
+                                         "docs/selectors.md)."),
     "extra_options": attr.mapping(default={}, doc="onnxruntime quantizer extra options, "
                                   "passed through (e.g. QDQKeepRemovableActivations = true)."),
 }
@@ -117,6 +120,12 @@ def _dynamic_options(a: dict[str, Any]) -> DynamicOptions:
         reduce_range=a["reduce_range"], op_types=tuple(a["op_types"]),
         nodes_to_quantize=tuple(a["nodes_to_quantize"]),
         nodes_to_exclude=tuple(a["nodes_to_exclude"]), extra_options=a["extra_options"])
+
+
+def _rewrites(dep: Dep) -> dict[str, Any] | None:
+    """The node renames of the pre-processing that made ``dep``'s model, if it says."""
+    rewrites = (dep.info or {}).get("preprocess_rewrites")
+    return rewrites if isinstance(rewrites, dict) else None
 
 
 def _validate(check, options) -> None:
@@ -208,7 +217,8 @@ class Quantize(Rule):
                                attr="overrides") from None
         info = _run(ctx, lambda: quantize_static_model(
             model, calibration, ctx.output("{name}.onnx"), options,
-            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn), inputs)
+            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn,
+            rewrites=_rewrites(a["model"])), inputs)
         if promoted is not None:
             info = {**info, "overrides": a["overrides"].label, "promoted": promoted}
         return info
@@ -245,7 +255,8 @@ class QuantizeDynamic(Rule):
         options = _dynamic_options(ctx.attrs)
         return _run(ctx, lambda: quantize_dynamic_model(
             model, ctx.output("{name}.onnx"), options, report_path=ctx.output("report.json"),
-            log=ctx.log, warn=ctx.warn), {model: ctx.attrs["model"]})
+            log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.attrs["model"])),
+            {model: ctx.attrs["model"]})
 
 
 @hookimpl

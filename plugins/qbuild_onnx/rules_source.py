@@ -263,7 +263,7 @@ class CustomDataset(_DatasetRule):
 
 class QuantPreprocess(Rule):
     kind = "quant_preprocess"
-    version = 1
+    version = 2
     heavy = True
     doc = ("onnxruntime's quantization pre-processing (symbolic shape inference, graph "
            "optimisation, ONNX shape inference) as its own cached step.")
