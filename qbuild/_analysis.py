@@ -145,6 +145,12 @@ class Graph:
             known = ", ".join(self.registry.kinds())
             raise ConfigError(f"unknown rule '{spec.kind}' (known rules: {known}; "
                               "is the plugin providing it installed?)", attr="rule", **where)
+        missing = entry.cls.missing_requirements()
+        if missing:
+            hint = entry.cls.install_hint or f"pip install {' '.join(missing)}"
+            raise ConfigError(f"rule '{spec.kind}' needs {', '.join(missing)}, which "
+                              f"{'is' if len(missing) == 1 else 'are'} not installed: "
+                              f"{hint}", attr="rule", **where)
         rule = entry.cls()
         raw = {k: v for k, v in spec.raw.items()
                if k in rule.attrs or k not in spec.matrix_keys}

@@ -23,6 +23,10 @@ def rule_env(target: Target) -> dict[str, str]:
     env = _env_cache.get(cls)
     if env is None:
         env = {str(k): str(v) for k, v in (target.rule.env() or {}).items()}  # type: ignore[union-attr]
+        if getattr(cls, "machine_dependent", False):
+            from ._machine import machine_facts
+
+            env.update(machine_facts())
         _env_cache[cls] = env
     return env
 

@@ -34,6 +34,14 @@ class Rule:
         attrs: the attribute schema, built with ``qbuild.attr``.
         outputs: declared output names; ``{name}`` is replaced by the target name and a
             trailing ``/`` declares a directory output.
+        machine_dependent: outputs depend on the CPU class the action runs on (results
+            of running a model: calibration statistics, sensitivity, latency); the CPU
+            architecture and instruction sets then enter the action key, so a shared
+            cache never serves them to another machine class. Pure graph transforms leave
+            it False and stay shareable.
+        requires: distributions the rule needs installed; a target of the rule fails at
+            analysis with ``install_hint`` when one is missing.
+        install_hint: how to install ``requires`` (e.g. "pip install 'qbuild[onnx]'").
     """
 
     kind: ClassVar[str] = ""
@@ -42,6 +50,9 @@ class Rule:
     heavy: ClassVar[bool] = False
     attrs: ClassVar[Mapping[str, Attr]] = {}
     outputs: ClassVar[Sequence[str]] = ()
+    machine_dependent: ClassVar[bool] = False
+    requires: ClassVar[Sequence[str]] = ()
+    install_hint: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -70,6 +81,13 @@ class Rule:
     def env(self) -> dict[str, str]:
         """Environment facts that change outputs (library versions, ...): part of the key."""
         return {}
+
+    @classmethod
+    def missing_requirements(cls) -> list[str]:
+        """Distributions in ``requires`` that are not installed."""
+        from . import dist_version
+
+        return [d for d in cls.requires if dist_version(d) == "absent"]
 
     def run(self, ctx: ActionContext) -> dict[str, Any] | None:
         """Produce every declared output; return info for dependents."""

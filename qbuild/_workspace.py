@@ -7,6 +7,9 @@
     jobs = 2                        # default parallelism (default: CPU count)
     output_dir = "qbuild-out"       # where requested targets' files appear
 
+    [toolchain]                     # versions that change artifacts (see _toolchain)
+    onnxruntime = "1.31.1"
+
 Relative ``cache_dir`` values are relative to the root. ``QBUILD_CACHE_DIR`` in the
 environment overrides the setting (CI uses it to point at a restored cache).
 """
@@ -33,6 +36,8 @@ class Workspace:
     cache_dir: Path
     jobs: int
     output_dir: Path
+    # Pinned distribution versions from [toolchain], sorted (name, version) pairs.
+    toolchain: tuple[tuple[str, str], ...] = ()
 
     def package_of(self, directory: Path) -> str:
         """The package path of ``directory`` relative to the root ('' for the root)."""
@@ -87,4 +92,10 @@ def load_workspace(start: Path) -> Workspace:
     ).parts:
         raise ConfigError("setting 'output_dir' must be a relative path inside the workspace",
                           file=marker)
-    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs, output_dir=root / output)
+    toolchain = data.get("toolchain", {})
+    if not isinstance(toolchain, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in toolchain.items()):
+        raise ConfigError("[toolchain] must map distribution names to version strings, e.g. "
+                          'onnxruntime = "1.31.1"', file=marker)
+    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs, output_dir=root / output,
+                     toolchain=tuple(sorted(toolchain.items())))

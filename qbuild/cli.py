@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="keep building what does not depend on a failure")
     build.add_argument("--explain", action="store_true", help="say why each action runs")
     build.add_argument("--event_log", metavar="FILE", help="write JSON-lines events to FILE")
+    build.add_argument("--toolchain_mismatch", choices=["error", "warn"], default="error",
+                       help="what to do when installed versions differ from qbuild.toml's "
+                       "[toolchain] pins (default: error, exit 2)")
 
     query = sub.add_parser("query", parents=[common], help="query the target graph")
     query.add_argument("expression")
@@ -60,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     gc = cache_sub.add_parser("gc", parents=[common], help="evict the oldest blobs")
     gc.add_argument("--max-size", "--max_size", dest="max_size", required=True,
                     help="e.g. 500M, 10G")
+
+    sub.add_parser("info", parents=[common], help="toolchain, Python, platform, cache and "
+                   "plugins in force")
 
     rules = sub.add_parser("rules", parents=[common], help="list rules, or describe one")
     rules.add_argument("kind", nargs="?")
@@ -136,6 +142,11 @@ def _full_build(args: argparse.Namespace) -> int:
 
     session, package = _session()
     try:
+        from ._toolchain import check as check_toolchain
+
+        check_toolchain(dict(session.workspace.toolchain), args.toolchain_mismatch,
+                        session.workspace.root / "qbuild.toml",
+                        lambda line: print(line, file=sys.stderr))
         jobs = args.jobs if args.jobs is not None else session.workspace.jobs
         if jobs < 1:
             raise UsageError("-j must be at least 1")
@@ -245,6 +256,17 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_info(args: argparse.Namespace) -> int:
+    from ._info import info_lines
+    from ._plugins import load_registry
+    from ._workspace import load_workspace
+
+    workspace = load_workspace(Path.cwd())
+    for line in info_lines(workspace, load_registry()):
+        print(line)
+    return EXIT_OK
+
+
 def cmd_rules(args: argparse.Namespace) -> int:
     from ._plugins import load_registry
 
@@ -254,7 +276,11 @@ def cmd_rules(args: argparse.Namespace) -> int:
         for kind in registry.kinds():
             entry = registry.entries[kind]
             first = (entry.cls.doc or entry.cls.__doc__ or "").strip().split("\n")[0]
-            print(f"{kind:<{width}}  {first}  [{entry.dist} {entry.dist_version}]")
+            missing = entry.cls.missing_requirements()
+            note = (f"  (unavailable: needs {', '.join(missing)}; "
+                    f"{entry.cls.install_hint or 'pip install ' + ' '.join(missing)})"
+                    if missing else "")
+            print(f"{kind:<{width}}  {first}  [{entry.dist} {entry.dist_version}]{note}")
         return EXIT_OK
     entry = registry.get(args.kind)
     if entry is None:
@@ -266,6 +292,13 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print()
     outputs = ", ".join(cls.outputs) or "depends on attributes"
     print(f"outputs: {outputs}")
+    print("machine-dependent: " + ("yes (keyed by CPU architecture and instruction sets; "
+                                   "not shared with other machine classes)"
+                                   if cls.machine_dependent else "no (shareable across machines)"))
+    if cls.requires:
+        missing = cls.missing_requirements()
+        print(f"requires: {', '.join(cls.requires)}" + (
+            f" (missing: {', '.join(missing)}; {cls.install_hint})" if missing else ""))
     print("attributes:")
     for name, schema in cls.attrs.items():
         print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()})")
@@ -274,7 +307,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-_COMMANDS = {"build": cmd_build, "query": cmd_query, "graph": cmd_graph,
+_COMMANDS = {"build": cmd_build, "query": cmd_query, "graph": cmd_graph, "info": cmd_info,
              "explain": cmd_explain, "clean": cmd_clean, "cache": cmd_cache,
              "rules": cmd_rules}
 

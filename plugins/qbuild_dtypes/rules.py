@@ -15,6 +15,10 @@ from qbuild import ActionContext, ConfigError, Dep, Rule, attr, dist_version, ho
 
 from .targets import BUILTIN_TARGETS, FORMS
 
+# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
+ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
+ONNX_INSTALL = "pip install 'qbuild[onnx]'"
+
 _BUILTIN_NAMES = ", ".join(t.name for t in BUILTIN_TARGETS)
 
 _COMMON = {
@@ -102,6 +106,8 @@ def _guess_attr(message: str, default: str) -> str:
 
 class QdqRetarget(Rule):
     kind = "qdq_retarget"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 2
     doc = ("Convert a QDQ model between the zero-point form and the opset-21 output_dtype "
            "form for a target runtime: raises the opset to 21 where needed (never above "
@@ -139,6 +145,8 @@ class QdqRetarget(Rule):
 
 class RequantizeWeights(Rule):
     kind = "requantize_weights"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 1
     doc = ("Quantize or re-quantize weights to int2/int4/int8/int16 (signed or unsigned) or "
            "float8 e4m3fn/e5m2 (saturating, no zero point), per tensor, per channel or "

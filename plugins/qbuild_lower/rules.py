@@ -9,6 +9,10 @@ import json
 
 from qbuild import ActionContext, Rule, attr, dist_version, hookimpl
 
+# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
+ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
+ONNX_INSTALL = "pip install 'qbuild[onnx]'"
+
 REQUANTIZATION = {
     "half_up": "y = clamp(zp + floor((acc*M0 + 2^(shift-1)) / 2^shift))",
     "onnxruntime": "layers with rounding 'onnxruntime': r = floor((acc*M0 + 2^(shift-1)) / "
@@ -21,6 +25,8 @@ REQUANTIZATION = {
 
 class LowerInteger(Rule):
     kind = "lower_integer"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 2
     doc = (
         "Lower a QDQ model to integer-only arithmetic. mode=ort emits operators onnxruntime "

@@ -14,6 +14,10 @@ from typing import Any
 
 from qbuild import ActionContext, Dep, Rule, attr, dist_version, hookimpl
 
+# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
+ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
+ONNX_INSTALL = "pip install 'qbuild[onnx]'"
+
 
 def _env() -> dict[str, str]:
     return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
@@ -64,6 +68,9 @@ def _accuracy_errors():
 
 class Evaluate(Rule):
     kind = "evaluate"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
+    machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 1
     heavy = True
     doc = ("Compares candidate models with a reference model on a dataset and writes "
@@ -146,6 +153,9 @@ class Evaluate(Rule):
 
 class Sensitivity(Rule):
     kind = "sensitivity"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
+    machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 1
     heavy = True
     doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
@@ -186,6 +196,8 @@ class Sensitivity(Rule):
 
 class MixedPrecision(Rule):
     kind = "mixed_precision"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 2
     heavy = True
     doc = ("Writes overrides.json putting activation tensors at 16 bits or in float: the "
@@ -263,6 +275,8 @@ def select(trials: list[dict[str, Any]], metric: str, threshold: float) -> dict[
 
 class SelectBest(Rule):
     kind = "select_best"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 1
     heavy = False
     doc = ("Picks, among candidate models (e.g. quantize variants over mixed_precision "
@@ -329,6 +343,9 @@ class SelectBest(Rule):
 
 class BiasCorrection(Rule):
     kind = "bias_correction"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
+    machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 1
     heavy = True
     doc = ("Corrects the Conv/Gemm biases of a QDQ model for the mean output error of weight "

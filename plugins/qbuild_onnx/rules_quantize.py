@@ -27,6 +27,10 @@ from .quantize_options import (
     check_static_options,
 )
 
+# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
+ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
+ONNX_INSTALL = "pip install 'qbuild[onnx]'"
+
 _COMMON = {
     "model": attr.label(
         doc="The float model to quantize: a target with one .onnx output (for static "
@@ -149,6 +153,8 @@ class Quantize(Rule):
     """Static quantization from a calibration artifact."""
 
     kind = "quantize"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 2
     heavy = True
     doc = ("Static quantization with onnxruntime's QDQ or QOperator quantizer, from the "
@@ -228,6 +234,8 @@ class QuantizeDynamic(Rule):
     """Dynamic quantization: int8 weights now, uint8 activations computed at run time."""
 
     kind = "quantize_dynamic"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("Dynamic quantization with onnxruntime's integer-ops quantizer: weights are "

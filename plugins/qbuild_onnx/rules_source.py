@@ -13,6 +13,10 @@ from typing import Any
 
 from qbuild import ActionContext, Dep, Rule, RuleError, attr, dist_version, hookimpl
 
+# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
+ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
+ONNX_INSTALL = "pip install 'qbuild[onnx]'"
+
 _ENV_LIBS = ("onnx", "onnxruntime", "numpy")
 
 
@@ -64,6 +68,8 @@ def _finish_dataset(ctx: ActionContext, out: Path, model: Dep | None) -> dict[st
 
 class OnnxModel(Rule):
     kind = "onnx_model"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("A source ONNX model: checked with onnx.checker (full_check, by path), external "
@@ -144,6 +150,8 @@ class _DatasetRule(Rule):
 
 class ImageDataset(_DatasetRule):
     kind = "image_dataset"
+    requires = (*ONNX_REQUIRES, "Pillow")
+    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("A dataset from images: decode (alpha, greyscale, palette, 16-bit handled), "
@@ -179,6 +187,8 @@ class ImageDataset(_DatasetRule):
 
 class NumpyDataset(_DatasetRule):
     kind = "numpy_dataset"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("A dataset from .npy/.npz arrays (axis 0 = samples), mapped to model inputs: "
@@ -205,6 +215,8 @@ class NumpyDataset(_DatasetRule):
 
 class SyntheticDataset(_DatasetRule):
     kind = "synthetic_dataset"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("Seeded random data shaped like a model's inputs, for smoke tests only: random "
@@ -236,6 +248,8 @@ class SyntheticDataset(_DatasetRule):
 
 class CustomDataset(_DatasetRule):
     kind = "dataset"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("A dataset from a custom reader: a plugin's qbuild_dataset_readers hook (by name) "
@@ -263,6 +277,8 @@ class CustomDataset(_DatasetRule):
 
 class QuantPreprocess(Rule):
     kind = "quant_preprocess"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
     version = 2
     heavy = True
     doc = ("onnxruntime's quantization pre-processing (symbolic shape inference, graph "
@@ -310,6 +326,9 @@ class QuantPreprocess(Rule):
 
 class Calibrate(Rule):
     kind = "calibrate"
+    requires = ONNX_REQUIRES
+    install_hint = ONNX_INSTALL
+    machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 1
     heavy = True
     doc = ("Runs a model over a dataset and writes calibration.json (per-tensor min, max and "
