@@ -14,6 +14,8 @@ from typing import Any
 
 from qbuild import ActionContext, Dep, Rule, attr, dist_version, hookimpl
 
+from .quantize_errors import QuantizeError
+
 # Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
 ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
 ONNX_INSTALL = "pip install 'qbuild[onnx]'"
@@ -209,7 +211,9 @@ class MixedPrecision(Rule):
         "model": attr.label(doc="The float model the overrides refer to.", required=True),
         "sensitivity": attr.label(doc="A sensitivity target (optional)."),
         "top_k": attr.int(default=0, doc="How many ranked activations to promote."),
-        "tensors": attr.string_list(default=[], doc="Tensors promoted by name."),
+        "tensors": attr.string_list(default=[], doc="Tensors promoted: names or stable "
+                                    "selectors ('op:TYPE', 'upto:TENSOR', globs; "
+                                    "docs/selectors.md)."),
         "op_types": attr.string_list(default=[], doc="Promote outputs of these op types."),
         "action": attr.enum(["uint16", "int16", "float"], default="uint16",
                             doc="16-bit activations, or keep float (excludes producer and "
@@ -231,8 +235,8 @@ class MixedPrecision(Rule):
 
         a = ctx.attrs
         model = _onnx_file(ctx, a["model"], "model")
-        names = list(a["tensors"])
         try:
+            names = _tensor_selection(model, a["tensors"])
             names += tensors_by_op_type(model, a["op_types"])
             if a["sensitivity"] is not None and a["top_k"]:
                 rep = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
@@ -242,8 +246,21 @@ class MixedPrecision(Rule):
             doc["promoted"] = names
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
+        except QuantizeError as e:  # a selector that selects nothing, a missing name
+            raise ctx.fail(str(e), attr=e.attr) from None
         _write_json(ctx.output("overrides.json"), doc)
         return {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}
+
+
+def _tensor_selection(model: Path, entries: list[str]) -> list[str]:
+    if not entries:
+        return []
+    import onnx
+
+    from .selectors import resolve_tensor_list
+
+    return resolve_tensor_list(entries, onnx.load(str(model), load_external_data=False),
+                               "tensors")
 
 
 _HIGHER_IS_BETTER = {"sqnr_db": True, "cosine": True, "f1": True, "max_abs_error": False}

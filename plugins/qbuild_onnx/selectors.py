@@ -82,6 +82,10 @@ class _Graph:
             stack.extend(c for o in self.nodes[i].output for c in self.consumers.get(o, []))
         return seen
 
+    def in_order(self, tensors: Iterable[str]) -> list[str]:
+        """Tensors in graph order (inputs and initializers first, by name)."""
+        return sorted(set(tensors), key=lambda t: (self.producer.get(t, -1), t))
+
     def is_weighted(self, i: int) -> bool:
         n = self.nodes[i]
         if n.op_type not in WEIGHTED_OPS or len(n.input) < 2:
@@ -243,10 +247,10 @@ def resolve_tensors(table: Mapping[str, Any], model: onnx.ModelProto, attr: str,
         prefix = key.split(":", 1)[0].strip() if ":" in key else "name"
         if prefix == "name" and " & " not in key:
             pat = key.split(":", 1)[1].strip() if key.startswith("name:") else key
-            names = sorted(t for t in g.tensors if fnmatch.fnmatchcase(t, pat))
+            names = g.in_order(t for t in g.tensors if fnmatch.fnmatchcase(t, pat))
         else:
             nodes = _selected(g, key, where, attr)
-            names = sorted({o for i in nodes for o in g.nodes[i].output if o})
+            names = g.in_order({o for i in nodes for o in g.nodes[i].output if o})
         if not names:
             raise QuantizeError(f"{where} selects no tensor in the model", attr=attr)
         for t in names:
@@ -269,3 +273,13 @@ def rewrites_between(before: onnx.ModelProto, after: onnx.ModelProto, by: str) -
     added = sorted({n.op_type for n in after.graph.node}
                    - {n.op_type for n in before.graph.node})
     return {"by": by, "removed": dict(sorted(removed.items())), "added_ops": added}
+
+
+def resolve_tensor_list(entries: Iterable[str], model: onnx.ModelProto, attr: str) -> list[str]:
+    """Tensor names selected by ``entries`` (names and selectors), first-seen order."""
+    out: list[str] = []
+    for entry in entries:
+        for name in resolve_tensors({entry: True}, model, attr):
+            if name not in out:
+                out.append(name)
+    return out

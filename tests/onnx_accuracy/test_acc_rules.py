@@ -80,3 +80,31 @@ def test_rules_build_and_cache(qbuild_workspace, tmp_path, mnist_feeds):
     bad = ws.build("//m:report")
     assert not bad.ok and "min_sqnr_db" in bad.error
     assert "//m:sens" not in bad.ran
+
+
+def test_mixed_precision_tensors_take_selectors(qbuild_workspace, tmp_path, mnist_feeds):
+    ws = qbuild_workspace
+    _setup(ws, tmp_path, mnist_feeds)
+    ws.write("m/BUILD.toml", BUILD.format(min_sqnr=5.0) + """
+[by_op]
+rule = "mixed_precision"
+model = ":fp"
+op_types = ["Relu"]
+
+[by_selector]
+rule = "mixed_precision"
+model = ":fp"
+tensors = ["op:Relu"]
+
+[typo]
+rule = "mixed_precision"
+model = ":fp"
+tensors = ["op:Rleu"]
+""")
+    r = ws.build("//m:by_op", "//m:by_selector")
+    assert r.ok, r.error
+    a, b = (json.loads(r.outputs(t)[0].read_text()) for t in ("//m:by_op", "//m:by_selector"))
+    assert a["promoted"] == b["promoted"] and len(b["promoted"]) == 2
+    bad = ws.build("//m:typo")
+    assert not bad.ok and "attribute tensors" in bad.error.replace("'", "")
+    assert "selector 'op:Rleu' selects no tensor" in bad.error
