@@ -119,8 +119,9 @@ def test_machine_dependent_results_are_not_served_to_another_machine_class(
     assert first.ok and set(first.ran) == {"//:m", "//:p"}
     assert set(ws.build("//:m", "//:p").cached) == {"//:m", "//:p"}
     machine_class("amx-box")
-    second = ws.build("//:m", "//:p")
+    second = ws.build("//:m", "//:p", explain=True)
     assert second.ran == ["//:m"] and second.cached == ["//:p"]
+    assert "environment 'machine.class': avx2-box -> amx-box" in str(second.explanations)
     machine_class("avx2-box")
     assert set(ws.build("//:m", "//:p").cached) == {"//:m", "//:p"}
 
