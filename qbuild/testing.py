@@ -137,6 +137,9 @@ class Workspace:
 
         log = io.StringIO()
         session = None
+        # A test workspace keeps its own cache even when the caller's environment points
+        # QBUILD_CACHE_DIR at a shared one (as CI jobs do): tests must not see each other.
+        shared_cache = os.environ.pop("QBUILD_CACHE_DIR", None)
         try:
             workspace = load_workspace(self.root / cwd)
             session = Session(workspace, load_registry(self.plugins))
@@ -150,6 +153,8 @@ class Workspace:
             return BuildOutcome(ok=False, exit_code=exc.exit_code, error=str(exc),
                                 log=log.getvalue())
         finally:
+            if shared_cache is not None:
+                os.environ["QBUILD_CACHE_DIR"] = shared_cache
             if session is not None:
                 session.close()
         errors = "\n".join(f"{label}: {message}" for label, message in result.failed.items())

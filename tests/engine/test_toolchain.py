@@ -155,3 +155,14 @@ def test_builtin_rules_declare_what_they_are(qbuild_workspace):
     assert "machine-dependent: yes" in calibrate
     assert "machine-dependent: no" in quantize
     assert "requires: onnx, onnxruntime, numpy" in quantize
+
+
+def test_test_workspaces_keep_their_own_cache_under_a_shared_qbuild_cache_dir(
+        qbuild_workspace, tmp_path, monkeypatch):
+    shared = tmp_path / "shared-cache"
+    monkeypatch.setenv("QBUILD_CACHE_DIR", str(shared))
+    ws = qbuild_workspace
+    _workspace(ws)
+    assert ws.build("//:files").ok
+    assert not shared.exists()
+    assert (ws.root / ".." / "cache").resolve().is_dir()
