@@ -306,6 +306,30 @@ class Build:
         self.result.explanations[str(label)] = lines
         self.reporter.message(f"{label} will run: " + "; ".join(lines))
 
+    # -- what the no-op fast path may rely on ----------------------------------------------
+    def reads(self) -> dict[str, str | None] | None:
+        """Every stat this build's result rests on, as taken when it was read (BUILD
+        files, listed directories, sources as digested); None if one file was seen in
+        two states."""
+        loader_reads = self.graph.loader.reads
+        if loader_reads.conflicting:
+            return None
+        stats = dict(loader_reads.stats)
+        stats["qbuild.toml"] = self.session.workspace.marker_stat
+        for action in self.actions.values():
+            for rel, (_digest, key) in action.sources.items():
+                if stats.setdefault(rel, key) != key:
+                    return None
+        return stats
+
+    def placed_outputs(self) -> dict[str, str]:
+        """Stats of the requested targets' files in the output folder, as placed."""
+        workspace = self.session.workspace
+        base = os.path.relpath(workspace.output_dir, workspace.root).replace(os.sep, "/")
+        prefixes = tuple(label_dir(label) + "/" for label in self.result.requested)
+        return {f"{base}/{rel}": record[1] for rel, record in self.state.materialized.items()
+                if rel.startswith(prefixes)}
+
     # -- outputs ------------------------------------------------------------------------
     def _materialize(self, label: Label) -> None:
         result = self.results[label]

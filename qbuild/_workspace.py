@@ -14,9 +14,10 @@ environment overrides the setting (CI uses it to point at a restored cache).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._digest import stat_key
 from ._errors import ConfigError
 from ._toml import load_toml
 
@@ -33,6 +34,8 @@ class Workspace:
     cache_dir: Path
     jobs: int
     output_dir: Path
+    # Stat key of qbuild.toml taken before it was read (for the no-op fast path).
+    marker_stat: str | None = field(default=None, compare=False)
 
     def package_of(self, directory: Path) -> str:
         """The package path of ``directory`` relative to the root ('' for the root)."""
@@ -61,6 +64,10 @@ def load_workspace(start: Path) -> Workspace:
     """Find the workspace containing ``start`` and read its settings."""
     root = find_root(start)
     marker = root / MARKER
+    try:
+        marker_stat: str | None = stat_key(os.stat(marker))
+    except OSError:
+        marker_stat = None
     data = load_toml(marker)
     settings = data.get("settings", {})
     if not isinstance(settings, dict):
@@ -87,4 +94,5 @@ def load_workspace(start: Path) -> Workspace:
     ).parts:
         raise ConfigError("setting 'output_dir' must be a relative path inside the workspace",
                           file=marker)
-    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs, output_dir=root / output)
+    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs,
+                     output_dir=root / output, marker_stat=marker_stat)
