@@ -351,6 +351,7 @@ class Build:
         with self._rebuild_lock:
             stack = [label]
             rebuilt: set[Label] = set()
+            rekeyed: set[Label] = set()  # inputs changed under it: new bytes are expected
             changed = False
             while stack:
                 current = stack[-1]
@@ -372,7 +373,7 @@ class Build:
                     self.reporter.message(f"restored {current} by running it again (cached "
                                           "outputs were missing or corrupt)")
                     continue
-                if action.reproducible:
+                if action.reproducible and current not in rekeyed:
                     self.store.drop_action(action.key)
                     raise ActionFailed(f"{current} rebuilt to different bytes than its cached "
                                        "result (the rule is not deterministic; declare it "
@@ -381,13 +382,16 @@ class Build:
                           "info": outcome.info, "warnings": outcome.warnings}
                 self.store.put_action(action.key, result)
                 self.results[current] = result
+                self.state.set_last_key(str(current), action.key)
                 self.result.infos[str(current)] = outcome.info
                 if current == label:
                     changed = True
                 elif stack:  # the parent was keyed with the old bytes: key it again
                     parent = stack[-1]
-                    _parts, _key, self.actions[parent] = self.session.key_for(
+                    parts, _key, self.actions[parent] = self.session.key_for(
                         self.graph.targets[parent], self.results)
+                    self.store.put_components(_key, parts)
+                    rekeyed.add(parent)
             return changed
 
     def _complete(self, label: Label, key: str, result: dict[str, Any], status: str,

@@ -242,34 +242,42 @@ class LocalExecutor:
     def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
         with self._pool_lock:  # one pool, however many actions ask at once
             if self._pool is None:
-                # Imported here: a no-op build never starts a worker.
-                import concurrent.futures
-                import multiprocessing
-
-                self._pool = concurrent.futures.ProcessPoolExecutor(
-                    max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_worker_init, initargs=(os.getpid(),),
-                )
+                self._pool = self._new_pool(self.jobs)
             return self._pool
+
+    @staticmethod
+    def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+        # Imported here: a no-op build never starts a worker.
+        import concurrent.futures
+        import multiprocessing
+
+        return concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init, initargs=(os.getpid(),))
 
     def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
                        ) -> tuple[dict[str, Any], list[str]]:
         from concurrent.futures.process import BrokenProcessPool
 
         # A worker killed (out of memory) breaks the whole pool and every action in
-        # flight on it: each of those runs once more on a fresh pool, so only an action
-        # that kills its worker twice fails.
-        for _attempt in range(2):
-            pool = self._workers()
-            try:
-                return pool.submit(_invoke, action.rule_ref, ctx).result()
-            except BrokenProcessPool:
-                with self._pool_lock:
-                    if self._pool is pool:
-                        self._pool = None
-                        pool.shutdown(wait=False, cancel_futures=True)
-        raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
-                                     target=action.label), _tail(log_path))
+        # flight on it: each of those runs once more in a worker of its own, so only the
+        # action that kills its worker fails.
+        pool = self._workers()
+        try:
+            return pool.submit(_invoke, action.rule_ref, ctx).result()
+        except BrokenProcessPool:
+            with self._pool_lock:
+                if self._pool is pool:
+                    self._pool = None
+                    pool.shutdown(wait=False, cancel_futures=True)
+        alone = self._new_pool(1)
+        try:
+            return alone.submit(_invoke, action.rule_ref, ctx).result()
+        except BrokenProcessPool:
+            raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
+                                         target=action.label), _tail(log_path)) from None
+        finally:
+            alone.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, action: Action) -> Outcome:
         """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""

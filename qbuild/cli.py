@@ -324,10 +324,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        _interrupted()
+    except RecursionError:
+        print("ERROR: input nested too deeply (a TOML value, a query or a dependency "
+              "chain); flatten it", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+    except Exception as exc:  # a bug: still one line unless --verbose
+        if verbose:
+            raise
+        print(f"ERROR: internal error: {type(exc).__name__}: {exc} (rerun with --verbose "
+              "and report it)", file=sys.stderr)
+        return EXIT_BUILD_FAILED
+    return EXIT_OK
+
+
+def _interrupted() -> None:
+    """Ctrl-C: end every process the build started and exit 130 at once, without
+    waiting for the threads still running actions."""
+    from ._executor import kill_children
+
+    kill_children()
+    print("interrupted", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":
