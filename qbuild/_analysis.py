@@ -216,6 +216,8 @@ class Graph:
         return [str(dep)]
 
     def _sources(self, text: str, label: Label) -> list[str]:
+        if "\0" in text:
+            raise ConfigError(f"{text!r} contains a NUL character")
         rel = Path(text)
         if rel.is_absolute():
             raise ConfigError(f"'{text}' is an absolute path; name files relative to the package")
@@ -243,7 +245,14 @@ class Graph:
 def _check_outputs(outputs: list[str], where: dict[str, str]) -> None:
     seen = set()
     for name in outputs:
-        path = Path(name.rstrip("/"))
-        if not name or path.is_absolute() or ".." in path.parts or name in seen:
-            raise ConfigError(f"bad or duplicate output name {name!r}", **where)
+        if not isinstance(name, str):
+            raise ConfigError(f"output names must be strings, got {name!r}", **where)
+        segments = name.rstrip("/").split("/")
+        if (not name or name.startswith("/") or name in seen or "\0" in name
+                or any(s in ("", ".", "..") for s in segments)):
+            raise ConfigError(f"bad or duplicate output name {name[:80]!r} (a relative path "
+                              "of named files, no '.', '..' or NUL)", **where)
+        if any(len(s.encode("utf-8")) > 255 for s in segments):
+            raise ConfigError(f"output name {name[:40]!r}... has a part over 255 bytes",
+                              **where)
         seen.add(name)

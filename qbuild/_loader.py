@@ -29,6 +29,7 @@ from ._toml import load_toml
 from ._workspace import BUILD_FILE, MARKER, Workspace
 
 MATRIX_KIND = "matrix"
+MAX_MATRIX_VARIANTS = 10_000
 _SKIP_DIRS = {"__pycache__", "node_modules", "venv"}
 
 
@@ -78,6 +79,7 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
     if not isinstance(matrix, dict) or not matrix:
         raise ConfigError("'matrix' must be a non-empty table of lists", **where)
     axes = []
+    combinations = 1
     for key, values in matrix.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"matrix axis '{key}' must be a non-empty list", **where)
@@ -88,6 +90,10 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
                 raise ConfigError(f"matrix axis '{key}' values must be strings, numbers or "
                                   "booleans", **where)
         axes.append((key, values))
+        combinations *= len(values)
+    if combinations > MAX_MATRIX_VARIANTS:
+        raise ConfigError(f"matrix of {combinations} variants; at most {MAX_MATRIX_VARIANTS} "
+                          "per target (split it into several targets)", **where)
     specs = []
     group = TargetSpec(label, MATRIX_KIND, {}, shown)
     for combination in itertools.product(*(values for _, values in axes)):

@@ -94,5 +94,9 @@ def load_workspace(start: Path) -> Workspace:
     ).parts:
         raise ConfigError("setting 'output_dir' must be a relative path inside the workspace",
                           file=marker)
+    for name, folder in (("cache_dir", cache_dir), ("output_dir", root / output)):
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"setting '{name}' points at {folder}, which is not a folder",
+                              file=marker)
     return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs,
                      output_dir=root / output, marker_stat=marker_stat)
