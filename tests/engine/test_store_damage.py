@@ -192,3 +192,40 @@ def test_hostile_names_nesting_and_matrices_are_refused_in_one_line(ws):
         assert says in result.stderr, (text[:60], result.stderr)
     query = ws.cli("query", "(" * 600 + "//p:all" + ")" * 600)
     _one_line(query, 2)
+
+
+RACER = """
+import sys, time
+from pathlib import Path
+from qbuild._store import LocalStore
+from qbuild._digest import hash_file
+cache, role, data = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+store = LocalStore(cache)
+digest = hash_file(data)
+deadline = time.monotonic() + 3
+n = 0
+while time.monotonic() < deadline:
+    if role == "gc":
+        store.gc(0)
+    else:
+        store.put_blob(data, digest)
+        dest = data.parent / f"out-{role}"
+        if store.restore_blob(digest, dest, link=False):
+            assert hash_file(dest) == digest
+    n += 1
+print(n)
+"""
+
+
+def test_gc_and_concurrent_puts_of_one_digest_never_crash(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(os.urandom(200_000))
+    cache = tmp_path / "cache"
+    LocalStore(cache).close()
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(cache), role, str(data)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for role in ("gc", "a", "b")]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert int(out) > 0
