@@ -13,13 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from ._errors import ConfigError
+from ._glob import glob_files, has_magic
 from ._label import Label, Pattern, is_label_text, parse_label, parse_pattern
 from ._loader import MATRIX_KIND, PackageLoader, TargetSpec
 from ._plugins import Registry, RuleEntry
 from ._rule import Rule, check_attrs
 from ._workspace import Workspace
-
-_GLOB_CHARS = set("*?[")
 
 
 @dataclass
@@ -50,7 +49,6 @@ class Graph:
         self.registry = registry
         self.loader = PackageLoader(workspace)
         self.targets: dict[Label, Target] = {}
-        self.deep_globs = False  # a '**' glob: the no-op fast path cannot vouch for it
 
     # -- patterns -----------------------------------------------------------------------
     def expand(self, patterns: Iterable[str], current_package: str | None) -> list[Label]:
@@ -75,18 +73,6 @@ class Graph:
         self._require(label, None, None, None)
         return [label]
 
-    def watched_files(self) -> list[str]:
-        """Every file and directory whose stat decides this graph (for the no-op path)."""
-        root = self.workspace.root
-        files = {str(root / "qbuild.toml")}
-        files.update(str(p) for p in self.loader.loaded_build_files())
-        files.update(str(d) for d in self.loader.walked_dirs)
-        for target in self.targets.values():
-            for rel in target.sources:
-                files.add(str(root / rel))
-                files.add(str((root / rel).parent))
-        return sorted(files)
-
     def _package_targets(self, package: str) -> list[Label]:
         specs = self.loader.load(package)
         variants = {v for spec in specs.values() for v in spec.variants}
@@ -109,31 +95,43 @@ class Graph:
 
     # -- analysis -----------------------------------------------------------------------
     def analyze(self, roots: Iterable[Label]) -> list[Label]:
-        """Analyse ``roots`` and everything they depend on; return a topological order."""
+        """Analyse ``roots`` and everything they depend on; return a topological order.
+
+        Depth-first with an explicit stack, so chains of any length work."""
         order: list[Label] = []
         state: dict[Label, int] = {}  # 1 = on the stack, 2 = done
         for root in roots:
-            self._visit(root, state, order, [])
+            if state.get(root) == 2:
+                continue
+            stack: list[tuple[Label, int]] = []  # (label, index of the next dep to visit)
+            self._enter(root, state, stack)
+            while stack:
+                label, index = stack[-1]
+                deps = self.targets[label].deps
+                if index == len(deps):
+                    stack.pop()
+                    state[label] = 2
+                    order.append(label)
+                    continue
+                stack[-1] = (label, index + 1)
+                dep = deps[index]
+                if state.get(dep) == 2:
+                    continue
+                if state.get(dep) == 1:
+                    path = [item for item, _ in stack]
+                    cycle = path[path.index(dep):] + [dep]
+                    spec = self.loader.target(dep)
+                    raise ConfigError("dependency cycle: " + " -> ".join(str(x) for x in cycle),
+                                      file=spec.build_file if spec else None)
+                self._enter(dep, state, stack)
         return order
 
-    def _visit(self, label: Label, state: dict[Label, int], order: list[Label],
-               stack: list[Label]) -> None:
-        if state.get(label) == 2:
-            return
-        if state.get(label) == 1:
-            cycle = stack[stack.index(label):] + [label]
-            spec = self.loader.target(label)
-            raise ConfigError("dependency cycle: " + " -> ".join(str(x) for x in cycle),
-                              file=spec.build_file if spec else None)
+    def _enter(self, label: Label, state: dict[Label, int],
+               stack: list[tuple[Label, int]]) -> None:
         state[label] = 1
-        stack.append(label)
-        target = self.targets.get(label) or self._analyze_one(label)
-        self.targets[label] = target
-        for dep in target.deps:
-            self._visit(dep, state, order, stack)
-        stack.pop()
-        state[label] = 2
-        order.append(label)
+        if label not in self.targets:
+            self.targets[label] = self._analyze_one(label)
+        stack.append((label, 0))
 
     def _analyze_one(self, label: Label) -> Target:
         spec = self._require(label, None, None, None)
@@ -224,6 +222,8 @@ class Graph:
         return [str(dep)]
 
     def _sources(self, text: str, label: Label) -> list[str]:
+        if "\0" in text:
+            raise ConfigError(f"{text!r} contains a NUL character")
         rel = Path(text)
         if rel.is_absolute():
             raise ConfigError(f"'{text}' is an absolute path; name files relative to the package")
@@ -231,11 +231,9 @@ class Graph:
             raise ConfigError(f"'{text}' leaves the package; refer to other packages' files "
                               "through their targets (labels)")
         package_dir = self.workspace.root / label.package
-        self.loader.walked_dirs.add(package_dir)
-        if "**" in text:
-            self.deep_globs = True
-        if _GLOB_CHARS & set(text):
-            matches = sorted(p for p in package_dir.glob(text) if p.is_file())
+        if has_magic(text):
+            skip = {self.workspace.output_dir, self.workspace.cache_dir}
+            matches = glob_files(package_dir, text, self.loader.reads, skip)
             if not matches:
                 raise ConfigError(f"glob '{text}' matches no files in "
                                   f"{label.package or '.'}/")
@@ -253,7 +251,14 @@ class Graph:
 def _check_outputs(outputs: list[str], where: dict[str, str]) -> None:
     seen = set()
     for name in outputs:
-        path = Path(name.rstrip("/"))
-        if not name or path.is_absolute() or ".." in path.parts or name in seen:
-            raise ConfigError(f"bad or duplicate output name {name!r}", **where)
+        if not isinstance(name, str):
+            raise ConfigError(f"output names must be strings, got {name!r}", **where)
+        segments = name.rstrip("/").split("/")
+        if (not name or name.startswith("/") or name in seen or "\0" in name
+                or any(s in ("", ".", "..") for s in segments)):
+            raise ConfigError(f"bad or duplicate output name {name[:80]!r} (a relative path "
+                              "of named files, no '.', '..' or NUL)", **where)
+        if any(len(s.encode("utf-8")) > 255 for s in segments):
+            raise ConfigError(f"output name {name[:40]!r}... has a part over 255 bytes",
+                              **where)
         seen.add(name)

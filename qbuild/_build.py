@@ -102,8 +102,26 @@ class Session:
             heavy=bool(target.rule.heavy), attrs=target.attrs,
             attr_types={name: schema.type for name, schema in target.rule.attrs.items()},
             sources=sources, deps=deps, outputs=target.outputs, key=key,
+            reproducible=target.rule.is_reproducible(target.attrs),
         )
         return parts, key, action
+
+
+def _parse(text: str) -> Label:
+    package, name = text[2:].split(":", 1)
+    return Label(package, name)
+
+
+def _one_line(exc: BaseException) -> str:
+    if isinstance(exc, QbuildError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _expand_groups(graph: Graph, labels: list[Label]) -> list[Label]:
@@ -141,18 +159,39 @@ class Build:
         self.result.requested = [str(x) for x in requested]
         actionable = [x for x in order if not self.graph.targets[x].is_group]
         self.reporter.build_started(len(actionable))
+        interrupted = False
         try:
             self._schedule(order)
             for label in requested:
                 if label in self.results:
-                    self._materialize(label)
+                    try:
+                        self._materialize(label)
+                    except (ActionFailed, QbuildError, OSError) as exc:
+                        error = exc.error if isinstance(exc, ActionFailed) else exc
+                        self._failed(label, _one_line(error) if not isinstance(error, str)
+                                     else error, "")
+                        shutil.rmtree(self.session.workspace.output_dir /
+                                      label_dir(str(label)), ignore_errors=True)
+                        self.result.outputs.pop(str(label), None)
                 else:
                     shutil.rmtree(self.session.workspace.output_dir / label_dir(str(label)),
                                   ignore_errors=True)
+        except KeyboardInterrupt:
+            interrupted = True
+            self.executor.kill()
+            raise
         finally:
-            self.executor.close()
-            self.state.save()
-        self.result.ok = not self.result.failed and not self.result.skipped
+            if not interrupted:
+                self.executor.close()
+            try:
+                self.state.save()
+            except OSError:
+                pass  # only costs re-verification next time
+            self._finish(requested, started, interrupted)
+        return self.result
+
+    def _finish(self, requested: list[Label], started: float, interrupted: bool) -> None:
+        self.result.ok = not self.result.failed and not self.result.skipped and not interrupted
         self.result.bytes_hashed = self.session.digests.bytes_hashed
         self.result.seconds = time.monotonic() - started
         summary = {
@@ -161,9 +200,10 @@ class Build:
             "skipped": len(self.result.skipped), "seconds": round(self.result.seconds, 3),
             "bytes_hashed": self.result.bytes_hashed,
         }
+        if interrupted:
+            summary["interrupted"] = True
         self.reporter.build_finished(summary)
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
-        return self.result
 
     # -- scheduling ---------------------------------------------------------------------
     def _schedule(self, order: list[Label]) -> None:
@@ -202,8 +242,8 @@ class Build:
                         continue
                     try:
                         parts, key, action = self.session.key_for(target, self.results)
-                    except (OSError, QbuildError) as exc:
-                        self._failed(label, str(exc), "")
+                    except (OSError, QbuildError, RecursionError, ValueError) as exc:
+                        self._failed(label, _one_line(exc), "")
                         bad.add(label)
                         stop = stop or not self.options.keep_going
                         finish(label)
@@ -231,56 +271,128 @@ class Build:
                 for future in done:
                     label = running.pop(future)
                     try:
-                        outcome_seconds = future.result()
+                        status, outcome_seconds = future.result()
                     except ActionFailed as exc:
                         self._failed(label, str(exc.error), exc.log_tail)
                         bad.add(label)
                         stop = stop or not self.options.keep_going
                     else:
-                        self.result.ran.append(str(label))
-                        self._event(label, "ran", outcome_seconds,
-                                    warnings=self.results[label].get("warnings", []))
+                        if status == "ran":
+                            self.result.ran.append(str(label))
+                            self._event(label, "ran", outcome_seconds,
+                                        warnings=self.results[label].get("warnings", []))
+                        else:
+                            self._complete(label, self.actions[label].key, self.results[label],
+                                           "cached", 0.0)
                     finish(label)
+        except BaseException:
+            if pool is not None:  # interrupted: do not wait for running actions
+                pool.shutdown(wait=False, cancel_futures=True)
+                pool = None
+            raise
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
 
-    def _execute(self, label: Label, action: Action, parts: dict[str, Any]) -> float:
-        for _attempt in range(3):
-            try:
-                outcome = self.executor.execute(action)
-                break
-            except MissingBlob as missing:
-                self._rebuild(Label(*missing.dep_label[2:].split(":", 1)))
-        else:
-            raise ActionFailed(f"inputs of {label} could not be restored from the cache")
-        result = {"outputs": outcome.outputs, "declared": action.outputs, "info": outcome.info,
-                  "warnings": outcome.warnings}
-        self.store.put_components(action.key, parts)
-        self.store.put_action(action.key, result)
-        self.results[label] = result
-        self.state.set_last_key(str(label), action.key)
-        self.result.infos[str(label)] = outcome.info
-        return outcome.seconds
+    def _execute(self, label: Label, action: Action, parts: dict[str, Any]
+                 ) -> tuple[str, float]:
+        """Run one action: the boundary where anything the rule, the store or a worker
+        raises becomes this label's failure. Returns ("ran" | "cached", seconds)."""
+        try:
+            return self._execute_unguarded(label, action, parts)
+        except ActionFailed:
+            raise
+        except (QbuildError, OSError, RecursionError, MemoryError) as exc:
+            raise ActionFailed(_one_line(exc)) from None
+        except Exception as exc:
+            raise ActionFailed(f"internal error: {_one_line(exc)} (rerun with --verbose "
+                               "and report it)") from None
 
-    def _rebuild(self, label: Label) -> None:
-        """Run a cached action again because its stored outputs are gone or corrupt."""
-        with self._rebuild_lock:
-            action = self.actions[label]
+    def _execute_unguarded(self, label: Label, action: Action, parts: dict[str, Any]
+                           ) -> tuple[str, float]:
+        # One process runs a key at a time: a second one waits, then takes the hit.
+        with self.store.action_lock(action.key):
+            cached = self.store.get_action(action.key)
+            if cached is not None:
+                self.results[label] = cached
+                return "cached", 0.0
+            rebuilt: set[Label] = set()
             while True:
                 try:
                     outcome = self.executor.execute(action)
                     break
-                except MissingBlob as missing:  # its own inputs are gone too: go deeper
-                    self._rebuild(Label(*missing.dep_label[2:].split(":", 1)))
-            old = {e["path"]: e["digest"] for e in self.results[label]["outputs"]}
-            new = {e["path"]: e["digest"] for e in outcome.outputs}
-            if old != new:
-                self.store.drop_action(action.key)
-                raise ActionFailed(f"{label} rebuilt to different bytes than its cached result "
-                                   "(the rule is not deterministic); run the build again")
-            self.reporter.message(f"restored {label} by running it again (cached outputs were "
-                                  "missing or corrupt)")
+                except MissingBlob as missing:
+                    dep = _parse(missing.dep_label)
+                    if dep in rebuilt:
+                        raise ActionFailed(f"inputs of {label} could not be restored from "
+                                           "the cache") from None
+                    rebuilt.add(dep)
+                    if self._rebuild(dep):  # a non-reproducible dep gave new bytes: re-key
+                        parts, key, action = self.session.key_for(self.graph.targets[label],
+                                                                  self.results)
+                        self.actions[label] = action
+                        return self._execute_unguarded(label, action, parts)
+            result = {"outputs": outcome.outputs, "declared": action.outputs,
+                      "info": outcome.info, "warnings": outcome.warnings}
+            # Blobs are durable (stored and fsync'ed by the executor) before this commits.
+            self.store.put_components(action.key, parts)
+            self.store.put_action(action.key, result)
+        self.results[label] = result
+        self.state.set_last_key(str(label), action.key)
+        self.result.infos[str(label)] = outcome.info
+        return "ran", outcome.seconds
+
+    def _rebuild(self, label: Label) -> bool:
+        """Run a cached action again because its stored outputs are gone or corrupt.
+
+        Returns True if its outputs changed, which only a rule declared non-reproducible
+        may do (its new result replaces the old one). Missing inputs of its own are
+        rebuilt first, deepest first, with an explicit stack."""
+        with self._rebuild_lock:
+            stack = [label]
+            rebuilt: set[Label] = set()
+            rekeyed: set[Label] = set()  # inputs changed under it: new bytes are expected
+            changed = False
+            while stack:
+                current = stack[-1]
+                action = self.actions[current]
+                try:
+                    outcome = self.executor.execute(action)
+                except MissingBlob as missing:
+                    dep = _parse(missing.dep_label)
+                    if dep in rebuilt or dep in stack:
+                        raise ActionFailed(f"inputs of {current} could not be restored from "
+                                           "the cache") from None
+                    stack.append(dep)
+                    continue
+                stack.pop()
+                rebuilt.add(current)
+                old = {e["path"]: e["digest"] for e in self.results[current]["outputs"]}
+                new = {e["path"]: e["digest"] for e in outcome.outputs}
+                if old == new:
+                    self.reporter.message(f"restored {current} by running it again (cached "
+                                          "outputs were missing or corrupt)")
+                    continue
+                if action.reproducible and current not in rekeyed:
+                    self.store.drop_action(action.key)
+                    raise ActionFailed(f"{current} rebuilt to different bytes than its cached "
+                                       "result (the rule is not deterministic; declare it "
+                                       "non-reproducible); run the build again")
+                result = {"outputs": outcome.outputs, "declared": action.outputs,
+                          "info": outcome.info, "warnings": outcome.warnings}
+                self.store.put_action(action.key, result)
+                self.results[current] = result
+                self.state.set_last_key(str(current), action.key)
+                self.result.infos[str(current)] = outcome.info
+                if current == label:
+                    changed = True
+                elif stack:  # the parent was keyed with the old bytes: key it again
+                    parent = stack[-1]
+                    parts, _key, self.actions[parent] = self.session.key_for(
+                        self.graph.targets[parent], self.results)
+                    self.store.put_components(_key, parts)
+                    rekeyed.add(parent)
+            return changed
 
     def _complete(self, label: Label, key: str, result: dict[str, Any], status: str,
                   seconds: float) -> None:
@@ -306,19 +418,43 @@ class Build:
         self.result.explanations[str(label)] = lines
         self.reporter.message(f"{label} will run: " + "; ".join(lines))
 
+    # -- what the no-op fast path may rely on ----------------------------------------------
+    def reads(self) -> dict[str, str | None] | None:
+        """Every stat this build's result rests on, as taken when it was read (BUILD
+        files, listed directories, sources as digested); None if one file was seen in
+        two states."""
+        loader_reads = self.graph.loader.reads
+        if loader_reads.conflicting:
+            return None
+        stats = dict(loader_reads.stats)
+        stats["qbuild.toml"] = self.session.workspace.marker_stat
+        for action in self.actions.values():
+            for rel, (_digest, key) in action.sources.items():
+                if stats.setdefault(rel, key) != key:
+                    return None
+        return stats
+
+    def placed_outputs(self) -> dict[str, str]:
+        """Stats of the requested targets' files in the output folder, as placed."""
+        workspace = self.session.workspace
+        base = os.path.relpath(workspace.output_dir, workspace.root).replace(os.sep, "/")
+        prefixes = tuple(label_dir(label) + "/" for label in self.result.requested)
+        return {f"{base}/{rel}": record[1] for rel, record in self.state.materialized.items()
+                if rel.startswith(prefixes)}
+
     # -- outputs ------------------------------------------------------------------------
     def _materialize(self, label: Label) -> None:
         result = self.results[label]
         base_rel = label_dir(str(label))
         base = self.session.workspace.output_dir / base_rel
         wanted = {e["path"] for e in result["outputs"]}
-        for attempt in range(2):
-            ok = all(self._place(f"{base_rel}/{e['path']}", e["digest"])
-                     for e in result["outputs"])
-            if ok:
-                break
-            if attempt == 0:
-                self._rebuild(label)
+        if not self._place_all(label):
+            self._rebuild(label)  # every damaged blob of the target was dropped above
+            result = self.results[label]
+            wanted = {e["path"] for e in result["outputs"]}
+            if not self._place_all(label):
+                raise ActionFailed(f"the outputs of {label} could not be restored from the "
+                                   "cache")
         if base.is_dir():
             for path in sorted(base.rglob("*"), reverse=True):
                 rel = path.relative_to(base).as_posix()
@@ -326,6 +462,12 @@ class Build:
                     path.unlink()
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
         self.result.outputs[str(label)] = [base / name.rstrip("/") for name in result["declared"]]
+
+    def _place_all(self, label: Label) -> bool:
+        base_rel = label_dir(str(label))
+        placed = [self._place(f"{base_rel}/{e['path']}", e["digest"])
+                  for e in self.results[label]["outputs"]]  # each one checked, no short cut
+        return all(placed)
 
     def _place(self, rel: str, digest: str) -> bool:
         path = self.session.workspace.output_dir / rel

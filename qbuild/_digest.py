@@ -3,9 +3,11 @@ stat memo that lets a no-op build hash zero bytes.
 
 The memo maps (device, inode, size, mtime_ns, ctime_ns) to a digest. ctime is part of
 the key because an in-place edit that restores the mtime still moves the ctime, which
-no user tool can set back. A file changed within the last few milliseconds is not
-memoised: the filesystem clock is coarse, so a second edit in the same tick could keep
-every stat field equal.
+no user tool can set back. A file changed within the filesystem's timestamp granularity
+is "racy" and never memoised: a second edit in the same tick could keep every stat field
+equal. The granularity is read off the timestamps themselves: whole-second stamps mean a
+1-2 s filesystem (ext2/3 with small inodes, FAT, some NFS/FUSE mounts), anything finer the
+kernel's coarse clock tick (bounded below by 50 ms to stay conservative).
 """
 
 from __future__ import annotations
@@ -18,7 +20,29 @@ from pathlib import Path
 from typing import Protocol
 
 _CHUNK = 1 << 20
-_RACY_SECONDS = 0.05
+_FINE_GRANULARITY = 0.05
+_COARSE_GRANULARITY = 2.0  # FAT rounds to 2 s; 1 s filesystems are covered too
+_SECOND_NS = 1_000_000_000
+
+
+def granularity(mtime_ns: int, ctime_ns: int) -> float:
+    """Seconds two writes may be apart and still get the same timestamps."""
+    if mtime_ns % _SECOND_NS == 0 and ctime_ns % _SECOND_NS == 0:
+        return _COARSE_GRANULARITY
+    return _FINE_GRANULARITY
+
+
+def is_racy(mtime_ns: int, ctime_ns: int, since: float) -> bool:
+    """True if a file with these stamps may have changed at or after time ``since``
+    (seconds since the epoch) without its stat showing it."""
+    newest = max(mtime_ns, ctime_ns) / _SECOND_NS
+    return newest >= since - granularity(mtime_ns, ctime_ns)
+
+
+def key_is_racy(key: str, since: float) -> bool:
+    """``is_racy`` for a stat key made by ``stat_key``."""
+    fields = key.split(":")
+    return is_racy(int(fields[3]), int(fields[4]), since)
 
 
 def hash_file(path: str | os.PathLike[str]) -> str:
@@ -70,19 +94,21 @@ class SourceDigests:
             with self._lock:
                 self.bytes_hashed += st.st_size
                 self.files_hashed += 1
-            newest = max(st.st_mtime_ns, st.st_ctime_ns) / 1e9
-            if time.time() - newest > _RACY_SECONDS:
+            if not is_racy(st.st_mtime_ns, st.st_ctime_ns, time.time()):
                 self._memo.memo_put(key, digest)
         self._seen[str(path)] = (digest, key)
         return digest, key
 
     def still(self, path: Path, expected_digest: str, expected_key: str) -> bool:
-        """True if ``path`` still has the content it had (re-checked after an action)."""
-        self._seen.pop(str(path), None)
+        """True if ``path`` was not touched since it was digested (re-checked after an
+        action). Any stat change counts, even to the same bytes: a file edited and
+        reverted while the action ran may have been read in its edited state."""
         try:
             st = os.stat(path)
         except OSError:
             return False
-        if stat_key(st) == expected_key:
-            return True
-        return self.digest(path)[0] == expected_digest
+        if stat_key(st) != expected_key:
+            return False
+        if key_is_racy(expected_key, time.time()):
+            return hash_file(path) == expected_digest  # the stat cannot vouch for it
+        return True

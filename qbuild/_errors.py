@@ -5,6 +5,7 @@
     ├── ConfigError             bad workspace, BUILD file, label, attribute, graph (exit 2)
     │   └── PluginError         a plugin that cannot be loaded or clashes with another (exit 2)
     ├── RuleError               a rule refused its inputs while running (exit 1)
+    ├── CacheError              the cache cannot be read or written (exit 1)
     └── BuildFailed             one or more actions failed (exit 1)
 """
 
@@ -95,6 +96,12 @@ class RuleError(QbuildError):
 
 class BuildFailed(QbuildError):
     """The build ran but at least one action failed."""
+
+    exit_code = 1
+
+
+class CacheError(QbuildError):
+    """The cache cannot be read or written (full disk, read-only, locked)."""
 
     exit_code = 1
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,7 @@ class Action:
     deps: dict[str, dict[str, Any]]  # label -> {"outputs": [...], "declared": [...], "info"}
     outputs: list[str]
     key: str
+    reproducible: bool = True  # False: may give other bytes when run again (timings)
 
 
 @dataclass
@@ -86,12 +89,14 @@ def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str
         info = obj().run(ctx)
     except QbuildError as exc:
         raise exc.located(file=ctx.build_file, target=ctx.label) from None
-    except Exception as exc:
+    except BaseException as exc:  # sys.exit() and the like too: the action fails, not qbuild
         import traceback
 
         ctx.log(traceback.format_exc())
-        raise RuleError(f"{type(exc).__name__}: {exc}", file=ctx.build_file,
-                        target=ctx.label) from None
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, SystemExit):
+            what = f"the rule called sys.exit({exc.code!r})"
+        raise RuleError(what, file=ctx.build_file, target=ctx.label) from None
     if info is None:
         info = {}
     if not isinstance(info, dict):
@@ -108,17 +113,105 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
+_STALE_UNLOCKED_AGE = 86400.0  # seconds; sandboxes without a lock file (older versions)
+
+
+def _try_lock(path: Path) -> int | None:
+    """An fd holding an exclusive lock on ``path``, or None if someone else holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
 def clean_stale_sandboxes(tmp: Path) -> None:
-    """Remove sandboxes left by killed qbuild processes (their pid is gone)."""
-    for entry in tmp.iterdir() if tmp.is_dir() else ():
-        pid_text = entry.name.split("-", 1)[0]
-        if not pid_text.isdigit() or int(pid_text) == os.getpid():
+    """Remove sandboxes left by killed qbuild processes: a live sandbox's lock file is
+    held by its process (an flock, which works across PID namespaces sharing a cache,
+    unlike a PID check), so a lock we can take belongs to a dead process."""
+    try:
+        entries = list(tmp.iterdir())
+    except OSError:
+        return
+    names = {entry.name for entry in entries}
+    now = time.time()
+    for entry in entries:
+        if entry.name.endswith(".lock"):
+            fd = _try_lock(entry)
+            if fd is None:
+                continue
+            try:
+                shutil.rmtree(tmp / entry.name[:-5], ignore_errors=True)
+                entry.unlink(missing_ok=True)
+            finally:
+                os.close(fd)
+        elif f"{entry.name}.lock" not in names:
+            try:
+                if now - entry.stat().st_mtime > _STALE_UNLOCKED_AGE:
+                    shutil.rmtree(entry, ignore_errors=True)
+            except OSError:
+                pass
+
+
+def _worker_init(parent: int) -> None:
+    """Worker processes ignore Ctrl-C (the main process ends them) and exit when the
+    main process is gone, even after kill -9 (they would otherwise hold its pipes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    # Polling the parent rather than PR_SET_PDEATHSIG: that fires when the *thread*
+    # that started the worker ends, which a thread pool does at will.
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (Linux /proc; empty elsewhere)."""
+    children: dict[int, list[int]] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
             continue
         try:
-            os.kill(int(pid_text), 0)
-        except ProcessLookupError:
-            shutil.rmtree(entry, ignore_errors=True)
-        except PermissionError:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                fields = handle.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(name))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def kill_children() -> None:
+    """SIGKILL every descendant process and the process groups they lead (the commands
+    actions started in their own sessions, the worker processes)."""
+    own_group = os.getpgrp()
+    for pid in _descendants(os.getpid()):
+        try:
+            group = os.getpgid(pid)
+            if group != own_group:
+                os.killpg(group, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
             pass
 
 
@@ -132,38 +225,66 @@ class LocalExecutor:
         self.digests = digests
         self.jobs = jobs
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
 
-    def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
-        if self._pool is None:
-            # Imported here: a no-op build never starts a worker.
-            import concurrent.futures
-            import multiprocessing
+    def kill(self) -> None:
+        """Stop at once: kill worker processes and every process actions started."""
+        pool, self._pool = self._pool, None
+        kill_children()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
 
-            self._pool = concurrent.futures.ProcessPoolExecutor(
-                max_workers=self.jobs, mp_context=multiprocessing.get_context("spawn")
-            )
-        return self._pool
+    def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
+        with self._pool_lock:  # one pool, however many actions ask at once
+            if self._pool is None:
+                self._pool = self._new_pool(self.jobs)
+            return self._pool
+
+    @staticmethod
+    def _new_pool(workers: int) -> concurrent.futures.ProcessPoolExecutor:
+        # Imported here: a no-op build never starts a worker.
+        import concurrent.futures
+        import multiprocessing
+
+        return concurrent.futures.ProcessPoolExecutor(
+            max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+            initializer=_worker_init, initargs=(os.getpid(),))
 
     def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
                        ) -> tuple[dict[str, Any], list[str]]:
         from concurrent.futures.process import BrokenProcessPool
 
+        # A worker killed (out of memory) breaks the whole pool and every action in
+        # flight on it: each of those runs once more in a worker of its own, so only the
+        # action that kills its worker fails.
+        pool = self._workers()
         try:
-            return self._workers().submit(_invoke, action.rule_ref, ctx).result()
+            return pool.submit(_invoke, action.rule_ref, ctx).result()
         except BrokenProcessPool:
-            self._pool = None
+            with self._pool_lock:
+                if self._pool is pool:
+                    self._pool = None
+                    pool.shutdown(wait=False, cancel_futures=True)
+        alone = self._new_pool(1)
+        try:
+            return alone.submit(_invoke, action.rule_ref, ctx).result()
+        except BrokenProcessPool:
             raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
                                          target=action.label), _tail(log_path)) from None
+        finally:
+            alone.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, action: Action) -> Outcome:
         """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""
         started = time.monotonic()
-        sandbox = self.store.tmp / f"{os.getpid()}-{os.urandom(6).hex()}"
+        name = f"{os.getpid()}-{os.urandom(6).hex()}"
+        lock = _try_lock(self.store.tmp / f"{name}.lock")  # held while the sandbox lives
+        sandbox = self.store.tmp / name
         sandbox.mkdir(parents=True)
         log_path = sandbox / "_action.log"
         log_path.touch()
@@ -188,6 +309,9 @@ class LocalExecutor:
             return outcome
         finally:
             shutil.rmtree(sandbox, ignore_errors=True)
+            if lock is not None:
+                (self.store.tmp / f"{name}.lock").unlink(missing_ok=True)
+                os.close(lock)
 
     def _collect(self, action: Action, out_root: Path, log_path: Path) -> list[dict[str, Any]]:
         entries = []

@@ -35,16 +35,26 @@ def _check_package(package: str, text: str) -> str:
             if segment == "..":
                 raise ConfigError(f"label '{text}' escapes the workspace ('..' is not allowed)")
             raise ConfigError(f"malformed label '{text}': empty or '.' package segment")
-        if not _PACKAGE_SEGMENT.match(segment):
-            raise ConfigError(f"malformed label '{text}': bad package segment '{segment}'")
+        if not _PACKAGE_SEGMENT.fullmatch(segment):
+            raise ConfigError(f"malformed label '{text[:80]}': bad package segment "
+                              f"'{segment[:40]}'")
+        if len(segment.encode("utf-8")) > _MAX_NAME_BYTES:
+            raise ConfigError(f"malformed label '{text[:80]}...': a package folder name is "
+                              f"over {_MAX_NAME_BYTES} bytes")
     return package
 
 
+_MAX_NAME_BYTES = 255  # one path component: target names become folder names
+
+
 def _check_name(name: str, text: str) -> str:
-    if not _NAME.match(name) or ".." in name.split("/"):
+    if not _NAME.fullmatch(name) or ".." in name.split("/"):
         raise ConfigError(
-            f"malformed label '{text}': target names use letters, digits and _ . + = , @ -"
+            f"malformed label '{text[:80]}': target names use letters, digits and _ . + = , @ -"
         )
+    if len(name.encode("utf-8")) > _MAX_NAME_BYTES:
+        raise ConfigError(f"target name '{name[:40]}...' is {len(name.encode())} bytes long; "
+                          f"the limit is {_MAX_NAME_BYTES} (it names a folder)")
     return name
 
 

@@ -17,7 +17,6 @@ key the rule declares becomes that attribute; any other key is only such a varia
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,10 +24,12 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._label import Label, _check_name
+from ._reads import Reads
 from ._toml import load_toml
 from ._workspace import BUILD_FILE, MARKER, Workspace
 
 MATRIX_KIND = "matrix"
+MAX_MATRIX_VARIANTS = 10_000
 _SKIP_DIRS = {"__pycache__", "node_modules", "venv"}
 
 
@@ -78,6 +79,7 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
     if not isinstance(matrix, dict) or not matrix:
         raise ConfigError("'matrix' must be a non-empty table of lists", **where)
     axes = []
+    combinations = 1
     for key, values in matrix.items():
         if not isinstance(values, list) or not values:
             raise ConfigError(f"matrix axis '{key}' must be a non-empty list", **where)
@@ -88,6 +90,10 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
                 raise ConfigError(f"matrix axis '{key}' values must be strings, numbers or "
                                   "booleans", **where)
         axes.append((key, values))
+        combinations *= len(values)
+    if combinations > MAX_MATRIX_VARIANTS:
+        raise ConfigError(f"matrix of {combinations} variants; at most {MAX_MATRIX_VARIANTS} "
+                          "per target (split it into several targets)", **where)
     specs = []
     group = TargetSpec(label, MATRIX_KIND, {}, shown)
     for combination in itertools.product(*(values for _, values in axes)):
@@ -114,16 +120,13 @@ class PackageLoader:
     def __init__(self, workspace: Workspace) -> None:
         self.workspace = workspace
         self._packages: dict[str, dict[str, TargetSpec]] = {}
-        self.walked_dirs: set[Path] = set()  # directories whose listing mattered
+        self.reads = Reads(workspace.root)  # what was read, for the no-op fast path
 
     def build_file(self, package: str) -> Path:
         return self.workspace.root / package / BUILD_FILE
 
     def shown_path(self, package: str) -> str:
         return f"{package}/{BUILD_FILE}" if package else BUILD_FILE
-
-    def loaded_build_files(self) -> list[Path]:
-        return [self.build_file(package) for package in self._packages]
 
     def has_package(self, package: str) -> bool:
         return package in self._packages or self.build_file(package).is_file()
@@ -135,7 +138,7 @@ class PackageLoader:
             return cached
         path = self.build_file(package)
         shown = self.shown_path(package)
-        if not path.is_file():
+        if self.reads.stat(path) is None or not path.is_file():
             raise ConfigError(f"no package '//{package}': {shown} does not exist")
         data = load_toml(path, shown)
         targets: dict[str, TargetSpec] = {}
@@ -166,18 +169,27 @@ class PackageLoader:
         start = root / package
         if not start.is_dir():
             raise ConfigError(f"no directory '{package}' in the workspace for '//{package}/...'")
-        output_dir = self.workspace.output_dir
+        output_dir, cache_dir = self.workspace.output_dir, self.workspace.cache_dir
         found = []
-        for directory, subdirs, files in os.walk(start):
-            here = Path(directory)
-            self.walked_dirs.add(here)
-            subdirs[:] = sorted(
-                d for d in subdirs
-                if not d.startswith(".") and d not in _SKIP_DIRS
-                and here / d != output_dir and not (here / d / MARKER).exists()
-                and not (here / d / "pyvenv.cfg").exists()
-            )
-            if BUILD_FILE in files:
+        stack = [start]
+        while stack:
+            here = stack.pop()
+            names = {entry.name: entry for entry in self.reads.listdir(here)}
+            if BUILD_FILE in names:
                 rel = here.relative_to(root).as_posix()
                 found.append("" if rel == "." else rel)
+            for name, entry in names.items():
+                try:
+                    if not entry.is_dir() or entry.is_symlink():
+                        continue
+                except OSError:
+                    continue
+                child = here / name
+                if name.startswith(".") or name in _SKIP_DIRS or child in (output_dir, cache_dir):
+                    continue
+                # Skipped for what it holds: its own stat moves when that changes.
+                if (child / MARKER).exists() or (child / "pyvenv.cfg").exists():
+                    self.reads.stat(child)
+                    continue
+                stack.append(child)
         yield from sorted(found)

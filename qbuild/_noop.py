@@ -1,15 +1,22 @@
 """The no-op fast path: answer "nothing changed" from stat calls alone.
 
-After a fully successful ``qbuild build``, a snapshot records the stat of everything the
-result depended on: ``qbuild.toml``, every BUILD file read, every directory walked or
-globbed, every source file, every materialized output, and every Python module file the
-process had loaded (qbuild, the plugins), plus the ``sys.path`` fingerprint (installing
-or upgrading any distribution, e.g. onnxruntime, changes it) and the interpreter. When a
-later build with the same patterns from the same directory finds every one of those
-stats unchanged, every action key is necessarily unchanged and every output is in place,
-so it prints the same result without loading plugins, parsing BUILD files or opening
-the cache. Any difference, or anything the snapshot cannot vouch for (``**`` globs,
-``--explain``, an event log), takes the full path.
+After a fully successful ``qbuild build``, a snapshot records the stats the full path
+itself used: ``qbuild.toml`` and every BUILD file as stat'ed just before parsing, every
+directory a glob or package walk listed (and those it skipped for holding a nested
+workspace), every source file as stat'ed when its digest was taken, every materialized
+output as placed, every Python module file the process had loaded (qbuild, the plugins),
+the ``sys.path`` fingerprint (installing or upgrading any distribution, e.g. onnxruntime,
+changes it) and the interpreter. When a later build with the same patterns from the same
+directory finds every one of those stats unchanged, every action key is necessarily
+unchanged and every output is in place, so it prints the same result without loading
+plugins, parsing BUILD files or opening the cache.
+
+Paths inside the workspace are stored relative to its root, so a copy of the workspace
+checks its own files. A file whose timestamps are not safely older than the start of the
+build (by the filesystem's timestamp granularity) may have changed after it was read
+without its stat showing it: then no snapshot is written and the next build takes the
+full path. Anything else the snapshot cannot vouch for (``--explain``, an event log)
+takes the full path too.
 """
 
 from __future__ import annotations
@@ -18,11 +25,13 @@ import hashlib
 import json
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-_VERSION = 1
+from ._digest import key_is_racy
+
+_VERSION = 2
 
 
 def _stat(path: str) -> str | None:
@@ -33,7 +42,8 @@ def _stat(path: str) -> str | None:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
-def _environment() -> dict[str, Any]:
+def environment() -> dict[str, Any]:
+    """The interpreter and ``sys.path`` fingerprint; take it when the build starts."""
     paths = []
     for entry in sys.path:
         paths.append([entry, _stat(entry or ".")])
@@ -47,42 +57,63 @@ def snapshot_file(output_dir: Path, patterns: Iterable[str], package: str | None
     return output_dir / ".qbuild" / "noop" / f"{name}.json"
 
 
-def try_noop(output_dir: Path, patterns: list[str], package: str | None
+def _where(root: Path, name: str) -> str:
+    return name if os.path.isabs(name) else os.path.join(root, name)
+
+
+def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | None
              ) -> dict[str, Any] | None:
     """The recorded result if nothing it depends on changed, else None."""
     path = snapshot_file(output_dir, patterns, package)
     try:
         snapshot = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if snapshot.get("environment") != _environment():
-        return None
-    for file, key in snapshot["files"].items():
-        if _stat(file) != key:
+        if snapshot.get("environment") != environment():
             return None
+        for name, key in snapshot["files"].items():
+            if _stat(_where(root, name)) != key:
+                return None
+        if not (isinstance(snapshot["lines"], list) and isinstance(snapshot["summary"], dict)
+                and all(isinstance(line, str) for line in snapshot["lines"])):
+            return None
+        int(snapshot["summary"]["targets"]), int(snapshot["summary"]["actions"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None  # absent or damaged: the full path decides
     return snapshot
 
 
-def record(output_dir: Path, patterns: list[str], package: str | None,
-           files: Iterable[str], lines: list[str], summary: dict[str, Any]) -> None:
-    """Write the snapshot of a successful build (best effort)."""
-    watched = set(files)
+def record(root: Path, output_dir: Path, patterns: list[str], package: str | None, *,
+           reads: Mapping[str, str | None], outputs: Mapping[str, str], started: float,
+           env: dict[str, Any], lines: list[str], summary: dict[str, Any]) -> bool:
+    """Write the snapshot of a successful build (best effort); False if refused.
+
+    ``reads`` are the stats the build took as it read things (names relative to
+    ``root`` or absolute); ``outputs`` the stats of the outputs it placed itself.
+    ``started`` is the wall-clock time the build started."""
+    files: dict[str, str | None] = dict(reads)
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
         if file:
-            watched.add(file)
-    stats = {}
-    for file in sorted(watched):
-        key = _stat(file)
-        if key is None:
-            return
-        stats[file] = key
+            name = os.path.relpath(file, root) if file.startswith(str(root) + os.sep) else file
+            files.setdefault(name, _stat(file))
+    for key in files.values():
+        if key is not None and key_is_racy(key, started):
+            return False  # touched after the build started (or too close to tell)
+    files.update(outputs)
     path = snapshot_file(output_dir, patterns, package)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"environment": _environment(), "files": stats,
-                                    "lines": lines, "summary": summary}), encoding="utf-8")
+        temp.write_text(json.dumps({"environment": env, "files": files, "lines": lines,
+                                    "summary": summary}), encoding="utf-8")
         os.replace(temp, path)
+    except OSError:
+        return False
+    return True
+
+
+def forget(output_dir: Path, patterns: list[str], package: str | None) -> None:
+    """Drop the snapshot for this request (a build that did not succeed)."""
+    try:
+        snapshot_file(output_dir, patterns, package).unlink()
     except OSError:
         pass

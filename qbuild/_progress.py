@@ -99,6 +99,8 @@ class ConsoleReporter(Reporter):
         with self._lock:
             self._clear()
             word = "Build OK" if summary["ok"] else "Build FAILED"
+            if summary.get("interrupted"):
+                word = "Build INTERRUPTED"
             line = (f"{word}: {summary['targets']} targets, {summary['actions_run']} actions "
                     f"run, {summary['cache_hits']} cache hits")
             if summary["failed"]:

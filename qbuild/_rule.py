@@ -31,6 +31,10 @@ class Rule:
             every cached result of the old version is then ignored.
         doc: help text shown by ``qbuild rules <kind>``.
         heavy: run in a worker process (CPU-heavy work, imports of large libraries).
+        reproducible: False if running again may give different bytes (measured
+            timings); override ``is_reproducible`` when that depends on attributes.
+            A non-reproducible result is still cached; it is only run again when its
+            stored outputs are gone, and the new bytes then replace the old.
         attrs: the attribute schema, built with ``qbuild.attr``.
         outputs: declared output names; ``{name}`` is replaced by the target name and a
             trailing ``/`` declares a directory output.
@@ -48,6 +52,7 @@ class Rule:
     version: ClassVar[int] = 1
     doc: ClassVar[str] = ""
     heavy: ClassVar[bool] = False
+    reproducible: ClassVar[bool] = True
     attrs: ClassVar[Mapping[str, Attr]] = {}
     outputs: ClassVar[Sequence[str]] = ()
     machine_dependent: ClassVar[bool] = False
@@ -77,6 +82,10 @@ class Rule:
 
         Raise ``ConfigError(message, attr=...)``; the engine adds file and target.
         """
+
+    def is_reproducible(self, attrs: Mapping[str, Any]) -> bool:
+        """Whether running again with the same inputs gives the same bytes."""
+        return bool(self.reproducible)
 
     def env(self) -> dict[str, str]:
         """Environment facts that change outputs (library versions, ...): part of the key."""

@@ -18,8 +18,16 @@ class WorkspaceState:
             data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             data = {}
-        self.last_keys: dict[str, str] = data.get("last_keys", {})
-        self.materialized: dict[str, list[Any]] = data.get("materialized", {})
+        if not isinstance(data, dict):
+            data = {}
+        keys, placed = data.get("last_keys"), data.get("materialized")
+        # Entries of another shape (damage, another version) are dropped, never trusted.
+        self.last_keys: dict[str, str] = {
+            k: v for k, v in (keys.items() if isinstance(keys, dict) else ())
+            if isinstance(k, str) and isinstance(v, str)}
+        self.materialized: dict[str, list[Any]] = {
+            k: v for k, v in (placed.items() if isinstance(placed, dict) else ())
+            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)}
         self._dirty = False
 
     def set_last_key(self, label: str, key: str) -> None:

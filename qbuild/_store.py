@@ -7,7 +7,18 @@ Layout under the cache directory::
     ac/     action key -> JSON action result (output digests, info, warnings);
             "components:<key>" -> the key's parts, for ``qbuild explain``
     memo/   stat key -> digest of a source file
-    tmp/    sandboxes of running actions (safe to delete when no build runs)
+    tmp/    sandboxes of running actions (each holds a lock while it is in use)
+    locks/  one lock file per action key being run, so two processes never run the
+            same action at once: the second waits and takes the first's result
+
+Durability: a blob file is made read-only and fsync'ed (with its directory) before its
+index row commits, and an action entry is written only after all its blobs are stored,
+so after a power loss an action entry that survived points at blobs that survived.
+
+Damage is never a crash: a damaged SQLite index is moved aside and rebuilt empty (one
+message), entries of the wrong shape are misses, a blob that does not match its digest
+is deleted and rebuilt, and errors reading the store are misses. Errors writing it
+(full disk, read-only cache) become one-line ``CacheError``s.
 
 This is the only module that imports diskcache. ``Store`` is the narrow interface the
 executor and the build use, so a remote cache (Bazel's HTTP protocol: ``/ac/<sha256>``,
@@ -16,16 +27,23 @@ executor and the build use, so a remote cache (Bazel's HTTP protocol: ``/ac/<sha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
+import sqlite3
 import stat
+import sys
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import diskcache
 
 from ._digest import hash_file
+from ._errors import CacheError
 
 _SETTINGS = {
     "eviction_policy": "none",  # never evict behind our back; `qbuild cache gc` does it
@@ -33,6 +51,10 @@ _SETTINGS = {
     "statistics": 0,
     "tag_index": 0,
 }
+_READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_ORPHAN_AGE = 600.0  # seconds: a blob file this old with no index row is an orphan
+T = TypeVar("T")
 
 
 class Store(Protocol):
@@ -47,96 +69,253 @@ class Store(Protocol):
     def memo_put(self, key: str, digest: str) -> None: ...
 
 
+class _DurableDisk(diskcache.Disk):
+    """Blob files are read-only and on disk before diskcache commits their row."""
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        size, mode, filename, db_value = super().store(value, read, key=key)
+        if filename:
+            full = os.path.join(self._directory, filename)
+            os.chmod(full, _READ_ONLY)
+            _fsync(full)
+            _fsync(os.path.dirname(full))
+        return size, mode, filename, db_value
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems cannot fsync directories
+    finally:
+        os.close(fd)
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    text = str(exc).lower()
+    return any(word in text for word in ("malformed", "not a database", "corrupt",
+                                         "no such table", "no such column"))
+
+
+def valid_result(value: Any) -> bool:
+    """Is ``value`` an action result of the shape this version writes?"""
+    if not isinstance(value, dict) or not isinstance(value.get("info"), dict):
+        return False
+    outputs, declared = value.get("outputs"), value.get("declared")
+    if not isinstance(outputs, list) or not isinstance(declared, list):
+        return False
+    if not all(isinstance(name, str) for name in declared):
+        return False
+    for entry in outputs:
+        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("digest"), str) and _DIGEST.match(entry["digest"])):
+            return False
+    return isinstance(value.get("warnings", []), list)
+
+
 class LocalStore:
     """A ``Store`` in a local directory, safe for concurrent processes."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
-        self.tmp = directory / "tmp"
-        self.tmp.mkdir(exist_ok=True)
-        self._ac = diskcache.Cache(str(directory / "ac"), **_SETTINGS)
-        self._cas = diskcache.Cache(str(directory / "cas"), **_SETTINGS)
-        self._memo = diskcache.Cache(str(directory / "memo"), **_SETTINGS)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.tmp = directory / "tmp"
+            self.tmp.mkdir(exist_ok=True)
+            self.locks = directory / "locks"
+            self.locks.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise CacheError(f"cannot use the cache directory {directory}: "
+                             f"{exc.strerror or exc} (set cache_dir in qbuild.toml or "
+                             "QBUILD_CACHE_DIR)") from None
+        self._ac = self._open("ac")
+        self._cas = self._open("cas")
+        self._memo = self._open("memo")
+
+    # -- opening, damage and errors ----------------------------------------------------
+    def _open(self, name: str) -> diskcache.Cache:
+        path = self.directory / name
+        kwargs: dict[str, Any] = dict(_SETTINGS)
+        if name == "cas":
+            kwargs["disk"] = _DurableDisk
+        try:
+            return diskcache.Cache(str(path), **kwargs)
+        except sqlite3.DatabaseError as exc:
+            if not _is_damage(exc):
+                raise CacheError(f"cannot open the cache index {path}: {exc}") from None
+        except OSError as exc:
+            raise CacheError(f"cannot open the cache index {path}: "
+                             f"{exc.strerror or exc}") from None
+        self._set_aside(path)
+        try:
+            return diskcache.Cache(str(path), **kwargs)
+        except (sqlite3.DatabaseError, OSError) as exc:
+            raise CacheError(f"cannot rebuild the cache index {path}: {exc}") from None
+
+    def _set_aside(self, path: Path) -> None:
+        aside = path.with_name(f"{path.name}.damaged-{os.getpid()}-{time.time_ns()}")
+        try:
+            os.replace(path, aside)
+        except OSError:
+            pass
+        shutil.rmtree(aside, ignore_errors=True)
+        print(f"qbuild: the cache index {path} was damaged; rebuilt it empty (what it held "
+              "will be rebuilt when needed)", file=sys.stderr)
+
+    def _repair(self, name: str) -> None:
+        cache = getattr(self, f"_{name}")
+        with contextlib.suppress(Exception):
+            cache.close()
+        self._set_aside(self.directory / name)
+        setattr(self, f"_{name}", self._open(name))
+
+    def _read(self, name: str, op: Callable[[diskcache.Cache], T], default: T) -> T:
+        """A read: any failure is a miss (and a damaged index is rebuilt)."""
+        try:
+            return op(getattr(self, f"_{name}"))
+        except sqlite3.DatabaseError as exc:
+            if _is_damage(exc):
+                self._repair(name)
+            return default
+        except (diskcache.Timeout, OSError, ValueError, TypeError):
+            return default
+
+    def _write(self, name: str, op: Callable[[diskcache.Cache], T]) -> T:
+        """A write: a damaged index is rebuilt and the write tried again; anything
+        else that stops it is a one-line CacheError."""
+        for attempt in range(2):
+            try:
+                return op(getattr(self, f"_{name}"))
+            except sqlite3.DatabaseError as exc:
+                if _is_damage(exc) and attempt == 0:
+                    self._repair(name)
+                    continue
+                raise CacheError(f"cannot write to the cache {self.directory / name}: "
+                                 f"{exc}") from None
+            except diskcache.Timeout:
+                raise CacheError(f"the cache {self.directory / name} stayed locked by "
+                                 "another process; try again") from None
+            except OSError as exc:
+                raise CacheError(f"cannot write to the cache {self.directory / name}: "
+                                 f"{exc.strerror or exc}") from None
+        raise AssertionError("unreachable")
 
     def close(self) -> None:
         for cache in (self._ac, self._cas, self._memo):
-            cache.close()
+            with contextlib.suppress(Exception):
+                cache.close()
 
     # -- action cache -----------------------------------------------------------------
     def get_action(self, key: str) -> dict[str, Any] | None:
-        raw = self._ac.get(key)
-        return json.loads(raw) if raw is not None else None
+        raw = self._read("ac", lambda c: c.get(key), None)
+        try:
+            result = json.loads(raw) if raw is not None else None
+        except (TypeError, ValueError):
+            result = None
+        if result is None or valid_result(result):
+            return result
+        self.drop_action(key)  # written by something else: a miss
+        return None
 
     def put_action(self, key: str, result: dict[str, Any]) -> None:
-        self._ac.set(key, json.dumps(result, sort_keys=True))
+        self._write("ac", lambda c: c.set(key, json.dumps(result, sort_keys=True)))
 
     def drop_action(self, key: str) -> None:
-        self._ac.delete(key)
+        with contextlib.suppress(CacheError):
+            self._write("ac", lambda c: c.delete(key))
 
     def get_components(self, key: str) -> dict[str, Any] | None:
-        raw = self._ac.get("components:" + key)
-        return json.loads(raw) if raw is not None else None
+        raw = self._read("ac", lambda c: c.get("components:" + key), None)
+        try:
+            value = json.loads(raw) if raw is not None else None
+        except (TypeError, ValueError):
+            return None
+        return value if isinstance(value, dict) else None
 
     def put_components(self, key: str, components: dict[str, Any]) -> None:
-        self._ac.set("components:" + key, json.dumps(components, sort_keys=True))
+        self._write("ac", lambda c: c.set("components:" + key,
+                                          json.dumps(components, sort_keys=True)))
+
+    @contextlib.contextmanager
+    def action_lock(self, key: str) -> Iterator[None]:
+        """Hold the lock of one action key (blocking) across processes."""
+        import fcntl
+
+        try:
+            fd = os.open(self.locks / key, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield  # no lock possible (read-only cache): both may run, both correct
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     # -- blobs --------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
-        return digest in self._cas
+        return self._read("cas", lambda c: digest in c, False)
 
     def _blob_path(self, digest: str) -> Path | None:
-        handle = self._cas.get(digest, read=True)
-        if handle is None:
-            return None
-        handle.close()
-        return Path(handle.name)
+        def find(cache: diskcache.Cache) -> Path | None:
+            handle = cache.get(digest, read=True)
+            if handle is None:
+                return None
+            handle.close()
+            return Path(handle.name)
+
+        return self._read("cas", find, None)
+
+    def _intact(self, path: Path, digest: str) -> bool:
+        try:
+            st = os.stat(path)
+            if st.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+                os.chmod(path, _READ_ONLY)  # left writable by an older version
+            return hash_file(path) == digest
+        except OSError:
+            return False
 
     def put_blob(self, path: Path, digest: str) -> None:
-        """Store the file at ``path`` (already hashed to ``digest``) if it is new."""
-        if digest in self._cas:
-            return
-        with open(path, "rb") as handle:
-            self._cas.set(digest, handle, read=True)
+        """Store the file at ``path`` (already hashed to ``digest``); a stored copy that
+        is missing or damaged is replaced."""
         stored = self._blob_path(digest)
         if stored is not None:
-            os.chmod(stored, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
+            if self._intact(stored, digest):
+                return
+            self._read("cas", lambda c: c.delete(digest), False)
+        with open(path, "rb") as handle:
+            self._write("cas", lambda c: c.set(digest, handle, read=True))
 
     def restore_blob(self, digest: str, dest: Path, link: bool = True) -> bool:
         """Place the verified blob at ``dest`` (hard link, else copy); False if missing.
 
         A blob whose content no longer matches its digest is deleted, never served.
         """
-        source = self._blob_path(digest)
-        if source is None or not source.exists():
-            self._cas.delete(digest)
-            return False
-        if hash_file(source) != digest:
-            self._cas.delete(digest)
-            return False
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        temp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-        try:
-            temp.unlink(missing_ok=True)
-            if link:
-                try:
-                    os.link(source, temp)
-                except OSError:
-                    shutil.copyfile(source, temp)
-                    os.chmod(temp, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-            else:
-                shutil.copyfile(source, temp)
-            os.replace(temp, dest)
-        finally:
-            temp.unlink(missing_ok=True)
-        return True
+        for _attempt in range(2):  # a concurrent put may replace the file under us
+            source = self._blob_path(digest)
+            if source is None:
+                return False
+            if not self._intact(source, digest):
+                if source.exists() and self._blob_path(digest) == source:
+                    self._read("cas", lambda c: c.delete(digest), False)
+                    return False
+                continue
+            try:
+                _place(source, dest, link)
+            except FileNotFoundError:
+                continue
+            return True
+        return False
 
     # -- stat memo ----------------------------------------------------------------------
     def memo_get(self, key: str) -> str | None:
-        return self._memo.get(key)
+        value = self._read("memo", lambda c: c.get(key), None)
+        return value if isinstance(value, str) and _DIGEST.match(value) else None
 
     def memo_put(self, key: str, digest: str) -> None:
-        self._memo.set(key, digest)
+        with contextlib.suppress(CacheError):  # only an optimisation
+            self._write("memo", lambda c: c.set(key, digest))
 
     # -- maintenance ----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:
@@ -151,12 +330,85 @@ class LocalStore:
 
     def gc(self, max_bytes: int) -> dict[str, int]:
         """Evict the least recently stored blobs until the store holds at most
-        ``max_bytes``. Action results pointing at evicted blobs rebuild when needed."""
+        ``max_bytes``, and reclaim blob files no index row points at (left by a killed
+        process). Action results pointing at evicted blobs rebuild when needed."""
         before = self._cas.volume()
-        self._cas.reset("eviction_policy", "least-recently-stored")
-        self._cas.reset("size_limit", max(0, max_bytes))
-        removed = self._cas.cull()
-        self._cas.reset("eviction_policy", "none")
-        self._cas.reset("size_limit", _SETTINGS["size_limit"])
-        self._memo.clear()  # cheap to rebuild; keeps the memo from growing forever
-        return {"before": before, "after": self._cas.volume(), "removed": removed}
+
+        def cull(cache: diskcache.Cache) -> int:
+            cache.reset("eviction_policy", "least-recently-stored")
+            cache.reset("size_limit", max(0, max_bytes))
+            try:
+                return cache.cull()
+            finally:
+                cache.reset("eviction_policy", "none")
+                cache.reset("size_limit", _SETTINGS["size_limit"])
+
+        removed = self._write("cas", cull)
+        orphans = self._reclaim_orphans()
+        self._write("memo", lambda c: c.clear())  # cheap to rebuild; bounds its growth
+        for lock in self.locks.iterdir():
+            _unlink_if_unlocked(lock)
+        return {"before": before, "after": self._cas.volume(), "removed": removed,
+                "orphans": orphans}
+
+    def _reclaim_orphans(self) -> int:
+        def names(cache: diskcache.Cache) -> set[str]:
+            rows = cache._sql("SELECT filename FROM Cache WHERE filename IS NOT NULL")
+            return {row[0] for row in rows}
+
+        known = self._write("cas", names)
+        base = self.directory / "cas"
+        now = time.time()
+        count = 0
+        for directory, _dirs, files in os.walk(base):
+            for name in files:
+                if not name.endswith(".val"):
+                    continue
+                path = os.path.join(directory, name)
+                rel = os.path.relpath(path, base).replace(os.sep, "/")
+                if rel in known:
+                    continue
+                try:
+                    if now - os.stat(path).st_mtime < _ORPHAN_AGE:
+                        continue  # may be a blob another process is storing right now
+                    os.unlink(path)
+                    count += 1
+                except OSError:
+                    pass
+        return count
+
+
+def _place(source: Path, dest: Path, link: bool) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    temp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    try:
+        temp.unlink(missing_ok=True)
+        if link:
+            try:
+                os.link(source, temp)
+            except FileNotFoundError:
+                raise
+            except OSError:
+                shutil.copyfile(source, temp)
+                os.chmod(temp, _READ_ONLY)
+        else:
+            shutil.copyfile(source, temp)
+        os.replace(temp, dest)
+    finally:
+        temp.unlink(missing_ok=True)
+
+
+def _unlink_if_unlocked(path: Path) -> None:
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        path.unlink()
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

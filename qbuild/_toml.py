@@ -27,6 +27,8 @@ def load_toml(path: Path, shown_as: str | None = None) -> dict[str, Any]:
         return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError("not UTF-8 text", file=shown_as or path) from None
+    except RecursionError:
+        raise ConfigError("values nested too deeply", file=shown_as or path) from None
     except tomllib.TOMLDecodeError as exc:
         text = str(exc)
         match = _POSITION.search(text)

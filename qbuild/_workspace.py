@@ -17,9 +17,10 @@ environment overrides the setting (CI uses it to point at a restored cache).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from ._digest import stat_key
 from ._errors import ConfigError
 from ._toml import load_toml
 
@@ -38,6 +39,8 @@ class Workspace:
     output_dir: Path
     # Pinned distribution versions from [toolchain], sorted (name, version) pairs.
     toolchain: tuple[tuple[str, str], ...] = ()
+    # Stat key of qbuild.toml taken before it was read (for the no-op fast path).
+    marker_stat: str | None = field(default=None, compare=False)
 
     def package_of(self, directory: Path) -> str:
         """The package path of ``directory`` relative to the root ('' for the root)."""
@@ -66,6 +69,10 @@ def load_workspace(start: Path) -> Workspace:
     """Find the workspace containing ``start`` and read its settings."""
     root = find_root(start)
     marker = root / MARKER
+    try:
+        marker_stat: str | None = stat_key(os.stat(marker))
+    except OSError:
+        marker_stat = None
     data = load_toml(marker)
     settings = data.get("settings", {})
     if not isinstance(settings, dict):
@@ -92,10 +99,15 @@ def load_workspace(start: Path) -> Workspace:
     ).parts:
         raise ConfigError("setting 'output_dir' must be a relative path inside the workspace",
                           file=marker)
+    for name, folder in (("cache_dir", cache_dir), ("output_dir", root / output)):
+        if folder.exists() and not folder.is_dir():
+            raise ConfigError(f"setting '{name}' points at {folder}, which is not a folder",
+                              file=marker)
     toolchain = data.get("toolchain", {})
     if not isinstance(toolchain, dict) or not all(
             isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in toolchain.items()):
         raise ConfigError("[toolchain] must map distribution names to version strings, e.g. "
                           'onnxruntime = "1.31.1"', file=marker)
-    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs, output_dir=root / output,
+    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs,
+                     output_dir=root / output, marker_stat=marker_stat,
                      toolchain=tuple(sorted(toolchain.items())))

@@ -117,13 +117,15 @@ def _noop_package(workspace: Any) -> str | None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from ._noop import try_noop
+    import time
 
+    from ._noop import environment, try_noop
+    from ._workspace import load_workspace
+
+    workspace = load_workspace(Path.cwd())
     if not args.explain and not args.event_log:
-        from ._workspace import load_workspace
-
-        workspace = load_workspace(Path.cwd())
-        snapshot = try_noop(workspace.output_dir, args.patterns, _noop_package(workspace))
+        snapshot = try_noop(workspace.root, workspace.output_dir, args.patterns,
+                            _noop_package(workspace))
         if snapshot is not None:
             for line in snapshot["lines"]:
                 print(_rel(workspace.root / line))
@@ -131,13 +133,35 @@ def cmd_build(args: argparse.Namespace) -> int:
             print(f"Build OK: {summary['targets']} targets, 0 actions run, "
                   f"{summary['actions']} cache hits (nothing changed)", file=sys.stderr)
             return EXIT_OK
-    return _full_build(args)
+    _make_folders(workspace)
+    return _full_build(args, time.time(), environment())
 
 
-def _full_build(args: argparse.Namespace) -> int:
+def _make_folders(workspace: Any) -> None:
+    """Create the output and cache folders before the build starts: creating them
+    changes their parent directory, which the build may list (and the fast path would
+    then refuse to vouch for a directory modified during the build)."""
+    import time
+
+    created = False
+    for folder in (workspace.output_dir, workspace.cache_dir):
+        if not folder.is_dir():
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                continue  # reported where the folder is used
+            created = True
+    if created:
+        from ._digest import granularity
+
+        st = os.stat(workspace.output_dir.parent)
+        time.sleep(granularity(st.st_mtime_ns, st.st_ctime_ns))
+
+
+def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -> int:
     from ._build import Build, BuildOptions
     from ._executor import clean_stale_sandboxes
-    from ._noop import record
+    from ._noop import forget, record
     from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
 
     session, package = _session()
@@ -150,6 +174,7 @@ def _full_build(args: argparse.Namespace) -> int:
         jobs = args.jobs if args.jobs is not None else session.workspace.jobs
         if jobs < 1:
             raise UsageError("-j must be at least 1")
+        forget(session.workspace.output_dir, args.patterns, package)
         labels = session.graph.expand(args.patterns, package)
         reporters: list[Reporter] = [ConsoleReporter()]
         if args.event_log:
@@ -164,16 +189,13 @@ def _full_build(args: argparse.Namespace) -> int:
             for path in result.outputs.get(label, []):
                 print(_rel(path))
                 lines.append(path.relative_to(session.workspace.root).as_posix())
-        if result.ok and not session.graph.deep_globs:
-            from ._executor import label_dir
-
-            prefixes = tuple(label_dir(label) + "/" for label in result.requested)
-            outputs = [str(session.workspace.output_dir / rel) for rel in
-                       build.state.materialized if rel.startswith(prefixes)]
-            record(session.workspace.output_dir, args.patterns, package,
-                   session.graph.watched_files() + outputs, lines,
-                   {"targets": len(result.requested),
-                    "actions": len(result.ran) + len(result.cached)})
+        reads = build.reads()
+        if result.ok and reads is not None:
+            record(session.workspace.root, session.workspace.output_dir, args.patterns,
+                   package, reads=reads, outputs=build.placed_outputs(), started=started,
+                   env=env, lines=lines,
+                   summary={"targets": len(result.requested),
+                            "actions": len(result.ran) + len(result.cached)})
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
@@ -335,10 +357,35 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        _interrupted()
+    except RecursionError:
+        print("ERROR: input nested too deeply (a TOML value, a query or a dependency "
+              "chain); flatten it", file=sys.stderr)
+        return EXIT_USAGE
     except BrokenPipeError:
         return EXIT_OK
+    except Exception as exc:  # a bug: still one line unless --verbose
+        if verbose:
+            raise
+        print(f"ERROR: internal error: {type(exc).__name__}: {exc} (rerun with --verbose "
+              "and report it)", file=sys.stderr)
+        return EXIT_BUILD_FAILED
+    return EXIT_OK
+
+
+def _interrupted() -> None:
+    """Ctrl-C: end every process the build started and exit 130 at once, without
+    waiting for the threads still running actions."""
+    from ._executor import kill_children
+
+    kill_children()
+    print("interrupted", file=sys.stderr)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(EXIT_INTERRUPTED)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,9 @@ class Evaluate(Rule):
     }
     outputs = ["report.json"]
 
+    def is_reproducible(self, attrs: Any) -> bool:
+        return not attrs["latency_runs"]  # measured timings differ run to run
+
     def env(self) -> dict[str, str]:
         return _env()
 

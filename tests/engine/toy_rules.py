@@ -118,10 +118,64 @@ class Undeclared(Rule):
         return {}
 
 
+class Exit(Rule):
+    """Calls sys.exit (or raises a BaseException) from run()."""
+
+    kind = "exits"
+    attrs = {"how": attr.enum(["exit0", "base"], default="exit0", doc="What to raise.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        import sys
+
+        if ctx.attrs["how"] == "exit0":
+            sys.exit(0)
+        raise BaseException("a bare BaseException")
+
+
+class Noisy(Rule):
+    """Writes the time: not reproducible when ``noisy`` is set."""
+
+    kind = "noisy"
+    attrs = {"noisy": attr.bool(default=True, doc="Declare non-reproducible.")}
+    outputs = ["t.txt"]
+
+    def is_reproducible(self, attrs: Any) -> bool:
+        return not attrs["noisy"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.output("t.txt").write_text(f"{time.time_ns()}\n")
+        return {}
+
+
+class Worker(Rule):
+    """Runs in a worker process: records its pid, sleeps, then maybe kills its process."""
+
+    kind = "worker"
+    heavy = True
+    attrs = {"seconds": attr.float(default=0.0, doc="Sleep."),
+             "die": attr.bool(default=False, doc="SIGKILL the worker (as the OOM killer)."),
+             "pid_dir": attr.string(default="", doc="Write the worker pid in a file here."),
+             "deps": attr.label_list(doc="Run after these.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        import signal
+
+        if ctx.attrs["pid_dir"]:
+            with open(os.path.join(ctx.attrs["pid_dir"], f"{os.getpid()}.pid"), "w"):
+                pass
+        time.sleep(ctx.attrs["seconds"])
+        if ctx.attrs["die"]:
+            os.kill(os.getpid(), signal.SIGKILL)
+        ctx.output("out.txt").write_text(f"{ctx.name}\n")
+        return {"pid": os.getpid()}
+
+
 def check_error_type() -> type[RuleError]:
     return RuleError
 
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared]
+    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, Exit, Noisy, Worker]
