@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._analysis import Graph, Target
+from ._code import CodeDigests
 from ._digest import SourceDigests, hash_file, stat_key
 from ._errors import QbuildError
 from ._executor import Action, ActionFailed, LocalExecutor, MissingBlob, label_dir
@@ -67,6 +69,7 @@ class Session:
         self.graph = Graph(workspace, registry)
         self._store: LocalStore | None = None
         self._digests: SourceDigests | None = None
+        self._code: CodeDigests | None = None
 
     @property
     def store(self) -> LocalStore:
@@ -80,21 +83,50 @@ class Session:
             self._digests = SourceDigests(self.store)
         return self._digests
 
+    @property
+    def code(self) -> CodeDigests:
+        if self._code is None:
+            dists = sorted({e.dist for e in self.registry.entries.values()})
+            self._code = CodeDigests(self.digests, dists)
+        return self._code
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
+
+    def code_parts(self, target: Target) -> dict[str, str]:
+        """Digest of every code unit ``target``'s action runs (see ``_code``)."""
+        assert target.rule is not None
+        refs = target.rule.code(target.attrs) or []
+        units = self.code.units_for(type(target.rule), refs, self.registry.pm)
+        return {unit: self.code.unit(unit)[0] for unit in units}
+
+    def code_files(self, digest: str) -> dict[str, str] | None:
+        """The per-file digests of a code unit by its digest (for explanations)."""
+        for known, files in self.code._units.values():
+            if known == digest:
+                return files
+        return self.store.get_code(digest)
+
+    def save_code(self, parts: dict[str, Any]) -> None:
+        for unit in parts["code"]:
+            digest, files = self.code.unit(unit)
+            self.store.put_code(digest, files)
 
     def key_for(self, target: Target, results: dict[Label, dict[str, Any]]
                 ) -> tuple[dict[str, Any], str, Action]:
         """Key components, key and runnable action of ``target`` given its deps' results."""
         root = self.workspace.root
         sources = {rel: self.digests.digest(root / rel) for rel in target.sources}
+        executable = [rel for rel in target.sources
+                      if os.stat(root / rel).st_mode & stat.S_IXUSR]
         deps = {}
         for dep in target.deps:
             result = results[dep]
             deps[str(dep)] = {"outputs": result["outputs"], "declared": result["declared"],
                               "info": result["info"]}
-        parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps)
+        parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
+                           self.code_parts(target), executable)
         key = action_key(parts)
         assert target.entry is not None and target.rule is not None
         action = Action(
@@ -257,6 +289,7 @@ class Build:
         result = {"outputs": outcome.outputs, "declared": action.outputs, "info": outcome.info,
                   "warnings": outcome.warnings}
         self.store.put_components(action.key, parts)
+        self.session.save_code(parts)
         self.store.put_action(action.key, result)
         self.results[label] = result
         self.state.set_last_key(str(label), action.key)
@@ -302,7 +335,8 @@ class Build:
     def _explain(self, label: Label, parts: dict[str, Any]) -> None:
         last = self.state.last_keys.get(str(label))
         old = self.store.get_components(last) if last else None
-        lines = diff(old, parts) or ["no recorded difference (the cached result was removed)"]
+        lines = diff(old, parts, self.session.code_files) or [
+            "no recorded difference (the cached result was removed)"]
         self.result.explanations[str(label)] = lines
         self.reporter.message(f"{label} will run: " + "; ".join(lines))
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._digest import SourceDigests, hash_file
 from ._errors import QbuildError, RuleError
+from ._label import output_folder
 from ._rule import ActionContext, Dep
 from ._store import LocalStore
 
@@ -70,10 +71,7 @@ class MissingBlob(Exception):
         self.dep_label = dep_label
 
 
-def label_dir(label: str) -> str:
-    """``//pkg/sub:name`` -> ``pkg/sub/name`` (the target's folder under qbuild-out)."""
-    package, name = label[2:].split(":", 1)
-    return f"{package}/{name}" if package else name
+label_dir = output_folder
 
 
 def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str]]:

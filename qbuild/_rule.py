@@ -71,6 +71,17 @@ class Rule:
         """Environment facts that change outputs (library versions, ...): part of the key."""
         return {}
 
+    def target_env(self, attrs: Mapping[str, Any]) -> dict[str, str]:
+        """Facts of one target's environment that change its outputs (e.g. the tools its
+        command runs): part of that target's key. Computed on every full build."""
+        return {}
+
+    def code(self, attrs: Mapping[str, Any]) -> list[str]:
+        """Code the action imports by name at run time, beyond the rule's own package:
+        ``"module"``, ``"module:function"`` or ``"hook:<hook name>"`` (every plugin
+        implementing that hook). Its source files join the key."""
+        return []
+
     def run(self, ctx: ActionContext) -> dict[str, Any] | None:
         """Produce every declared output; return info for dependents."""
         raise NotImplementedError(f"rule {self.kind!r} has no run()")
@@ -84,6 +95,18 @@ class Dep:
     files: list[Path]
     info: dict[str, Any] = field(default_factory=dict)
     root: Path | None = None  # directory the outputs are relative to
+    digests: dict[str, str] = field(default_factory=dict)
+    """SHA-256 of each output file, by path relative to ``root`` (verified by the engine:
+    no need to hash the files again)."""
+
+    def digest(self, path: Path) -> str | None:
+        """The engine's digest of one of this dependency's files (None if unknown)."""
+        if self.root is None:
+            return None
+        try:
+            return self.digests.get(path.relative_to(self.root).as_posix())
+        except ValueError:
+            return None
 
     @property
     def file(self) -> Path:

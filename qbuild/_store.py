@@ -5,7 +5,8 @@ Layout under the cache directory::
     cas/    digest -> blob, always kept as a file by diskcache (streamed, never whole
             in memory); blobs are read-only and hard-linked out where possible
     ac/     action key -> JSON action result (output digests, info, warnings);
-            "components:<key>" -> the key's parts, for ``qbuild explain``
+            "components:<key>" -> the key's parts, for ``qbuild explain``;
+            "code:<digest>" -> a code unit's per-file digests (to name a changed file)
     memo/   stat key -> digest of a source file
     tmp/    sandboxes of running actions (safe to delete when no build runs)
 
@@ -81,6 +82,14 @@ class LocalStore:
     def put_components(self, key: str, components: dict[str, Any]) -> None:
         self._ac.set("components:" + key, json.dumps(components, sort_keys=True))
 
+    def get_code(self, digest: str) -> dict[str, str] | None:
+        raw = self._ac.get("code:" + digest)
+        return json.loads(raw) if raw is not None else None
+
+    def put_code(self, digest: str, files: dict[str, str]) -> None:
+        if "code:" + digest not in self._ac:
+            self._ac.set("code:" + digest, json.dumps(files, sort_keys=True))
+
     # -- blobs --------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
         return digest in self._cas
@@ -142,7 +151,8 @@ class LocalStore:
     def stats(self) -> dict[str, Any]:
         return {
             "directory": str(self.directory),
-            "actions": sum(1 for k in self._ac.iterkeys() if not str(k).startswith("comp")),
+            "actions": sum(1 for k in self._ac.iterkeys()
+                           if not str(k).startswith(("comp", "code:"))),
             "blobs": len(self._cas),
             "blob_bytes": self._cas.volume(),
             "action_cache_bytes": self._ac.volume(),

@@ -34,7 +34,7 @@ def test_failing_action_reports_error_and_log_tail_and_stores_nothing(ws):
     assert "the model is not ONNX" in result.failed["//p:bad"]
     assert "attribute 'message'" in result.failed["//p:bad"]
     assert "step 2 about to fail" in result.log
-    assert not ws.path("qbuild-out/p/bad").exists()
+    assert not ws.path("qbuild-out/p/@bad").exists()
     again = ws.build("//p:bad")
     assert again.failed  # reran (nothing cached), failed again
 
@@ -185,6 +185,6 @@ def test_two_concurrent_builds_of_overlapping_targets_both_succeed(ws):
     assert "OK" in out1, out1 + err1
     assert "OK" in out2, out2 + err2
     expected_x = "slept 0.5\nalphaslept 0.6\nalpha"
-    assert ws.path("qbuild-out/p/x/out.txt").read_text() == expected_x
-    assert ws.path("qbuild-out/p/y/out.txt").read_text() == "slept 0.6\nalpha|slept 0.5\nalpha"
+    assert ws.path("qbuild-out/p/@x/out.txt").read_text() == expected_x
+    assert ws.path("qbuild-out/p/@y/out.txt").read_text() == "slept 0.6\nalpha|slept 0.5\nalpha"
     assert ws.build("//p:x", "//p:y").ran == []
