@@ -118,10 +118,38 @@ class Undeclared(Rule):
         return {}
 
 
+class FloatEcho(Rule):
+    """Writes the repr of its float attributes (default written as an int)."""
+
+    kind = "float_echo"
+    attrs = {"x": attr.float(default=1, doc="A number."),
+             "xs": attr.float_list(default=[2], doc="Numbers.")}
+    outputs = ["f.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.output("f.txt").write_text(f"{ctx.attrs['x']!r} {ctx.attrs['xs']!r}")
+        return {}
+
+
+class Names(Rule):
+    """Writes one file per name (content: the name), in the order given; returns no info."""
+
+    kind = "names"
+    attrs = {"names": attr.string_list(required=True, doc="File names.")}
+
+    def declared_outputs(self, name: str, attrs: Any) -> list[str]:
+        return list(attrs["names"])
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        for name in ctx.attrs["names"]:
+            ctx.output(name).write_text(name.upper())
+        return {}
+
+
 def check_error_type() -> type[RuleError]:
     return RuleError
 
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared]
+    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, FloatEcho, Names]
