@@ -179,8 +179,7 @@ class Build:
                 if label in self.results:
                     self._materialize(label)
                 else:
-                    shutil.rmtree(self.session.workspace.output_dir / label_dir(str(label)),
-                                  ignore_errors=True)
+                    _remove_owned(self.session.workspace.output_dir, label_dir(str(label)))
         finally:
             self.executor.close()
             self.state.save()
@@ -342,39 +341,92 @@ class Build:
 
     # -- outputs ------------------------------------------------------------------------
     def _materialize(self, label: Label) -> None:
-        result = self.results[label]
+        """Place a requested target's outputs under qbuild-out as private read-only copies
+        (executable where the rule made them so). If they cannot be placed even after
+        running the action again, the target fails: a path is never printed for files
+        that are not there."""
         base_rel = label_dir(str(label))
-        base = self.session.workspace.output_dir / base_rel
-        wanted = {e["path"] for e in result["outputs"]}
-        for attempt in range(2):
-            ok = all(self._place(f"{base_rel}/{e['path']}", e["digest"])
-                     for e in result["outputs"])
-            if ok:
-                break
-            if attempt == 0:
+        output_dir = self.session.workspace.output_dir
+        try:
+            base = _real_dir(output_dir, base_rel)
+            for attempt in range(2):
+                result = self.results[label]
+                if all(self._place(base, f"{base_rel}/{e['path']}", e)
+                       for e in result["outputs"]):
+                    break
+                if attempt == 1:
+                    raise ActionFailed(f"the outputs of {label} could not be placed in "
+                                       f"{output_dir.name}/{base_rel}")
                 self._rebuild(label)
-        if base.is_dir():
-            for path in sorted(base.rglob("*"), reverse=True):
+        except (ActionFailed, OSError) as exc:
+            self._failed(label, str(getattr(exc, "error", None) or exc), "")
+            _remove_owned(output_dir, base_rel)
+            return
+        wanted = {e["path"] for e in result["outputs"]}
+        for directory, subdirs, files in os.walk(base, topdown=False):
+            for name in files + [d for d in subdirs if os.path.islink(os.path.join(directory, d))]:
+                path = Path(directory) / name
                 rel = path.relative_to(base).as_posix()
-                if path.is_file() and rel not in wanted:
+                if rel not in wanted:
                     path.unlink()
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
         self.result.outputs[str(label)] = [base / name.rstrip("/") for name in result["declared"]]
 
-    def _place(self, rel: str, digest: str) -> bool:
+    def _place(self, base: Path, rel: str, entry: dict[str, Any]) -> bool:
         path = self.session.workspace.output_dir / rel
+        digest, executable = entry["digest"], bool(entry.get("x"))
+        _real_dir(base, str(Path(entry["path"]).parent))
         record = self.state.materialized.get(rel)
         try:
             st = os.lstat(path)
         except OSError:
             st = None
-        if st is not None and record is not None and record[0] == digest:
+        if st is not None and stat.S_ISREG(st.st_mode) and record is not None and \
+                record[0] == digest and record[2:] == [executable] and \
+                bool(st.st_mode & stat.S_IXUSR) == executable and not st.st_mode & 0o222:
             if record[1] == stat_key(st):
                 return True
             if hash_file(path) == digest:
-                self.state.set_materialized(rel, [digest, stat_key(st)])
+                self.state.set_materialized(rel, [digest, stat_key(st), executable])
                 return True
-        if not self.store.restore_blob(digest, path):
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            _remove_owned(self.session.workspace.output_dir, rel)
+        if not self.store.restore_blob(digest, path, executable):
             return False
-        self.state.set_materialized(rel, [digest, stat_key(os.lstat(path))])
+        self.state.set_materialized(rel, [digest, stat_key(os.lstat(path)), executable])
         return True
+
+
+def _real_dir(top: Path, rel: str) -> Path:
+    """``top/rel`` as a real directory, made so without following any symlink below
+    ``top``: a symlink or file in the way is removed (it is in qbuild's own folder), so
+    qbuild never writes or deletes through a link out of it."""
+    here = top
+    here.mkdir(parents=True, exist_ok=True)
+    for part in Path(rel).parts:
+        if part in ("", "."):
+            continue
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            here.mkdir()
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            here.unlink()
+            here.mkdir()
+    return here
+
+
+def _remove_owned(top: Path, rel: str) -> None:
+    """Delete ``top/rel`` (file, folder or symlink) without following symlinks."""
+    here = top
+    for part in Path(rel).parts[:-1]:
+        here = here / part
+        if here.is_symlink() or not here.is_dir():
+            return  # what lies behind a link is not ours
+    path = top / rel
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)

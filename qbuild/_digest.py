@@ -30,6 +30,17 @@ def hash_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+def copy_hashing(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
+    """Copy ``source`` to a new file ``dest`` and return the SHA-256 of what was copied
+    (one read of the source for both)."""
+    digest = hashlib.sha256()
+    with open(source, "rb") as src, open(dest, "xb") as dst:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+    return digest.hexdigest()
+
+
 def hash_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -3,11 +3,13 @@
 Layout under the cache directory::
 
     cas/    digest -> blob, always kept as a file by diskcache (streamed, never whole
-            in memory); blobs are read-only and hard-linked out where possible
+            in memory); blobs are read-only and only ever copied out, never linked
     ac/     action key -> JSON action result (output digests, info, warnings);
             "components:<key>" -> the key's parts, for ``qbuild explain``;
+            "code:<digest>" -> a code unit's per-file digests (to name a changed file);
             "code:<digest>" -> a code unit's per-file digests (to name a changed file)
-    memo/   stat key -> digest of a source file
+    memo/   stat key -> digest of a source file; "verified:<digest>" -> the blob's stat
+            when it last matched its digest
     tmp/    sandboxes of running actions (safe to delete when no build runs)
 
 This is the only module that imports diskcache. ``Store`` is the narrow interface the
@@ -21,12 +23,13 @@ import json
 import os
 import shutil
 import stat
+import threading
 from pathlib import Path
 from typing import Any, Protocol
 
 import diskcache
 
-from ._digest import hash_file
+from ._digest import copy_hashing, stat_key
 
 _SETTINGS = {
     "eviction_policy": "none",  # never evict behind our back; `qbuild cache gc` does it
@@ -36,6 +39,10 @@ _SETTINGS = {
 }
 
 
+_MODE_R = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+_MODE_X = _MODE_R | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+
+
 class Store(Protocol):
     """What the build needs from a cache: action results and verified blobs."""
 
@@ -43,7 +50,7 @@ class Store(Protocol):
     def put_action(self, key: str, result: dict[str, Any]) -> None: ...
     def has_blob(self, digest: str) -> bool: ...
     def put_blob(self, path: Path, digest: str) -> None: ...
-    def restore_blob(self, digest: str, dest: Path, link: bool = True) -> bool: ...
+    def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool: ...
     def memo_get(self, key: str) -> str | None: ...
     def memo_put(self, key: str, digest: str) -> None: ...
 
@@ -111,30 +118,39 @@ class LocalStore:
         if stored is not None:
             os.chmod(stored, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
 
-    def restore_blob(self, digest: str, dest: Path, link: bool = True) -> bool:
-        """Place the verified blob at ``dest`` (hard link, else copy); False if missing.
+    def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
+        """Place a verified private copy of the blob at ``dest`` (read-only; executable
+        if asked); False if the blob is missing or corrupt (it is then deleted).
 
-        A blob whose content no longer matches its digest is deleted, never served.
+        Never a link: whoever can write to ``dest`` (a rule, a user, root) cannot reach
+        the blob. A blob is hashed while it is copied unless this store verified it
+        before and its (inode, ctime, size, mtime) are unchanged since: any write to it
+        moves its ctime.
         """
         source = self._blob_path(digest)
-        if source is None or not source.exists():
+        try:
+            st = os.stat(source) if source is not None else None
+        except OSError:
+            st = None
+        if source is None or st is None:
             self._cas.delete(digest)
             return False
-        if hash_file(source) != digest:
-            self._cas.delete(digest)
-            return False
+        verified_key = "verified:" + digest
+        trusted = self._memo.get(verified_key) == stat_key(st)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        temp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+        temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             temp.unlink(missing_ok=True)
-            if link:
-                try:
-                    os.link(source, temp)
-                except OSError:
-                    shutil.copyfile(source, temp)
-                    os.chmod(temp, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
-            else:
+            if trusted:
                 shutil.copyfile(source, temp)
+            elif copy_hashing(source, temp) != digest or stat_key(os.stat(source)) != \
+                    stat_key(st):
+                self._cas.delete(digest)
+                self._memo.delete(verified_key)
+                return False
+            else:
+                self._memo.set(verified_key, stat_key(st))
+            os.chmod(temp, _MODE_X if executable else _MODE_R)
             os.replace(temp, dest)
         finally:
             temp.unlink(missing_ok=True)

@@ -247,6 +247,12 @@ class CustomDataset(_DatasetRule):
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
         **_DATASET_COMMON,
     }
+
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        # The reader's code decides the samples: key it like the rule's own code.
+        reader = attrs["reader"]
+        return [reader] if ":" in reader else ["hook:qbuild_dataset_readers"]
+
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from .datasets import DatasetError, build_reader_dataset, find_reader
 
