@@ -30,7 +30,7 @@ from ._plugins import Registry
 from ._progress import Reporter
 from ._state import WorkspaceState
 from ._store import LocalStore
-from ._workspace import Workspace
+from ._workspace import Workspace, claim_output_dir
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -158,6 +158,7 @@ class Build:
         self.reporter = reporter
         self.graph = session.graph
         self.store = session.store
+        claim_output_dir(session.workspace.output_dir)
         self.state = WorkspaceState(session.workspace.output_dir)
         self.results: dict[Label, dict[str, Any]] = {}
         self.actions: dict[Label, Action] = {}

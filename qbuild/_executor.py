@@ -19,14 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from ._digest import SourceDigests, hash_file, stat_key
 from ._errors import QbuildError, RuleError
-from ._label import output_folder
+from ._label import OUT_PREFIX, output_folder
 from ._rule import ActionContext, Dep
 from ._store import LocalStore
 
 if TYPE_CHECKING:
     import concurrent.futures
 
-OUT_PREFIX = "qbuild-out"
 
 
 @dataclass

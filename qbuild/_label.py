@@ -27,6 +27,9 @@ class Label:
         return f"//{self.package}:{self.name}"
 
 
+OUT_PREFIX = "qbuild-out"  # the output folder's name inside every action's sandbox
+
+
 def output_folder(label: str | Label) -> str:
     """The folder of a target's outputs, relative to the output directory (``qbuild-out``
     in the workspace, and in every action's sandbox): ``//pkg/sub:name`` ->

@@ -174,7 +174,8 @@ class PackageLoader:
             subdirs[:] = sorted(
                 d for d in subdirs
                 if not d.startswith(".") and d not in _SKIP_DIRS
-                and here / d != output_dir and not (here / d / MARKER).exists()
+                and here / d != output_dir and here / d != self.workspace.cache_dir
+                and not (here / d / MARKER).exists()
                 and not (here / d / "pyvenv.cfg").exists()
             )
             if BUILD_FILE in files:

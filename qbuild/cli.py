@@ -213,14 +213,25 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from ._workspace import load_workspace
+    from ._workspace import CACHE_ENTRIES, load_workspace
 
-    workspace = load_workspace(Path.cwd())
-    shutil.rmtree(workspace.output_dir, ignore_errors=True)
+    workspace = load_workspace(Path.cwd())  # refuses folders qbuild does not own
+    if not workspace.output_dir.is_symlink():
+        shutil.rmtree(workspace.output_dir, ignore_errors=True)
     print(f"removed {_rel(workspace.output_dir)}")
     if args.expunge:
-        shutil.rmtree(workspace.cache_dir, ignore_errors=True)
-        print(f"removed the cache {workspace.cache_dir}")
+        cache = workspace.cache_dir
+        for name in CACHE_ENTRIES:  # only what the store made, never the folder's other files
+            path = cache / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        try:
+            cache.rmdir()
+        except OSError:
+            pass
+        print(f"removed the cache {cache}")
     return EXIT_OK
 
 

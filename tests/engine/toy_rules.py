@@ -146,10 +146,39 @@ class Names(Rule):
         return {}
 
 
+class Vandal(Rule):
+    """Overwrites its inputs (a source file and a dependency's outputs), then writes."""
+
+    kind = "vandal"
+    attrs = {"srcs": attr.files(doc="Inputs to overwrite."),
+             "deps": attr.label_list(doc="Dependencies whose files to overwrite.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        victims = list(ctx.attrs["srcs"]) + [f for d in ctx.attrs["deps"] for f in d.files]
+        for path in victims:
+            os.chmod(path, 0o644)
+            path.write_text("VANDALISED")
+        ctx.output("out.txt").write_text("done")
+        return {}
+
+
+class Random(Rule):
+    """Not reproducible: writes fresh random bytes every run."""
+
+    kind = "random"
+    outputs = ["r.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.output("r.txt").write_text(os.urandom(8).hex())
+        return {}
+
+
 def check_error_type() -> type[RuleError]:
     return RuleError
 
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, FloatEcho, Names]
+    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, FloatEcho, Names, Vandal,
+            Random]
