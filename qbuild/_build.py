@@ -41,6 +41,16 @@ class BuildOptions:
     jobs: int = 1
     keep_going: bool = False
     explain: bool = False
+    cpu: int | None = None  # --local_resources cpu=N (default: the CPU count)
+    memory: int | None = None  # --local_resources memory=MiB (default: 2/3 of RAM)
+
+
+def _default_memory_mib() -> int:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 20
+    return max(1, int(total * 2 / 3) >> 20)
 
 
 @dataclass
@@ -166,6 +176,8 @@ class Build:
         self._rebuild_lock = threading.RLock()
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
+        self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
+        self.memory_budget = max(1, options.memory or _default_memory_mib())
 
     def run(self, roots: list[Label]) -> BuildResult:
         started = time.monotonic()
@@ -209,6 +221,10 @@ class Build:
         bad: set[Label] = set()
         stop = False
         running: dict[concurrent.futures.Future[Any], Label] = {}
+        # Misses wait here until the cores and memory they need are free.
+        queued: list[tuple[Label, Action, dict[str, Any], int]] = []
+        grants: dict[Label, tuple[int, int]] = {}
+        free = [self.cpu_budget, self.memory_budget]
 
         def finish(label: Label) -> None:
             for parent in dependents[label]:
@@ -218,7 +234,7 @@ class Build:
 
         pool = None
         try:
-            while ready or running:
+            while ready or running or queued:
                 while ready:
                     label = ready.popleft()
                     target = targets[label]
@@ -248,6 +264,25 @@ class Build:
                         continue
                     if self.options.explain:
                         self._explain(label, parts)
+                    assert target.rule is not None
+                    cores, mib = target.rule.resources(target.attrs)
+                    action.threads = max(1, min(int(cores), self.cpu_budget))
+                    queued.append((label, action, parts, max(0, int(mib))))
+                if stop:
+                    for label, _, _, _ in queued:  # never started: skipped, like the rest
+                        bad.add(label)
+                        self.result.skipped.append(str(label))
+                        self._event(label, "skipped", 0.0)
+                        finish(label)
+                    queued.clear()
+                    if ready:
+                        continue
+                for item in list(queued):
+                    label, action, parts, mib = item
+                    if running and (len(running) >= self.options.jobs
+                                    or action.threads > free[0] or mib > free[1]):
+                        continue  # waits for resources; one action always may run
+                    queued.remove(item)
                     self.reporter.action_started(str(label))
                     if pool is None:  # created on the first miss: no-op builds skip it
                         import concurrent.futures
@@ -255,6 +290,9 @@ class Build:
                         pool = concurrent.futures.ThreadPoolExecutor(self.options.jobs)
                     future = pool.submit(self._execute, label, action, parts)
                     running[future] = label
+                    grants[label] = (action.threads, mib)
+                    free[0] -= action.threads
+                    free[1] -= mib
                 if not running:
                     break
                 import concurrent.futures
@@ -262,6 +300,9 @@ class Build:
                 done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
                 for future in done:
                     label = running.pop(future)
+                    cores_back, mib_back = grants.pop(label)
+                    free[0] += cores_back
+                    free[1] += mib_back
                     try:
                         outcome_seconds = future.result()
                     except ActionFailed as exc:

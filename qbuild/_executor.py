@@ -42,6 +42,7 @@ class Action:
     deps: dict[str, dict[str, Any]]  # label -> {"outputs": [...], "declared": [...], "info"}
     outputs: list[str]
     key: str
+    threads: int = 1  # cores granted by the scheduler (ctx.threads)
 
 
 @dataclass
@@ -267,7 +268,7 @@ class LocalExecutor:
                  for name, value in action.attrs.items()}
         ctx = ActionContext(label=action.label, build_file=action.build_file, attrs=attrs,
                             outputs=outputs, scratch=scratch, log_path=log_path,
-                            workdir=sandbox)
+                            workdir=sandbox, threads=action.threads)
         return ctx, staged
 
     def _stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:

@@ -31,6 +31,11 @@ class Rule:
             every cached result of the old version is then ignored.
         doc: help text shown by ``qbuild rules <kind>``.
         heavy: run in a worker process (CPU-heavy work, imports of large libraries).
+        cpu: cores one action can use (threads of an onnxruntime session, ...); the
+            scheduler grants ``min(cpu, --local_resources cpu)`` as ``ctx.threads`` and
+            never runs actions whose grants add up to more than that budget.
+        memory: peak memory of one action in MiB (0: negligible); running actions never
+            add up to more than ``--local_resources memory``.
         attrs: the attribute schema, built with ``qbuild.attr``.
         outputs: declared output names; ``{name}`` is replaced by the target name and a
             trailing ``/`` declares a directory output.
@@ -40,6 +45,8 @@ class Rule:
     version: ClassVar[int] = 1
     doc: ClassVar[str] = ""
     heavy: ClassVar[bool] = False
+    cpu: ClassVar[int] = 1
+    memory: ClassVar[int] = 0
     attrs: ClassVar[Mapping[str, Attr]] = {}
     outputs: ClassVar[Sequence[str]] = ()
 
@@ -75,6 +82,11 @@ class Rule:
         """Facts of one target's environment that change its outputs (e.g. the tools its
         command runs): part of that target's key. Computed on every full build."""
         return {}
+
+    def resources(self, attrs: Mapping[str, Any]) -> tuple[int, int]:
+        """(cores, MiB) one action of this target needs; override when they depend on
+        attributes. Defaults to the class's ``cpu`` and ``memory``."""
+        return self.cpu, self.memory
 
     def code(self, attrs: Mapping[str, Any]) -> list[str]:
         """Code the action imports by name at run time, beyond the rule's own package:
@@ -142,6 +154,7 @@ class ActionContext:
         scratch: Path,
         log_path: Path,
         workdir: Path,
+        threads: int = 1,
     ) -> None:
         self.label = label
         self.name = label.rsplit(":", 1)[1]
@@ -151,6 +164,9 @@ class ActionContext:
         self._outputs = outputs
         self.scratch = scratch
         self.workdir = workdir
+        self.threads = threads
+        """Cores this action was granted: give every onnxruntime session (and any
+        thread pool) exactly this many threads, so parallel actions never oversubscribe."""
         self.log_path = log_path
         self.warnings: list[str] = []
 

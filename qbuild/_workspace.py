@@ -124,7 +124,7 @@ def check_ownership(workspace: Workspace, marker: Path) -> None:
     if root.resolve().is_relative_to(cache) or cache.is_relative_to(output.resolve()):
         raise ConfigError(f"setting 'cache_dir' ({cache}) holds the workspace or lies in "
                           "the output folder; use a folder of its own", file=marker)
-    if _non_empty(cache) and not any((cache / name).exists() for name in CACHE_ENTRIES[:3]):
+    if _non_empty(cache) and not any((cache / name).exists() for name in CACHE_ENTRIES):
         raise ConfigError(f"setting 'cache_dir' ({cache}) names an existing folder that is "
                           "not a qbuild cache; name a new or empty folder", file=marker)
 

@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="keep building what does not depend on a failure")
     build.add_argument("--explain", action="store_true", help="say why each action runs")
     build.add_argument("--event_log", metavar="FILE", help="write JSON-lines events to FILE")
+    build.add_argument("--local_resources", action="append", default=[], metavar="KIND=N",
+                       help="cores (cpu=4) or memory (memory=8G; plain numbers are MiB) "
+                       "running actions may use together (default: all cores, 2/3 of RAM)")
 
     query = sub.add_parser("query", parents=[common], help="query the target graph")
     query.add_argument("expression")
@@ -79,6 +82,27 @@ def _size(text: str) -> int:
     if value < 0:
         raise UsageError(f"bad size {text!r}")
     return int(value * units[unit])
+
+
+def _local_resources(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        kind, _, value = item.partition("=")
+        kind = kind.strip().lower()
+        try:
+            if kind == "cpu":
+                out["cpu"] = int(value)
+            elif kind == "memory":
+                text = value.strip()
+                out["memory"] = int(text) if text.isdigit() else _size(text) >> 20
+            else:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"bad --local_resources {item!r}: write cpu=N or memory=SIZE "
+                             "(e.g. memory=8G)") from None
+        if out[kind] < 1:
+            raise UsageError(f"--local_resources {item!r} must be at least 1")
+    return out
 
 
 def _session() -> tuple[Any, str | None]:
@@ -139,6 +163,7 @@ def _full_build(args: argparse.Namespace) -> int:
         jobs = args.jobs if args.jobs is not None else session.workspace.jobs
         if jobs < 1:
             raise UsageError("-j must be at least 1")
+        resources = _local_resources(args.local_resources)
         labels = session.graph.expand(args.patterns, package)
         reporters: list[Reporter] = [ConsoleReporter()]
         if args.event_log:
@@ -146,7 +171,7 @@ def _full_build(args: argparse.Namespace) -> int:
         reporter = FanOut(*reporters)
         clean_stale_sandboxes(session.store.tmp)
         build = Build(session, BuildOptions(jobs=jobs, keep_going=args.keep_going,
-                                            explain=args.explain), reporter)
+                                            explain=args.explain, **resources), reporter)
         result = build.run(labels)
         lines = []
         for label in result.requested:

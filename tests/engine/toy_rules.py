@@ -174,6 +174,25 @@ class Random(Rule):
         return {}
 
 
+class Span(Rule):
+    """Sleeps; writes its granted threads and when it started and ended."""
+
+    kind = "span"
+    attrs = {"cores": attr.int(default=1, doc="Cores it needs."),
+             "mib": attr.int(default=0, doc="Memory it needs."),
+             "seconds": attr.float(default=0.3, doc="How long.")}
+    outputs = ["span.txt"]
+
+    def resources(self, attrs: Any) -> tuple[int, int]:
+        return attrs["cores"], attrs["mib"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        start = time.time()
+        time.sleep(ctx.attrs["seconds"])
+        ctx.output("span.txt").write_text(f"{ctx.threads} {start} {time.time()}")
+        return {}
+
+
 def check_error_type() -> type[RuleError]:
     return RuleError
 
@@ -181,4 +200,4 @@ def check_error_type() -> type[RuleError]:
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
     return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, FloatEcho, Names, Vandal,
-            Random]
+            Random, Span]
