@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._digest import SourceDigests, hash_file, stat_key
+from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
 from ._errors import QbuildError, RuleError
 from ._label import OUT_PREFIX, output_folder
 from ._rule import ActionContext, Dep
@@ -277,7 +277,7 @@ class LocalExecutor:
         path = self.root / rel
         try:
             before = stat_key(os.stat(path))
-            shutil.copyfile(path, dest)
+            clone_or_copy(path, dest)
             st = os.stat(path)
         except OSError as exc:
             raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",

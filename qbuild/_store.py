@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import threading
 from pathlib import Path
@@ -29,7 +28,7 @@ from typing import Any, Protocol
 
 import diskcache
 
-from ._digest import copy_hashing, stat_key
+from ._digest import clone_or_copy, copy_hashing, stat_key
 
 _SETTINGS = {
     "eviction_policy": "none",  # never evict behind our back; `qbuild cache gc` does it
@@ -142,7 +141,7 @@ class LocalStore:
         try:
             temp.unlink(missing_ok=True)
             if trusted:
-                shutil.copyfile(source, temp)
+                clone_or_copy(source, temp)
             elif copy_hashing(source, temp) != digest or stat_key(os.stat(source)) != \
                     stat_key(st):
                 self._cas.delete(digest)
