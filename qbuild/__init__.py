@@ -2,7 +2,8 @@
 
 The public API for plugin authors is what this module exports (``__all__``): the
 ``Rule`` base class, the ``attr`` schema constructors, ``Dep`` and ``ActionContext``,
-the ``hookimpl`` marker, the errors, and ``dist_version`` for environment facts.
+the ``hookimpl`` marker, the errors, ``dist_version`` for environment facts and
+``output_folder`` (where a label's outputs live).
 Everything in underscore modules is internal. See ``qbuild.hookspecs`` for the hooks and
 ``qbuild.testing`` for the test helpers.
 """
@@ -13,6 +14,7 @@ import pluggy
 
 from ._attrs import Attr, attr
 from ._errors import BuildFailed, ConfigError, PluginError, QbuildError, RuleError, UsageError
+from ._label import output_folder
 from ._rule import ActionContext, Dep, Rule
 
 __version__ = "0.1.0"
@@ -53,4 +55,5 @@ __all__ = [
     "attr",
     "dist_version",
     "hookimpl",
+    "output_folder",
 ]

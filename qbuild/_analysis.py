@@ -14,7 +14,7 @@ from typing import Any
 
 from ._errors import ConfigError
 from ._glob import glob_files, has_magic
-from ._label import Label, Pattern, is_label_text, parse_label, parse_pattern
+from ._label import OUT_PREFIX, Label, Pattern, is_label_text, parse_label, parse_pattern
 from ._loader import MATRIX_KIND, PackageLoader, TargetSpec
 from ._plugins import Registry, RuleEntry
 from ._rule import Rule, check_attrs
@@ -232,20 +232,48 @@ class Graph:
                               "through their targets (labels)")
         package_dir = self.workspace.root / label.package
         if has_magic(text):
-            skip = {self.workspace.output_dir, self.workspace.cache_dir}
-            matches = glob_files(package_dir, text, self.loader.reads, skip)
+            skip = {self.workspace.output_dir, self.workspace.cache_dir,
+                    self.workspace.root / OUT_PREFIX}
+            matches = [p for p in glob_files(package_dir, text, self.loader.reads, skip)
+                       if not self._reserved(p)]
             if not matches:
                 raise ConfigError(f"glob '{text}' matches no files in "
                                   f"{label.package or '.'}/")
         else:
             path = package_dir / rel
+            if self._reserved(path):
+                raise ConfigError(f"source file '{text}' lies in qbuild's output or cache "
+                                  "folder; depend on the target that makes it (a label)")
             if not path.is_file():
                 what = "is a directory, not a file" if path.is_dir() else "does not exist"
                 raise ConfigError(f"source file '{text}' {what} "
                                   f"({(Path(label.package) / rel).as_posix()})")
             matches = [path]
         root = self.workspace.root
+        for path in matches:
+            self._check_inside(path, text)
         return [p.relative_to(root).as_posix() for p in matches]
+
+    def _reserved(self, path: Path) -> bool:
+        """Inside the output folder, the cache, or what an action's sandbox keeps for
+        outputs (``qbuild-out/``): never a source, whatever a glob says."""
+        ws = self.workspace
+        rel = path.relative_to(ws.root)
+        return (path.is_relative_to(ws.output_dir) or path.is_relative_to(ws.cache_dir)
+                or rel.parts[:1] == (OUT_PREFIX,))
+
+    def _check_inside(self, path: Path, text: str) -> None:
+        """A source reached through a symlink must still be a file of this workspace."""
+        real = path.resolve()
+        ws = self.workspace
+        root = ws.root.resolve()
+        if not real.is_relative_to(root):
+            raise ConfigError(f"source file '{text}' ({path.relative_to(ws.root).as_posix()}) "
+                              f"is a symlink to {real}, outside the workspace; copy the file "
+                              "into the workspace")
+        if real.is_relative_to(ws.output_dir.resolve()) or real.is_relative_to(ws.cache_dir):
+            raise ConfigError(f"source file '{text}' is a symlink into qbuild's output or "
+                              "cache folder; depend on the target that makes it (a label)")
 
 
 def _check_outputs(outputs: list[str], where: dict[str, str]) -> None:

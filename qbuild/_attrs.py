@@ -128,6 +128,11 @@ class Attr:
 
     def default_value(self) -> Any:
         if self.default is not None:
+            # The same canonical form as a written value: float(default=1) gives 1.0.
+            if self.type == "float":
+                return float(self.default)
+            if self.type == "float_list":
+                return [float(v) for v in self.default]
             return _plain(self.default)
         if self.type in ("label_list", "files", "string_list", "int_list", "float_list"):
             return []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._analysis import Graph, Target
+from ._code import CodeDigests
 from ._digest import SourceDigests, hash_file, stat_key
 from ._errors import QbuildError
 from ._executor import Action, ActionFailed, LocalExecutor, MissingBlob, label_dir
@@ -28,7 +30,7 @@ from ._plugins import Registry
 from ._progress import Reporter
 from ._state import WorkspaceState
 from ._store import LocalStore
-from ._workspace import Workspace
+from ._workspace import Workspace, claim_output_dir
 
 if TYPE_CHECKING:
     import concurrent.futures
@@ -39,6 +41,16 @@ class BuildOptions:
     jobs: int = 1
     keep_going: bool = False
     explain: bool = False
+    cpu: int | None = None  # --local_resources cpu=N (default: the CPU count)
+    memory: int | None = None  # --local_resources memory=MiB (default: 2/3 of RAM)
+
+
+def _default_memory_mib() -> int:
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 20
+    return max(1, int(total * 2 / 3) >> 20)
 
 
 @dataclass
@@ -67,6 +79,7 @@ class Session:
         self.graph = Graph(workspace, registry)
         self._store: LocalStore | None = None
         self._digests: SourceDigests | None = None
+        self._code: CodeDigests | None = None
 
     @property
     def store(self) -> LocalStore:
@@ -80,21 +93,50 @@ class Session:
             self._digests = SourceDigests(self.store)
         return self._digests
 
+    @property
+    def code(self) -> CodeDigests:
+        if self._code is None:
+            dists = sorted({e.dist for e in self.registry.entries.values()})
+            self._code = CodeDigests(self.digests, dists)
+        return self._code
+
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
+
+    def code_parts(self, target: Target) -> dict[str, str]:
+        """Digest of every code unit ``target``'s action runs (see ``_code``)."""
+        assert target.rule is not None
+        refs = target.rule.code(target.attrs) or []
+        units = self.code.units_for(type(target.rule), refs, self.registry.pm)
+        return {unit: self.code.unit(unit)[0] for unit in units}
+
+    def code_files(self, digest: str) -> dict[str, str] | None:
+        """The per-file digests of a code unit by its digest (for explanations)."""
+        for known, files in self.code._units.values():
+            if known == digest:
+                return files
+        return self.store.get_code(digest)
+
+    def save_code(self, parts: dict[str, Any]) -> None:
+        for unit in parts["code"]:
+            digest, files = self.code.unit(unit)
+            self.store.put_code(digest, files)
 
     def key_for(self, target: Target, results: dict[Label, dict[str, Any]]
                 ) -> tuple[dict[str, Any], str, Action]:
         """Key components, key and runnable action of ``target`` given its deps' results."""
         root = self.workspace.root
         sources = {rel: self.digests.digest(root / rel) for rel in target.sources}
+        executable = [rel for rel in target.sources
+                      if os.stat(root / rel).st_mode & stat.S_IXUSR]
         deps = {}
         for dep in target.deps:
             result = results[dep]
             deps[str(dep)] = {"outputs": result["outputs"], "declared": result["declared"],
                               "info": result["info"]}
-        parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps)
+        parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
+                           self.code_parts(target), executable)
         key = action_key(parts)
         assert target.entry is not None and target.rule is not None
         action = Action(
@@ -144,6 +186,7 @@ class Build:
         self.reporter = reporter
         self.graph = session.graph
         self.store = session.store
+        claim_output_dir(session.workspace.output_dir)
         self.state = WorkspaceState(session.workspace.output_dir)
         self.results: dict[Label, dict[str, Any]] = {}
         self.actions: dict[Label, Action] = {}
@@ -151,6 +194,8 @@ class Build:
         self._rebuild_lock = threading.RLock()
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
+        self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
+        self.memory_budget = max(1, options.memory or _default_memory_mib())
 
     def run(self, roots: list[Label]) -> BuildResult:
         started = time.monotonic()
@@ -170,12 +215,10 @@ class Build:
                         error = exc.error if isinstance(exc, ActionFailed) else exc
                         self._failed(label, _one_line(error) if not isinstance(error, str)
                                      else error, "")
-                        shutil.rmtree(self.session.workspace.output_dir /
-                                      label_dir(str(label)), ignore_errors=True)
+                        _remove_owned(self.session.workspace.output_dir, label_dir(str(label)))
                         self.result.outputs.pop(str(label), None)
                 else:
-                    shutil.rmtree(self.session.workspace.output_dir / label_dir(str(label)),
-                                  ignore_errors=True)
+                    _remove_owned(self.session.workspace.output_dir, label_dir(str(label)))
         except KeyboardInterrupt:
             interrupted = True
             self.executor.kill()
@@ -217,6 +260,10 @@ class Build:
         bad: set[Label] = set()
         stop = False
         running: dict[concurrent.futures.Future[Any], Label] = {}
+        # Misses wait here until the cores and memory they need are free.
+        queued: list[tuple[Label, Action, dict[str, Any], int]] = []
+        grants: dict[Label, tuple[int, int]] = {}
+        free = [self.cpu_budget, self.memory_budget]
 
         def finish(label: Label) -> None:
             for parent in dependents[label]:
@@ -226,7 +273,7 @@ class Build:
 
         pool = None
         try:
-            while ready or running:
+            while ready or running or queued:
                 while ready:
                     label = ready.popleft()
                     target = targets[label]
@@ -256,6 +303,25 @@ class Build:
                         continue
                     if self.options.explain:
                         self._explain(label, parts)
+                    assert target.rule is not None
+                    cores, mib = target.rule.resources(target.attrs)
+                    action.threads = max(1, min(int(cores), self.cpu_budget))
+                    queued.append((label, action, parts, max(0, int(mib))))
+                if stop:
+                    for label, _, _, _ in queued:  # never started: skipped, like the rest
+                        bad.add(label)
+                        self.result.skipped.append(str(label))
+                        self._event(label, "skipped", 0.0)
+                        finish(label)
+                    queued.clear()
+                    if ready:
+                        continue
+                for item in list(queued):
+                    label, action, parts, mib = item
+                    if running and (len(running) >= self.options.jobs
+                                    or action.threads > free[0] or mib > free[1]):
+                        continue  # waits for resources; one action always may run
+                    queued.remove(item)
                     self.reporter.action_started(str(label))
                     if pool is None:  # created on the first miss: no-op builds skip it
                         import concurrent.futures
@@ -263,6 +329,9 @@ class Build:
                         pool = concurrent.futures.ThreadPoolExecutor(self.options.jobs)
                     future = pool.submit(self._execute, label, action, parts)
                     running[future] = label
+                    grants[label] = (action.threads, mib)
+                    free[0] -= action.threads
+                    free[1] -= mib
                 if not running:
                     break
                 import concurrent.futures
@@ -270,6 +339,9 @@ class Build:
                 done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
                 for future in done:
                     label = running.pop(future)
+                    cores_back, mib_back = grants.pop(label)
+                    free[0] += cores_back
+                    free[1] += mib_back
                     try:
                         status, outcome_seconds = future.result()
                     except ActionFailed as exc:
@@ -336,6 +408,7 @@ class Build:
                       "info": outcome.info, "warnings": outcome.warnings}
             # Blobs are durable (stored and fsync'ed by the executor) before this commits.
             self.store.put_components(action.key, parts)
+            self.session.save_code(parts)
             self.store.put_action(action.key, result)
         self.results[label] = result
         self.state.set_last_key(str(label), action.key)
@@ -414,7 +487,8 @@ class Build:
     def _explain(self, label: Label, parts: dict[str, Any]) -> None:
         last = self.state.last_keys.get(str(label))
         old = self.store.get_components(last) if last else None
-        lines = diff(old, parts) or ["no recorded difference (the cached result was removed)"]
+        lines = diff(old, parts, self.session.code_files) or [
+            "no recorded difference (the cached result was removed)"]
         self.result.explanations[str(label)] = lines
         self.reporter.message(f"{label} will run: " + "; ".join(lines))
 
@@ -444,45 +518,95 @@ class Build:
 
     # -- outputs ------------------------------------------------------------------------
     def _materialize(self, label: Label) -> None:
-        result = self.results[label]
+        """Place a requested target's outputs under qbuild-out as private read-only copies
+        (executable where the rule made them so). If they cannot be placed even after
+        running the action again, the target fails: a path is never printed for files
+        that are not there."""
         base_rel = label_dir(str(label))
-        base = self.session.workspace.output_dir / base_rel
+        output_dir = self.session.workspace.output_dir
+        try:
+            base = _real_dir(output_dir, base_rel)
+            for attempt in range(2):
+                result = self.results[label]
+                # Each file is checked (no short cut), so every damaged blob is dropped
+                # before the one rebuild.
+                placed = [self._place(base, f"{base_rel}/{e['path']}", e)
+                          for e in result["outputs"]]
+                if all(placed):
+                    break
+                if attempt == 1:
+                    raise ActionFailed(f"the outputs of {label} could not be placed in "
+                                       f"{output_dir.name}/{base_rel}")
+                self._rebuild(label)
+        except (ActionFailed, OSError) as exc:
+            self._failed(label, str(getattr(exc, "error", None) or exc), "")
+            _remove_owned(output_dir, base_rel)
+            return
         wanted = {e["path"] for e in result["outputs"]}
-        if not self._place_all(label):
-            self._rebuild(label)  # every damaged blob of the target was dropped above
-            result = self.results[label]
-            wanted = {e["path"] for e in result["outputs"]}
-            if not self._place_all(label):
-                raise ActionFailed(f"the outputs of {label} could not be restored from the "
-                                   "cache")
-        if base.is_dir():
-            for path in sorted(base.rglob("*"), reverse=True):
+        for directory, subdirs, files in os.walk(base, topdown=False):
+            for name in files + [d for d in subdirs if os.path.islink(os.path.join(directory, d))]:
+                path = Path(directory) / name
                 rel = path.relative_to(base).as_posix()
-                if path.is_file() and rel not in wanted:
+                if rel not in wanted:
                     path.unlink()
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
         self.result.outputs[str(label)] = [base / name.rstrip("/") for name in result["declared"]]
 
-    def _place_all(self, label: Label) -> bool:
-        base_rel = label_dir(str(label))
-        placed = [self._place(f"{base_rel}/{e['path']}", e["digest"])
-                  for e in self.results[label]["outputs"]]  # each one checked, no short cut
-        return all(placed)
-
-    def _place(self, rel: str, digest: str) -> bool:
+    def _place(self, base: Path, rel: str, entry: dict[str, Any]) -> bool:
         path = self.session.workspace.output_dir / rel
+        digest, executable = entry["digest"], bool(entry.get("x"))
+        _real_dir(base, str(Path(entry["path"]).parent))
         record = self.state.materialized.get(rel)
         try:
             st = os.lstat(path)
         except OSError:
             st = None
-        if st is not None and record is not None and record[0] == digest:
+        if st is not None and stat.S_ISREG(st.st_mode) and record is not None and \
+                record[0] == digest and record[2:] == [executable] and \
+                bool(st.st_mode & stat.S_IXUSR) == executable and not st.st_mode & 0o222:
             if record[1] == stat_key(st):
                 return True
             if hash_file(path) == digest:
-                self.state.set_materialized(rel, [digest, stat_key(st)])
+                self.state.set_materialized(rel, [digest, stat_key(st), executable])
                 return True
-        if not self.store.restore_blob(digest, path):
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            _remove_owned(self.session.workspace.output_dir, rel)
+        if not self.store.restore_blob(digest, path, executable):
             return False
-        self.state.set_materialized(rel, [digest, stat_key(os.lstat(path))])
+        self.state.set_materialized(rel, [digest, stat_key(os.lstat(path)), executable])
         return True
+
+
+def _real_dir(top: Path, rel: str) -> Path:
+    """``top/rel`` as a real directory, made so without following any symlink below
+    ``top``: a symlink or file in the way is removed (it is in qbuild's own folder), so
+    qbuild never writes or deletes through a link out of it."""
+    here = top
+    here.mkdir(parents=True, exist_ok=True)
+    for part in Path(rel).parts:
+        if part in ("", "."):
+            continue
+        here = here / part
+        try:
+            st = os.lstat(here)
+        except FileNotFoundError:
+            here.mkdir()
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            here.unlink()
+            here.mkdir()
+    return here
+
+
+def _remove_owned(top: Path, rel: str) -> None:
+    """Delete ``top/rel`` (file, folder or symlink) without following symlinks."""
+    here = top
+    for part in Path(rel).parts[:-1]:
+        here = here / part
+        if here.is_symlink() or not here.is_dir():
+            return  # what lies behind a link is not ours
+    path = top / rel
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)

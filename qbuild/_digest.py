@@ -54,6 +54,36 @@ def hash_file(path: str | os.PathLike[str]) -> str:
     return digest.hexdigest()
 
 
+_FICLONE = 0x40049409  # linux/fs.h: share the source's extents (btrfs, XFS, bcachefs)
+
+
+def clone_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
+    """Make ``dest`` a private copy of ``source``: a reflink where the filesystem can
+    (no data read or written; a later write to either file unshares it), else a copy."""
+    try:
+        import fcntl
+
+        with open(source, "rb") as src, open(dest, "wb") as dst:
+            fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+        return
+    except (OSError, ImportError):
+        pass
+    import shutil
+
+    shutil.copyfile(source, dest)
+
+
+def copy_hashing(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
+    """Copy ``source`` to a new file ``dest`` and return the SHA-256 of what was copied
+    (one read of the source for both)."""
+    digest = hashlib.sha256()
+    with open(source, "rb") as src, open(dest, "xb") as dst:
+        while chunk := src.read(_CHUNK):
+            digest.update(chunk)
+            dst.write(chunk)
+    return digest.hexdigest()
+
+
 def hash_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 

@@ -12,21 +12,22 @@ import importlib
 import os
 import shutil
 import signal
+import stat
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._digest import SourceDigests, hash_file
+from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
 from ._errors import QbuildError, RuleError
+from ._label import OUT_PREFIX, output_folder
 from ._rule import ActionContext, Dep
 from ._store import LocalStore
 
 if TYPE_CHECKING:
     import concurrent.futures
 
-OUT_PREFIX = "qbuild-out"
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Action:
     outputs: list[str]
     key: str
     reproducible: bool = True  # False: may give other bytes when run again (timings)
+    threads: int = 1  # cores granted by the scheduler (ctx.threads)
 
 
 @dataclass
@@ -73,10 +75,7 @@ class MissingBlob(Exception):
         self.dep_label = dep_label
 
 
-def label_dir(label: str) -> str:
-    """``//pkg/sub:name`` -> ``pkg/sub/name`` (the target's folder under qbuild-out)."""
-    package, name = label[2:].split(":", 1)
-    return f"{package}/{name}" if package else name
+label_dir = output_folder
 
 
 def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str]]:
@@ -289,7 +288,7 @@ class LocalExecutor:
         log_path = sandbox / "_action.log"
         log_path.touch()
         try:
-            ctx = self._stage(action, sandbox, log_path)
+            ctx, staged = self._stage(action, sandbox, log_path)
             try:
                 if action.heavy:
                     info, warnings = self._run_in_worker(action, ctx, log_path)
@@ -299,6 +298,7 @@ class LocalExecutor:
                 raise ActionFailed(exc, _tail(log_path)) from None
             outcome = Outcome(info=info, warnings=list(warnings))
             out_root = sandbox / OUT_PREFIX / label_dir(action.label)
+            self._check_inputs(action, sandbox, staged)
             outcome.outputs = self._collect(action, out_root, log_path)
             for path, (digest, key) in action.sources.items():
                 if not self.digests.still(self.root / path, digest, key):
@@ -308,7 +308,7 @@ class LocalExecutor:
             outcome.seconds = time.monotonic() - started
             return outcome
         finally:
-            shutil.rmtree(sandbox, ignore_errors=True)
+            _remove_tree(sandbox)
             if lock is not None:
                 (self.store.tmp / f"{name}.lock").unlink(missing_ok=True)
                 os.close(lock)
@@ -318,7 +318,7 @@ class LocalExecutor:
         for name in action.outputs:
             path = out_root / name.rstrip("/")
             if name.endswith("/"):
-                if not path.is_dir():
+                if not path.is_dir() or path.is_symlink():
                     raise ActionFailed(RuleError(f"the rule did not create declared output "
                                                  f"directory '{name}'", target=action.label),
                                        _tail(log_path))
@@ -336,23 +336,47 @@ class LocalExecutor:
                                                  target=action.label))
                 digest = hash_file(file)
                 self.store.put_blob(file, digest)
-                entries.append({"path": file.relative_to(out_root).as_posix(), "digest": digest,
-                                "size": file.stat().st_size})
+                st = file.stat()
+                entry = {"path": file.relative_to(out_root).as_posix(), "digest": digest,
+                         "size": st.st_size}
+                if st.st_mode & stat.S_IXUSR:
+                    entry["x"] = True
+                entries.append(entry)
         return entries
 
-    def _stage(self, action: Action, sandbox: Path, log_path: Path) -> ActionContext:
-        for rel in action.sources:
-            link = sandbox / rel
-            link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(self.root / rel, link)
+    def _check_inputs(self, action: Action, sandbox: Path,
+                      staged: dict[Path, tuple[str, str]]) -> None:
+        """Fail an action whose rule wrote into one of its (read-only) inputs: its outputs
+        may come from the edited bytes, not from what the key names."""
+        for path, (digest, key) in staged.items():
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue  # moved or deleted inside the sandbox: no harm done
+            if stat_key(st) != key and (not path.is_file() or hash_file(path) != digest):
+                raise ActionFailed(RuleError(
+                    f"the rule modified its input {path.relative_to(sandbox).as_posix()}; "
+                    "inputs are read-only: write outputs instead",
+                    target=action.label))
+
+    def _stage(self, action: Action, sandbox: Path, log_path: Path
+               ) -> tuple[ActionContext, dict[Path, tuple[str, str]]]:
+        staged: dict[Path, tuple[str, str]] = {}
+        for rel, (digest, key) in action.sources.items():
+            dest = sandbox / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            staged[dest] = (digest, self._stage_source(action, rel, key, dest))
         dep_objects: dict[str, Dep] = {}
         for dep_label, dep in action.deps.items():
             base = sandbox / OUT_PREFIX / label_dir(dep_label)
             for entry in dep["outputs"]:
-                if not self.store.restore_blob(entry["digest"], base / entry["path"]):
+                dest = base / entry["path"]
+                if not self.store.restore_blob(entry["digest"], dest, bool(entry.get("x"))):
                     raise MissingBlob(dep_label)
+                staged[dest] = (entry["digest"], stat_key(os.lstat(dest)))
             files = [base / name.rstrip("/") for name in dep["declared"]]
-            dep_objects[dep_label] = Dep(dep_label, files, dict(dep["info"]), base)
+            digests = {e["path"]: e["digest"] for e in dep["outputs"]}
+            dep_objects[dep_label] = Dep(dep_label, files, dict(dep["info"]), base, digests)
         out_root = sandbox / OUT_PREFIX / label_dir(action.label)
         outputs = {}
         for name in action.outputs:
@@ -366,9 +390,42 @@ class LocalExecutor:
         scratch.mkdir()
         attrs = {name: _resolve(value, action.attr_types[name], sandbox, dep_objects)
                  for name, value in action.attrs.items()}
-        return ActionContext(label=action.label, build_file=action.build_file, attrs=attrs,
-                             outputs=outputs, scratch=scratch, log_path=log_path,
-                             workdir=sandbox)
+        ctx = ActionContext(label=action.label, build_file=action.build_file, attrs=attrs,
+                            outputs=outputs, scratch=scratch, log_path=log_path,
+                            workdir=sandbox, threads=action.threads)
+        return ctx, staged
+
+    def _stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
+        """Copy a source file into the sandbox, read-only, checking that it is still the
+        file whose digest the key holds (same stat before and after the copy)."""
+        path = self.root / rel
+        try:
+            before = stat_key(os.stat(path))
+            clone_or_copy(path, dest)
+            st = os.stat(path)
+        except OSError as exc:
+            raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",
+                                         target=action.label)) from None
+        if before != key or stat_key(st) != key:
+            raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
+                                         "result was not cached. Run the build again.",
+                                         target=action.label))
+        os.chmod(dest, 0o555 if st.st_mode & stat.S_IXUSR else 0o444)
+        return stat_key(os.lstat(dest))
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a sandbox, even its read-only inputs and folders a rule made read-only."""
+    def retry(function: Any, name: str, _exc: Any) -> None:
+        try:
+            os.chmod(os.path.dirname(name), 0o755)
+            if os.path.isdir(name) and not os.path.islink(name):
+                os.chmod(name, 0o755)
+            function(name)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=retry)
 
 
 def _resolve(value: Any, kind: str, sandbox: Path, deps: dict[str, Dep]) -> Any:

@@ -38,7 +38,7 @@ def explain(session: Session, label: Label) -> list[str]:
         if item != label and cached is not None:
             continue
         old = store.get_components(last) if last else None
-        changes = diff(old, parts) if last != key else []
+        changes = diff(old, parts, session.code_files) if last != key else []
         if item != label:
             lines.append(f"{item} would rebuild: " + "; ".join(changes or ["not in the cache"]))
             continue

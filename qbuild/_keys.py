@@ -1,18 +1,23 @@
 """Action keys: the digest of everything that can change an action's outputs.
 
 The components are kept (``qbuild explain`` diffs them) and hashed as canonical JSON:
-rule kind and version, the providing distribution and its version, every attribute
-after defaults, the content digests of all inputs (sources and dependency outputs, by
-workspace-relative path), the dependencies' info, and the environment facts the rule
-declares. No absolute path enters a key, so moved or copied workspaces and caches hit.
+the target's label (rules see it, and their outputs live under a folder named after it),
+rule kind and version, the providing distribution and its version, qbuild's version, the
+digests of the code units implementing the rule (``_code``), every attribute after
+defaults, the content digests and executable bits of all inputs (sources and dependency
+outputs, by workspace-relative path, and each dependency's declared output order), the
+dependencies' info, and the environment facts the rule declares (per rule and per
+target). No absolute path enters a key, so moved or copied workspaces and caches hit.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from typing import Any
 
+from . import __version__
 from ._analysis import Target
 
 _env_cache: dict[type, dict[str, str]] = {}
@@ -31,30 +36,47 @@ def rule_env(target: Target) -> dict[str, str]:
     return env
 
 
+def target_env(target: Target) -> dict[str, str]:
+    """The rule's class-wide facts plus the facts of this target's attributes."""
+    env = dict(rule_env(target))
+    extra = target.rule.target_env(target.attrs) or {}  # type: ignore[union-attr]
+    env.update({str(k): str(v) for k, v in extra.items()})
+    return env
+
+
 def components(
     target: Target,
     sources: dict[str, str],
     deps: dict[str, dict[str, Any]],
+    code: dict[str, str],
+    executable: list[str],
 ) -> dict[str, Any]:
-    """The key's parts. ``deps`` maps label -> {"outputs": [...], "info": {...}}."""
+    """The key's parts. ``deps`` maps label -> {"outputs": [...], "declared": [...],
+    "info": {...}}; ``code`` unit -> digest; ``executable`` the executable sources."""
     entry = target.entry
     assert entry is not None
     return {
+        "label": str(target.label),
         "rule": entry.kind,
         "rule_version": entry.cls.version,
         "plugin": entry.dist,
         "plugin_version": entry.dist_version,
+        "qbuild_version": __version__,
+        "code": code,
         "attrs": target.attrs,
         "outputs": target.outputs,
         "sources": sources,
+        "executable_sources": sorted(executable),
         "deps": {
             label: {
                 "outputs": {e["path"]: e["digest"] for e in dep["outputs"]},
+                "executable": sorted(e["path"] for e in dep["outputs"] if e.get("x")),
+                "declared": list(dep["declared"]),
                 "info": dep["info"],
             }
             for label, dep in deps.items()
         },
-        "env": rule_env(target),
+        "env": target_env(target),
     }
 
 
@@ -63,11 +85,18 @@ def action_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
-    """Human-readable differences between two sets of key components."""
+def diff(old: dict[str, Any] | None, new: dict[str, Any],
+         code_files: Callable[[str], dict[str, str] | None] | None = None) -> list[str]:
+    """Human-readable differences between two sets of key components. ``code_files``
+    maps a code unit's digest to its files' digests (to name the file that changed)."""
     if old is None:
         return ["never built before (no record of an earlier build)"]
     lines: list[str] = []
+    if old.get("label", new["label"]) != new["label"]:
+        lines.append(f"label: {old.get('label')} -> {new['label']}")
+    if old.get("qbuild_version") != new["qbuild_version"]:
+        lines.append(f"qbuild: {old.get('qbuild_version')} -> {new['qbuild_version']}")
+    lines += _diff_code(old.get("code", {}), new["code"], code_files)
     if old.get("rule") != new["rule"] or old.get("rule_version") != new["rule_version"]:
         lines.append(f"rule: {old.get('rule')} v{old.get('rule_version')} -> "
                      f"{new['rule']} v{new['rule_version']}")
@@ -82,6 +111,9 @@ def diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
     if old.get("outputs") != new["outputs"]:
         lines.append(f"declared outputs: {old.get('outputs')} -> {new['outputs']}")
     lines += _diff_files("input", old.get("sources", {}), new["sources"])
+    if old.get("executable_sources", []) != new["executable_sources"]:
+        lines.append(f"executable inputs: {old.get('executable_sources', [])} -> "
+                     f"{new['executable_sources']}")
     old_deps, new_deps = old.get("deps", {}), new["deps"]
     for label in sorted(set(old_deps) | set(new_deps)):
         if label not in old_deps:
@@ -93,10 +125,33 @@ def diff(old: dict[str, Any] | None, new: dict[str, Any]) -> list[str]:
                                  new_deps[label]["outputs"])
             if old_deps[label]["info"] != new_deps[label]["info"]:
                 lines.append(f"info of {label} changed")
+            for part in ("declared", "executable"):
+                if old_deps[label].get(part) != new_deps[label].get(part):
+                    lines.append(f"{part} outputs of {label}: {old_deps[label].get(part)} -> "
+                                 f"{new_deps[label].get(part)}")
     old_env, new_env = old.get("env", {}), new["env"]
     for name in sorted(set(old_env) | set(new_env)):
         if old_env.get(name) != new_env.get(name):
             lines.append(f"environment '{name}': {old_env.get(name)} -> {new_env.get(name)}")
+    return lines
+
+
+def _diff_code(old: dict[str, str], new: dict[str, str],
+               code_files: Callable[[str], dict[str, str] | None] | None) -> list[str]:
+    lines = []
+    for unit in sorted(set(old) | set(new)):
+        before, after = old.get(unit), new.get(unit)
+        if before == after:
+            continue
+        old_files = code_files(before) if code_files and before else None
+        new_files = code_files(after) if code_files and after else None
+        if old_files is None or new_files is None:
+            lines.append(f"rule code changed: {unit}")
+            continue
+        changed = [name for name in sorted(set(old_files) | set(new_files))
+                   if old_files.get(name) != new_files.get(name)]
+        lines += [f"rule code changed: {name}" for name in changed] or [
+            f"rule code changed: {unit}"]
     return lines
 
 

@@ -27,6 +27,22 @@ class Label:
         return f"//{self.package}:{self.name}"
 
 
+OUT_PREFIX = "qbuild-out"  # the output folder's name inside every action's sandbox
+
+
+def output_folder(label: str | Label) -> str:
+    """The folder of a target's outputs, relative to the output directory (``qbuild-out``
+    in the workspace, and in every action's sandbox): ``//pkg/sub:name`` ->
+    ``pkg/sub/@name``, ``//:name`` -> ``@name``.
+
+    Injective and prefix-free: package segments never start with ``@``, target names hold
+    no ``/``, so no target's folder is, or contains, another target's folder.
+    """
+    text = str(label)
+    package, name = text[2:].split(":", 1)
+    return f"{package}/@{name}" if package else f"@{name}"
+
+
 def _check_package(package: str, text: str) -> str:
     if package == "":
         return package

@@ -35,6 +35,11 @@ class Rule:
             timings); override ``is_reproducible`` when that depends on attributes.
             A non-reproducible result is still cached; it is only run again when its
             stored outputs are gone, and the new bytes then replace the old.
+        cpu: cores one action can use (threads of an onnxruntime session, ...); the
+            scheduler grants ``min(cpu, --local_resources cpu)`` as ``ctx.threads`` and
+            never runs actions whose grants add up to more than that budget.
+        memory: peak memory of one action in MiB (0: negligible); running actions never
+            add up to more than ``--local_resources memory``.
         attrs: the attribute schema, built with ``qbuild.attr``.
         outputs: declared output names; ``{name}`` is replaced by the target name and a
             trailing ``/`` declares a directory output.
@@ -53,6 +58,8 @@ class Rule:
     doc: ClassVar[str] = ""
     heavy: ClassVar[bool] = False
     reproducible: ClassVar[bool] = True
+    cpu: ClassVar[int] = 1
+    memory: ClassVar[int] = 0
     attrs: ClassVar[Mapping[str, Attr]] = {}
     outputs: ClassVar[Sequence[str]] = ()
     machine_dependent: ClassVar[bool] = False
@@ -97,6 +104,21 @@ class Rule:
         from . import dist_version
 
         return [d for d in cls.requires if dist_version(d) == "absent"]
+    def target_env(self, attrs: Mapping[str, Any]) -> dict[str, str]:
+        """Facts of one target's environment that change its outputs (e.g. the tools its
+        command runs): part of that target's key. Computed on every full build."""
+        return {}
+
+    def resources(self, attrs: Mapping[str, Any]) -> tuple[int, int]:
+        """(cores, MiB) one action of this target needs; override when they depend on
+        attributes. Defaults to the class's ``cpu`` and ``memory``."""
+        return self.cpu, self.memory
+
+    def code(self, attrs: Mapping[str, Any]) -> list[str]:
+        """Code the action imports by name at run time, beyond the rule's own package:
+        ``"module"``, ``"module:function"`` or ``"hook:<hook name>"`` (every plugin
+        implementing that hook). Its source files join the key."""
+        return []
 
     def run(self, ctx: ActionContext) -> dict[str, Any] | None:
         """Produce every declared output; return info for dependents."""
@@ -111,6 +133,18 @@ class Dep:
     files: list[Path]
     info: dict[str, Any] = field(default_factory=dict)
     root: Path | None = None  # directory the outputs are relative to
+    digests: dict[str, str] = field(default_factory=dict)
+    """SHA-256 of each output file, by path relative to ``root`` (verified by the engine:
+    no need to hash the files again)."""
+
+    def digest(self, path: Path) -> str | None:
+        """The engine's digest of one of this dependency's files (None if unknown)."""
+        if self.root is None:
+            return None
+        try:
+            return self.digests.get(path.relative_to(self.root).as_posix())
+        except ValueError:
+            return None
 
     @property
     def file(self) -> Path:
@@ -146,6 +180,7 @@ class ActionContext:
         scratch: Path,
         log_path: Path,
         workdir: Path,
+        threads: int = 1,
     ) -> None:
         self.label = label
         self.name = label.rsplit(":", 1)[1]
@@ -155,6 +190,9 @@ class ActionContext:
         self._outputs = outputs
         self.scratch = scratch
         self.workdir = workdir
+        self.threads = threads
+        """Cores this action was granted: give every onnxruntime session (and any
+        thread pool) exactly this many threads, so parallel actions never oversubscribe."""
         self.log_path = log_path
         self.warnings: list[str] = []
 

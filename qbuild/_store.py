@@ -3,10 +3,12 @@
 Layout under the cache directory::
 
     cas/    digest -> blob, always kept as a file by diskcache (streamed, never whole
-            in memory); blobs are read-only and hard-linked out where possible
+            in memory); blobs are read-only and only ever copied out, never linked
     ac/     action key -> JSON action result (output digests, info, warnings);
-            "components:<key>" -> the key's parts, for ``qbuild explain``
-    memo/   stat key -> digest of a source file
+            "components:<key>" -> the key's parts, for ``qbuild explain``;
+            "code:<digest>" -> a code unit's per-file digests (to name a changed file)
+    memo/   stat key -> digest of a source file; "verified:<digest>" -> the blob's stat
+            when it last matched its digest
     tmp/    sandboxes of running actions (each holds a lock while it is in use)
     locks/  one lock file per action key being run, so two processes never run the
             same action at once: the second waits and takes the first's result
@@ -35,6 +37,7 @@ import shutil
 import sqlite3
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -42,7 +45,7 @@ from typing import Any, Protocol, TypeVar
 
 import diskcache
 
-from ._digest import hash_file
+from ._digest import clone_or_copy, copy_hashing, hash_file, stat_key
 from ._errors import CacheError
 
 _SETTINGS = {
@@ -57,6 +60,10 @@ _ORPHAN_AGE = 600.0  # seconds: a blob file this old with no index row is an orp
 T = TypeVar("T")
 
 
+_MODE_R = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
+_MODE_X = _MODE_R | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
+
+
 class Store(Protocol):
     """What the build needs from a cache: action results and verified blobs."""
 
@@ -64,7 +71,7 @@ class Store(Protocol):
     def put_action(self, key: str, result: dict[str, Any]) -> None: ...
     def has_blob(self, digest: str) -> bool: ...
     def put_blob(self, path: Path, digest: str) -> None: ...
-    def restore_blob(self, digest: str, dest: Path, link: bool = True) -> bool: ...
+    def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool: ...
     def memo_get(self, key: str) -> str | None: ...
     def memo_put(self, key: str, digest: str) -> None: ...
 
@@ -253,6 +260,14 @@ class LocalStore:
         finally:
             os.close(fd)
 
+    def get_code(self, digest: str) -> dict[str, str] | None:
+        raw = self._ac.get("code:" + digest)
+        return json.loads(raw) if raw is not None else None
+
+    def put_code(self, digest: str, files: dict[str, str]) -> None:
+        if "code:" + digest not in self._ac:
+            self._ac.set("code:" + digest, json.dumps(files, sort_keys=True))
+
     # -- blobs --------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
         return self._read("cas", lambda c: digest in c, False)
@@ -266,6 +281,10 @@ class LocalStore:
             return Path(handle.name)
 
         return self._read("cas", find, None)
+
+    def _memo_set(self, key: str, value: Any) -> None:
+        """Remember ``value`` in the memo; failing to is only a later re-verification."""
+        self._read("memo", lambda c: c.set(key, value), None)
 
     def _intact(self, path: Path, digest: str) -> bool:
         try:
@@ -287,24 +306,47 @@ class LocalStore:
         with open(path, "rb") as handle:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
 
-    def restore_blob(self, digest: str, dest: Path, link: bool = True) -> bool:
-        """Place the verified blob at ``dest`` (hard link, else copy); False if missing.
+    def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
+        """Place a verified private copy of the blob at ``dest`` (read-only; executable
+        if asked); False if the blob is missing or corrupt (it is then deleted).
 
-        A blob whose content no longer matches its digest is deleted, never served.
+        Never a link: whoever can write to ``dest`` (a rule, a user, root) cannot reach
+        the blob. A blob is hashed while it is copied unless this store verified it
+        before and its (inode, ctime, size, mtime) are unchanged since: any write to it
+        moves its ctime.
         """
+        verified_key = "verified:" + digest
         for _attempt in range(2):  # a concurrent put may replace the file under us
             source = self._blob_path(digest)
-            if source is None:
-                return False
-            if not self._intact(source, digest):
-                if source.exists() and self._blob_path(digest) == source:
-                    self._read("cas", lambda c: c.delete(digest), False)
-                    return False
-                continue
             try:
-                _place(source, dest, link)
+                st = os.stat(source) if source is not None else None
+            except OSError:
+                st = None
+            if source is None or st is None:
+                self._read("cas", lambda c: c.delete(digest), False)
+                return False
+            trusted = self._read("memo", lambda c: c.get(verified_key), None) == stat_key(st)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            try:
+                temp.unlink(missing_ok=True)
+                if trusted:
+                    clone_or_copy(source, temp)
+                elif copy_hashing(source, temp) != digest or \
+                        stat_key(os.stat(source)) != stat_key(st):
+                    if self._blob_path(digest) != source:
+                        continue  # replaced meanwhile: look again
+                    self._read("cas", lambda c: c.delete(digest), False)
+                    self._read("memo", lambda c: c.delete(verified_key), False)
+                    return False
+                else:
+                    self._memo_set(verified_key, stat_key(st))
+                os.chmod(temp, _MODE_X if executable else _MODE_R)
+                os.replace(temp, dest)
             except FileNotFoundError:
                 continue
+            finally:
+                temp.unlink(missing_ok=True)
             return True
         return False
 
@@ -321,7 +363,8 @@ class LocalStore:
     def stats(self) -> dict[str, Any]:
         return {
             "directory": str(self.directory),
-            "actions": sum(1 for k in self._ac.iterkeys() if not str(k).startswith("comp")),
+            "actions": sum(1 for k in self._ac.iterkeys()
+                           if not str(k).startswith(("comp", "code:"))),
             "blobs": len(self._cas),
             "blob_bytes": self._cas.volume(),
             "action_cache_bytes": self._ac.volume(),

@@ -108,6 +108,49 @@ def load_workspace(start: Path) -> Workspace:
             isinstance(k, str) and isinstance(v, str) and v.strip() for k, v in toolchain.items()):
         raise ConfigError("[toolchain] must map distribution names to version strings, e.g. "
                           'onnxruntime = "1.31.1"', file=marker)
-    return Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs,
-                     output_dir=root / output, marker_stat=marker_stat,
-                     toolchain=tuple(sorted(toolchain.items())))
+    workspace = Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs,
+                          output_dir=root / output, marker_stat=marker_stat,
+                          toolchain=tuple(sorted(toolchain.items())))
+    check_ownership(workspace, marker)
+    return workspace
+
+
+OWNED_MARKER = ".qbuild"  # in the output folder: qbuild made it, so qbuild may delete in it
+CACHE_ENTRIES = ("ac", "cas", "memo", "tmp", "entry_points.json")
+
+
+def _non_empty(path: Path) -> bool:
+    try:
+        with os.scandir(path) as entries:
+            return any(True for _ in entries)
+    except (NotADirectoryError, FileNotFoundError):
+        return path.exists() or path.is_symlink()
+    except OSError:
+        return True
+
+
+def check_ownership(workspace: Workspace, marker: Path) -> None:
+    """Refuse output and cache folders whose deletion would take files qbuild does not
+    own: the workspace itself, a folder holding it, or an existing folder of other files.
+    """
+    root, output, cache = workspace.root, workspace.output_dir, workspace.cache_dir
+    if output.resolve() == root.resolve():
+        raise ConfigError("setting 'output_dir' names the workspace root; qbuild deletes "
+                          "stale files there: use a folder of its own such as 'qbuild-out'",
+                          file=marker)
+    if _non_empty(output) and not (output / OWNED_MARKER).is_dir():
+        raise ConfigError(f"setting 'output_dir': {output.relative_to(root).as_posix()}/ "
+                          f"exists and was not made by qbuild (no {OWNED_MARKER} in it); "
+                          "qbuild deletes stale files in its output folder: name a new one",
+                          file=marker)
+    if root.resolve().is_relative_to(cache) or cache.is_relative_to(output.resolve()):
+        raise ConfigError(f"setting 'cache_dir' ({cache}) holds the workspace or lies in "
+                          "the output folder; use a folder of its own", file=marker)
+    if _non_empty(cache) and not any((cache / name).exists() for name in CACHE_ENTRIES):
+        raise ConfigError(f"setting 'cache_dir' ({cache}) names an existing folder that is "
+                          "not a qbuild cache; name a new or empty folder", file=marker)
+
+
+def claim_output_dir(output_dir: Path) -> None:
+    """Create the output folder with the marker that lets later commands delete in it."""
+    (output_dir / OWNED_MARKER).mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--toolchain_mismatch", choices=["error", "warn"], default="error",
                        help="what to do when installed versions differ from qbuild.toml's "
                        "[toolchain] pins (default: error, exit 2)")
+    build.add_argument("--local_resources", action="append", default=[], metavar="KIND=N",
+                       help="cores (cpu=4) or memory (memory=8G; plain numbers are MiB) "
+                       "running actions may use together (default: all cores, 2/3 of RAM)")
 
     query = sub.add_parser("query", parents=[common], help="query the target graph")
     query.add_argument("expression")
@@ -85,6 +88,27 @@ def _size(text: str) -> int:
     if value < 0:
         raise UsageError(f"bad size {text!r}")
     return int(value * units[unit])
+
+
+def _local_resources(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        kind, _, value = item.partition("=")
+        kind = kind.strip().lower()
+        try:
+            if kind == "cpu":
+                out["cpu"] = int(value)
+            elif kind == "memory":
+                text = value.strip()
+                out["memory"] = int(text) if text.isdigit() else _size(text) >> 20
+            else:
+                raise ValueError
+        except ValueError:
+            raise UsageError(f"bad --local_resources {item!r}: write cpu=N or memory=SIZE "
+                             "(e.g. memory=8G)") from None
+        if out[kind] < 1:
+            raise UsageError(f"--local_resources {item!r} must be at least 1")
+    return out
 
 
 def _session() -> tuple[Any, str | None]:
@@ -175,6 +199,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         if jobs < 1:
             raise UsageError("-j must be at least 1")
         forget(session.workspace.output_dir, args.patterns, package)
+        resources = _local_resources(args.local_resources)
         labels = session.graph.expand(args.patterns, package)
         reporters: list[Reporter] = [ConsoleReporter()]
         if args.event_log:
@@ -182,7 +207,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         reporter = FanOut(*reporters)
         clean_stale_sandboxes(session.store.tmp)
         build = Build(session, BuildOptions(jobs=jobs, keep_going=args.keep_going,
-                                            explain=args.explain), reporter)
+                                            explain=args.explain, **resources), reporter)
         result = build.run(labels)
         lines = []
         for label in result.requested:
@@ -246,14 +271,25 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from ._workspace import load_workspace
+    from ._workspace import CACHE_ENTRIES, load_workspace
 
-    workspace = load_workspace(Path.cwd())
-    shutil.rmtree(workspace.output_dir, ignore_errors=True)
+    workspace = load_workspace(Path.cwd())  # refuses folders qbuild does not own
+    if not workspace.output_dir.is_symlink():
+        shutil.rmtree(workspace.output_dir, ignore_errors=True)
     print(f"removed {_rel(workspace.output_dir)}")
     if args.expunge:
-        shutil.rmtree(workspace.cache_dir, ignore_errors=True)
-        print(f"removed the cache {workspace.cache_dir}")
+        cache = workspace.cache_dir
+        for name in CACHE_ENTRIES:  # only what the store made, never the folder's other files
+            path = cache / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            elif path.exists() or path.is_symlink():
+                path.unlink()
+        try:
+            cache.rmdir()
+        except OSError:
+            pass
+        print(f"removed the cache {cache}")
     return EXIT_OK
 
 

@@ -127,7 +127,8 @@ class Workspace:
         self.plugins.append(plugin)
 
     def build(self, *patterns: str, jobs: int = 2, keep_going: bool = False,
-              explain: bool = False, cwd: str = "") -> BuildOutcome:
+              explain: bool = False, cwd: str = "", cpu: int | None = None,
+              memory: int | None = None) -> BuildOutcome:
         """Build in-process with the real engine; configuration errors become
         ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``."""
         from ._build import Build, BuildOptions, Session
@@ -146,7 +147,7 @@ class Workspace:
             package = workspace.package_of(self.root / cwd)
             labels = session.graph.expand(list(patterns), package)
             build = Build(session, BuildOptions(jobs=jobs, keep_going=keep_going,
-                                                explain=explain),
+                                                explain=explain, cpu=cpu, memory=memory),
                           ConsoleReporter(log, tty=False))
             result = build.run(labels)
         except QbuildError as exc:

@@ -6,8 +6,9 @@ float8 weights in fused Conv groups; 1.31 refused both). :func:`probe` measures 
 with a tiny model in a real session and keeps the answer:
 
 * in the process (``functools.lru_cache``), and
-* on disk, one JSON file per (onnxruntime, onnx, Python, platform) in the user's cache
-  folder, so each installed version is probed once. A damaged or foreign file is ignored and
+* on disk, one JSON file per (onnxruntime, onnx, Python, platform) in
+  ``~/.cache/qbuild-probes/`` (apart from qbuild's store), so each installed version is
+  probed once. A damaged or foreign file is ignored and
   probed again; an unwritable folder only costs the re-probe.
 
 Rules that depend on these facts already key onnxruntime's and onnx's versions, so the
@@ -55,7 +56,7 @@ def _cache_file(ort_version: str, onnx_version: str) -> Path:
     py = f"{sys.implementation.name}{sys.version_info[0]}{sys.version_info[1]}"
     name = (f"onnxruntime-{ort_version}-onnx-{onnx_version}-{py}-{platform.system()}-"
             f"{platform.machine()}-v{PROBE_VERSION}.json")
-    return Path(base) / "qbuild" / "probes" / name.lower()
+    return Path(base) / "qbuild-probes" / name.lower()
 
 
 @functools.lru_cache(maxsize=1)

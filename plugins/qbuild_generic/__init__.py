@@ -4,13 +4,15 @@ genrule). Registered through the ``qbuild`` entry-point group like any plugin.""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from typing import Any
 
-from qbuild import ActionContext, ConfigError, Rule, attr, hookimpl
+from qbuild import ActionContext, ConfigError, Rule, attr, hookimpl, output_folder
 
 _PLACEHOLDER = re.compile(r"\$\((SRCS|OUTS|OUT|location\s+([^)\s]+))\)")
 
@@ -55,7 +57,9 @@ class Command(Rule):
            "qbuild-out/<pkg>/<name>/) and keep only the declared `outs`. In `cmd`, "
            "$(SRCS) expands to the inputs, $(OUTS) to the outputs, $(OUT) to the single "
            "output, and $(location LABEL) to a dependency's file(s). The environment holds "
-           "only PATH, HOME, LANG and the variables named in `env`.")
+           "only PATH, LANG, HOME and TMPDIR (both a private scratch folder) and the "
+           "variables named in `env` and `pass_env`. PATH, LANG, /bin/sh and the content of "
+           "every program `cmd` names (looked up on PATH) are part of the key.")
     attrs = {
         "cmd": attr.string(doc="The shell command.", required=True),
         "srcs": attr.files(doc="Input files, globs or labels."),
@@ -76,6 +80,16 @@ class Command(Rule):
         for key, value in attrs["env"].items():
             if not isinstance(value, (str, int, float, bool)):
                 raise ConfigError(f"env value for {key} must be a string", attr="env")
+
+    def target_env(self, attrs: Any) -> dict[str, str]:
+        path = os.environ.get("PATH", os.defpath)
+        facts = {"PATH": path, "LANG": os.environ.get("LANG", ""),
+                 "program /bin/sh": _program_digest("/bin/sh")}
+        for word in sorted(_program_words(attrs["cmd"])):
+            found = word if word.startswith("/") else shutil.which(word, path=path)
+            if found and os.path.isfile(found) and os.access(found, os.X_OK):
+                facts[f"program {word}"] = _program_digest(found)
+        return facts
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         root = ctx.workdir
@@ -99,8 +113,10 @@ class Command(Rule):
             return " ".join(shlex.quote(s) for s in found)
 
         command = _PLACEHOLDER.sub(expand, ctx.attrs["cmd"])
-        env = {name: os.environ[name] for name in ("PATH", "HOME", "LANG", "TMPDIR")
-               if name in os.environ}
+        # HOME and TMPDIR are private: what a tool reads or leaves there cannot leak
+        # between actions or escape the key.
+        env = {name: os.environ[name] for name in ("PATH", "LANG") if name in os.environ}
+        env.update({"HOME": str(ctx.scratch), "TMPDIR": str(ctx.scratch)})
         env.update({name: os.environ[name] for name in ctx.attrs["pass_env"]
                     if name in os.environ})
         env.update({k: str(v) for k, v in ctx.attrs["env"].items()})
@@ -119,10 +135,43 @@ def _matches(src: str, target: str, package: str) -> bool:
     if target.startswith(":"):
         target = f"//{package}{target}"
     if target.startswith("//"):
-        pkg, _, name = target[2:].partition(":")
-        prefix = f"qbuild-out/{pkg}/{name}/" if pkg else f"qbuild-out/{name}/"
-        return src.startswith(prefix)
+        if ":" not in target:
+            target = f"{target}:{target.rstrip('/').rsplit('/', 1)[-1]}"
+        return src.startswith(f"qbuild-out/{output_folder(target)}/")
     return src == (f"{package}/{target}" if package else target)
+
+
+_WORD = re.compile(r"^(/[^\s]+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
+_digests: dict[tuple[str, int, int, int], str] = {}
+
+
+def _program_words(cmd: str) -> set[str]:
+    """Every word of ``cmd`` that could name a program (over-including is harmless: a
+    word that is not a program on PATH adds nothing to the key)."""
+    try:
+        lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        words = list(lexer)
+    except ValueError:
+        words = cmd.split()
+    return {w for w in words if _WORD.match(w) and "$(" not in w}
+
+
+def _program_digest(path: str) -> str:
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except OSError:
+        return "absent"
+    memo_key = (real, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    digest = _digests.get(memo_key)
+    if digest is None:
+        sha = hashlib.sha256()
+        with open(real, "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                sha.update(chunk)
+        digest = _digests[memo_key] = sha.hexdigest()
+    return digest
 
 
 @hookimpl

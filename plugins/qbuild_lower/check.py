@@ -19,13 +19,13 @@ from .graph import Graph, LowerError
 from .groups import is_dq
 
 
-def session(model, threads: int = 0):
+def session(model, threads: int = 1):
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
+    so.intra_op_num_threads = max(1, threads)  # never all cores: -j actions share them
+    so.inter_op_num_threads = 1
     data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 

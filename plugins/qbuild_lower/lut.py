@@ -116,6 +116,8 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
     )
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    so.intra_op_num_threads = 1  # the one core the rule is granted (Rule.cpu)
+    so.inter_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), so,
                                 providers=["CPUExecutionProvider"])
     res = sess.run(None, feeds)

@@ -30,6 +30,8 @@ def check_onnxruntime(data: bytes) -> None:
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    options.intra_op_num_threads = 1  # the one core the rule is granted (Rule.cpu)
+    options.inter_op_num_threads = 1
     try:
         ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types

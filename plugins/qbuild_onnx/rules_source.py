@@ -261,6 +261,12 @@ class CustomDataset(_DatasetRule):
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
         **_DATASET_COMMON,
     }
+
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        # The reader's code decides the samples: key it like the rule's own code.
+        reader = attrs["reader"]
+        return [reader] if ":" in reader else ["hook:qbuild_dataset_readers"]
+
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from .datasets import DatasetError, build_reader_dataset, find_reader
 
@@ -350,9 +356,13 @@ class Calibrate(Rule):
         "scenario": attr.enum(["same", "p3"], default="same", doc="distribution: scenario."),
         "op_types": attr.string_list(default=[], doc="Calibrate only these node types."),
         "batch_size": attr.int(default=0, doc="Samples per run (0: the dataset's)."),
-        "threads": attr.int(default=1, doc="onnxruntime intra-op threads."),
+        "threads": attr.int(default=1, doc="onnxruntime intra-op threads wanted (granted "
+                                           "up to --local_resources cpu)."),
     }
     outputs = ["calibration.json"]
+
+    def resources(self, attrs: dict[str, Any]) -> tuple[int, int]:
+        return max(1, attrs["threads"]), 0
 
     def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
         if attrs.get("method", "minmax") in ("entropy", "percentile", "distribution"):
@@ -371,7 +381,7 @@ class Calibrate(Rule):
             averaging_constant=a["averaging_constant"], num_bins=a["num_bins"],
             num_quantized_bins=a["num_quantized_bins"], percentile=a["percentile"],
             scenario=a["scenario"], op_types=tuple(a["op_types"]),
-            batch_size=a["batch_size"] or None, threads=a["threads"])
+            batch_size=a["batch_size"] or None, threads=ctx.threads)
         try:
             return calibrate(_model_file(ctx, a["model"], "model"),
                              _dataset_dir(ctx, a["dataset"], "dataset"),

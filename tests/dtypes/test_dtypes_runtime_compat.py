@@ -55,7 +55,7 @@ def test_probe_survives_a_damaged_cache_file(tmp_path, monkeypatch):
     ort_probe.probe.cache_clear()
     try:
         first = ort_probe.probe()
-        (file,) = (tmp_path / "qbuild" / "probes").iterdir()
+        (file,) = (tmp_path / "qbuild-probes").iterdir()
         file.write_text('{"max_ir": "garbage"')
         ort_probe.probe.cache_clear()
         assert ort_probe.probe() == first

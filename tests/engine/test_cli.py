@@ -42,11 +42,11 @@ def test_build_prints_output_paths_and_summary_from_a_subdirectory(ws):
     _setup(ws)
     result = ws.cli("build", ":count", cwd="p")
     assert result.code == 0, result.stderr
-    assert result.stdout.strip() == "../qbuild-out/p/count/n.txt"
-    assert ws.path("qbuild-out/p/count/n.txt").read_text() == "4\n"
+    assert result.stdout.strip() == "../qbuild-out/p/@count/n.txt"
+    assert ws.path("qbuild-out/p/@count/n.txt").read_text() == "4\n"
     assert "Build OK: 1 targets, 3 actions run, 0 cache hits" in result.stderr
     assert "[3/3] built //p:count" in result.stderr
-    assert not ws.path("qbuild-out/p/upper").exists()  # intermediates are not copied out
+    assert not ws.path("qbuild-out/p/@upper").exists()  # intermediates are not copied out
 
 
 def test_event_log_is_json_lines(ws, tmp_path):
@@ -140,7 +140,7 @@ def test_cache_stats_and_gc(ws):
     ws.cli("clean")
     rebuilt = ws.cli("build", "//p:count")
     assert rebuilt.code == 0, rebuilt.stderr
-    assert ws.path("qbuild-out/p/count/n.txt").read_text() == "4\n"
+    assert ws.path("qbuild-out/p/@count/n.txt").read_text() == "4\n"
     assert ws.cli("cache", "gc", "--max-size", "lots").code == 2
 
 
@@ -172,4 +172,4 @@ def test_command_sandbox_holds_only_declared_inputs(ws):
         cmd = "ls p > $(OUT)"
     """)
     assert ws.cli("build", "//p:look").code == 0
-    assert ws.path("qbuild-out/p/look/ls.txt").read_text().split() == ["a.txt"]
+    assert ws.path("qbuild-out/p/@look/ls.txt").read_text().split() == ["a.txt"]

@@ -34,7 +34,7 @@ def test_failing_action_reports_error_and_log_tail_and_stores_nothing(ws):
     assert "the model is not ONNX" in result.failed["//p:bad"]
     assert "attribute 'message'" in result.failed["//p:bad"]
     assert "step 2 about to fail" in result.log
-    assert not ws.path("qbuild-out/p/bad").exists()
+    assert not ws.path("qbuild-out/p/@bad").exists()
     again = ws.build("//p:bad")
     assert again.failed  # reran (nothing cached), failed again
 
@@ -67,19 +67,49 @@ def test_undeclared_missing_output_fails(ws):
     assert "did not write declared output 'b.txt'" in result.failed["//p:f"]
 
 
+def _blob_holding(cache_dir, text):
+    for path in (cache_dir / "cas").rglob("*.val"):
+        if path.read_bytes() == text.encode():
+            return path
+    raise AssertionError(f"no blob holds {text!r}")
+
+
 def test_corrupt_blob_is_discarded_and_rebuilt(ws):
     ws.write("p/a.txt", "alpha")
     ws.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["a.txt"]\nrepeat = 3\n')
     first = ws.build("//p:a")
-    out = first.output("//p:a")
-    # Corrupt the stored blob through its hard link, as a user editing qbuild-out would.
-    os.chmod(out, 0o644)
-    out.write_text("garbage!garbage!")
-    os.utime(out, ns=(0, 0))
+    assert first.ok, first.error
+    blob = _blob_holding(ws.cache_dir, "alphaalphaalpha")
+    os.chmod(blob, 0o644)
+    blob.write_text("garbage!garbage")
+    os.utime(blob, ns=(0, 0))
+    first.output("//p:a").unlink()
     result = ws.build("//p:a")
     assert result.ok, result.error
     assert result.output("//p:a").read_text() == "alphaalphaalpha"
     assert "restored //p:a by running it again" in result.log
+
+
+def test_editing_an_output_in_qbuild_out_never_reaches_the_cache(ws, tmp_path):
+    """qbuild-out holds private copies: an owner who chmods and edits one (or root, whom
+    modes do not stop) changes neither the blob nor another workspace's copy."""
+    ws.write("p/a.txt", "alpha")
+    ws.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["a.txt"]\nrepeat = 3\n')
+    out = ws.build("//p:a").output("//p:a")
+    assert not os.stat(out).st_mode & 0o222
+    os.chmod(out, 0o644)
+    out.write_text("garbage!garbage")
+    assert _blob_holding(ws.cache_dir, "alphaalphaalpha")
+    other = type(ws)(tmp_path / "other", ws.cache_dir)
+    other.plugins = list(ws.plugins)
+    other.write("p/a.txt", "alpha")
+    other.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["a.txt"]\nrepeat = 3\n')
+    theirs = other.build("//p:a")
+    assert theirs.ran == []
+    assert theirs.output("//p:a").read_text() == "alphaalphaalpha"
+    again = ws.build("//p:a")  # our edited copy is replaced from the intact cache
+    assert again.ran == [] and "restored" not in again.log
+    assert again.output("//p:a").read_text() == "alphaalphaalpha"
 
 
 def test_file_edited_during_an_action_is_not_cached(ws):
@@ -185,6 +215,6 @@ def test_two_concurrent_builds_of_overlapping_targets_both_succeed(ws):
     assert "OK" in out1, out1 + err1
     assert "OK" in out2, out2 + err2
     expected_x = "slept 0.5\nalphaslept 0.6\nalpha"
-    assert ws.path("qbuild-out/p/x/out.txt").read_text() == expected_x
-    assert ws.path("qbuild-out/p/y/out.txt").read_text() == "slept 0.6\nalpha|slept 0.5\nalpha"
+    assert ws.path("qbuild-out/p/@x/out.txt").read_text() == expected_x
+    assert ws.path("qbuild-out/p/@y/out.txt").read_text() == "slept 0.6\nalpha|slept 0.5\nalpha"
     assert ws.build("//p:x", "//p:y").ran == []

@@ -170,7 +170,7 @@ def test_matrix_variants_share_upstream_targets(ws):
                                          "//p:grid@repeat=2,mode=plain",
                                          "//p:grid@repeat=2,mode=fancy"])
     assert ws.build("//p:pick").ran == ["//p:pick"]
-    out = ws.path("qbuild-out/p/grid@repeat=2,mode=fancy/out.txt")
+    out = ws.path("qbuild-out/p/@grid@repeat=2,mode=fancy/out.txt")
     assert out.read_text() == "xx"
 
 
@@ -189,8 +189,8 @@ def test_heavy_actions_run_in_worker_processes(ws):
     """)
     result = ws.build("//p:all", jobs=2)
     assert result.ok, result.error
-    assert ws.path("qbuild-out/p/h1/out.txt").read_text() == "abcabc"
-    assert ws.path("qbuild-out/p/h2/out.txt").read_text() == "ABC"
+    assert ws.path("qbuild-out/p/@h1/out.txt").read_text() == "abcabc"
+    assert ws.path("qbuild-out/p/@h2/out.txt").read_text() == "ABC"
 
 
 def test_directory_outputs_are_stored_and_restored(ws):
@@ -204,7 +204,7 @@ def test_directory_outputs_are_stored_and_restored(ws):
     shutil.rmtree(ws.root / "qbuild-out")
     second = ws.build("//p:t")
     assert second.ran == []
-    assert sorted(p.name for p in (ws.root / "qbuild-out/p/t/data").iterdir()) == [
+    assert sorted(p.name for p in (ws.root / "qbuild-out/p/@t/data").iterdir()) == [
         "f0.txt", "f1.txt", "f2.txt"]
 
 
@@ -240,8 +240,8 @@ def test_matrix_keys_the_rule_lacks_are_template_variables_and_groups_expand(ws)
     """)
     result = ws.build("//p:paired", "//p:everything")
     assert result.ok, result.error
-    assert ws.path("qbuild-out/p/paired@k=3/out.txt").read_text() == "xxx"
-    assert ws.path("qbuild-out/p/everything/out.txt").read_text() == "x,xxx"
+    assert ws.path("qbuild-out/p/@paired@k=3/out.txt").read_text() == "xxx"
+    assert ws.path("qbuild-out/p/@everything/out.txt").read_text() == "x,xxx"
     single = ws.build("//p:single")
     assert single.exit_code == 2
     assert "//p:base is a matrix of 2 variants; name one" in single.error

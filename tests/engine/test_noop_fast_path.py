@@ -37,14 +37,14 @@ def test_every_kind_of_change_leaves_the_fast_path(ws):
     assert "1 actions run" in _build(ws, "//...").stderr
     ws.write("p/new.txt", "c\n")  # a new file matched by a glob
     assert "1 actions run" in _build(ws, "//...").stderr
-    assert ws.path("qbuild-out/p/cat/all.txt").read_text() == "b\nc\n"
+    assert ws.path("qbuild-out/p/@cat/all.txt").read_text() == "b\nc\n"
     ws.write("q/BUILD.toml", '[x]\nrule = "command"\nouts = ["x"]\ncmd = "echo x > $(OUT)"\n')
     assert "1 actions run" in _build(ws, "//...").stderr  # a new package under //...
     ws.write("q/BUILD.toml", '[x]\nrule = "command"\nouts = ["x"]\ncmd = "echo y > $(OUT)"\n')
     assert "1 actions run" in _build(ws, "//...").stderr  # a BUILD file edit
-    ws.path("qbuild-out/q/x/x").unlink()  # a deleted output comes back
+    ws.path("qbuild-out/q/@x/x").unlink()  # a deleted output comes back
     assert "nothing changed" not in _build(ws, "//...").stderr
-    assert ws.path("qbuild-out/q/x/x").read_text() == "y\n"
+    assert ws.path("qbuild-out/q/@x/x").read_text() == "y\n"
     assert "(nothing changed)" in _build(ws, "//...").stderr
 
 

@@ -40,7 +40,7 @@ def test_installed_third_party_plugin_is_found_and_builds(tmp_path):
     build = subprocess.run([str(python), "-m", "qbuild", "build", "//docs:words"], cwd=ws,
                            env=env, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
-    assert (ws / "qbuild-out/docs/words/words.count").read_text() == "6\n"
+    assert (ws / "qbuild-out/docs/@words/words.count").read_text() == "6\n"
     tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                             str(ROOT / "examples/plugin-wordcount/tests")], cwd=tmp_path,
                            env=env, capture_output=True, text=True)

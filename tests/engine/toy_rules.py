@@ -170,6 +170,79 @@ class Worker(Rule):
             os.kill(os.getpid(), signal.SIGKILL)
         ctx.output("out.txt").write_text(f"{ctx.name}\n")
         return {"pid": os.getpid()}
+class FloatEcho(Rule):
+    """Writes the repr of its float attributes (default written as an int)."""
+
+    kind = "float_echo"
+    attrs = {"x": attr.float(default=1, doc="A number."),
+             "xs": attr.float_list(default=[2], doc="Numbers.")}
+    outputs = ["f.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.output("f.txt").write_text(f"{ctx.attrs['x']!r} {ctx.attrs['xs']!r}")
+        return {}
+
+
+class Names(Rule):
+    """Writes one file per name (content: the name), in the order given; returns no info."""
+
+    kind = "names"
+    attrs = {"names": attr.string_list(required=True, doc="File names.")}
+
+    def declared_outputs(self, name: str, attrs: Any) -> list[str]:
+        return list(attrs["names"])
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        for name in ctx.attrs["names"]:
+            ctx.output(name).write_text(name.upper())
+        return {}
+
+
+class Vandal(Rule):
+    """Overwrites its inputs (a source file and a dependency's outputs), then writes."""
+
+    kind = "vandal"
+    attrs = {"srcs": attr.files(doc="Inputs to overwrite."),
+             "deps": attr.label_list(doc="Dependencies whose files to overwrite.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        victims = list(ctx.attrs["srcs"]) + [f for d in ctx.attrs["deps"] for f in d.files]
+        for path in victims:
+            os.chmod(path, 0o644)
+            path.write_text("VANDALISED")
+        ctx.output("out.txt").write_text("done")
+        return {}
+
+
+class Random(Rule):
+    """Not reproducible: writes fresh random bytes every run."""
+
+    kind = "random"
+    outputs = ["r.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.output("r.txt").write_text(os.urandom(8).hex())
+        return {}
+
+
+class Span(Rule):
+    """Sleeps; writes its granted threads and when it started and ended."""
+
+    kind = "span"
+    attrs = {"cores": attr.int(default=1, doc="Cores it needs."),
+             "mib": attr.int(default=0, doc="Memory it needs."),
+             "seconds": attr.float(default=0.3, doc="How long.")}
+    outputs = ["span.txt"]
+
+    def resources(self, attrs: Any) -> tuple[int, int]:
+        return attrs["cores"], attrs["mib"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        start = time.time()
+        time.sleep(ctx.attrs["seconds"])
+        ctx.output("span.txt").write_text(f"{ctx.threads} {start} {time.time()}")
+        return {}
 
 
 def check_error_type() -> type[RuleError]:
@@ -178,4 +251,5 @@ def check_error_type() -> type[RuleError]:
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, Exit, Noisy, Worker]
+    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, Exit, Noisy, Worker, FloatEcho,
+            Names, Vandal, Random, Span]

@@ -1,0 +1,190 @@
+"""The cache is immutable from outside and qbuild touches only what it owns: inputs are
+private read-only copies, outputs in qbuild-out are private copies with their modes,
+globs never see qbuild's own folders, and symlinks never lead qbuild out of them."""
+
+import os
+import textwrap
+
+from test_failures import _blob_holding
+
+
+def _folder(label):
+    try:
+        from qbuild import output_folder
+    except ImportError:  # before output folders had one public function
+        return label[2:].replace(":", "/")
+    return output_folder(label)
+
+
+def test_a_rule_writing_to_a_dependency_input_cannot_touch_the_cache(ws):
+    ws.write("p/a.txt", "alpha")
+    ws.write("p/BUILD.toml", textwrap.dedent("""
+        [a]
+        rule = "concat"
+        srcs = ["a.txt"]
+
+        [v]
+        rule = "vandal"
+        deps = [":a"]
+
+        [reader]
+        rule = "concat"
+        deps = [":a"]
+    """))
+    result = ws.build("//p:v", "//p:reader", jobs=1)
+    assert "modified its input qbuild-out/p/@a/out.txt" in result.failed["//p:v"]
+    assert _blob_holding(ws.cache_dir, "alpha")
+    assert result.output("//p:reader").read_text() == "alpha"
+    assert ws.build("//p:reader").output("//p:reader").read_text() == "alpha"
+
+
+def test_a_rule_writing_to_a_source_input_cannot_touch_the_users_file(ws):
+    ws.write("p/a.txt", "alpha")
+    ws.write("p/BUILD.toml", '[v]\nrule = "vandal"\nsrcs = ["a.txt"]\n')
+    result = ws.build("//p:v")
+    assert ws.path("p/a.txt").read_text() == "alpha"
+    assert "modified its input p/a.txt" in result.failed["//p:v"]
+
+
+def test_sources_are_staged_as_read_only_copies(ws):
+    ws.write("p/a.txt", "alpha")
+    ws.write("p/BUILD.toml", '[t]\nrule = "command"\nsrcs = ["a.txt"]\n'
+             'cmd = "test ! -L p/a.txt && test ! -w p/a.txt -o $(id -u) = 0 && '
+             'stat -c %a p/a.txt > $(OUT)"\nouts = ["o"]\n')
+    result = ws.build("//p:t")
+    assert result.ok, result.error
+    assert result.output("//p:t").read_text().strip() == "444"
+
+
+def test_a_root_deep_glob_never_sees_the_output_or_cache_folder(qbuild_workspace):
+    ws = qbuild_workspace
+    import toy_rules
+
+    ws.register(toy_rules)
+    ws.write("qbuild.toml", '[settings]\ncache_dir = ".cache"\n')
+    ws.write("a.txt", "a")
+    ws.write("BUILD.toml", '[all]\nrule = "concat"\nsrcs = ["**/*.txt"]\n')
+    first = ws.build("//:all")
+    assert first.ok, first.error
+    assert first.output("//:all").read_text() == "a"
+    assert any(ws.path(".cache").rglob("*"))
+    second = ws.build("//:all")
+    assert second.ran == []
+    assert second.output("//:all").read_text() == "a"
+
+
+def test_executable_outputs_stay_executable(ws):
+    ws.write("p/BUILD.toml", textwrap.dedent("""
+        [gen]
+        rule = "command"
+        cmd = "printf '#!/bin/sh\\\\necho ran\\\\n' > $(OUT) && chmod +x $(OUT)"
+        outs = ["tool.sh"]
+
+        [use]
+        rule = "command"
+        srcs = [":gen"]
+        cmd = "./$(location :gen) > $(OUT)"
+        outs = ["o"]
+    """))
+    result = ws.build("//p:gen", "//p:use")
+    assert result.ok, result.error
+    assert result.output("//p:use").read_text() == "ran\n"
+    tool = result.output("//p:gen")
+    assert os.access(tool, os.X_OK)
+    assert oct(os.stat(tool).st_mode & 0o777) == "0o555"
+
+
+def test_a_symlink_in_qbuild_out_is_never_followed(ws, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("keep")
+    ws.write("p/a.txt", "alpha")
+    ws.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["a.txt"]\n')
+    assert ws.build("//p:a").ok
+    folder = ws.path("qbuild-out/" + _folder("//p:a"))
+    for path in sorted(folder.rglob("*"), reverse=True):
+        path.unlink()
+    folder.rmdir()
+    folder.symlink_to(outside)
+    result = ws.build("//p:a")
+    assert result.ok, result.error
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+    assert not folder.is_symlink()
+    assert result.output("//p:a").read_text() == "alpha"
+    # A failed target's folder is removed: the link itself, never what it points to.
+    ws.write("p/BUILD.toml", '[a]\nrule = "fail"\n')
+    folder_link = folder
+    for path in sorted(folder.rglob("*"), reverse=True):
+        path.unlink()
+    folder.rmdir()
+    folder_link.symlink_to(outside)
+    assert not ws.build("//p:a").ok
+    assert sorted(p.name for p in outside.iterdir()) == ["keep.txt"]
+
+
+def test_output_and_cache_folders_qbuild_does_not_own_are_refused(ws, tmp_path):
+    ws.write("p/a.txt", "alpha")
+    ws.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["a.txt"]\n')
+    cache = ws.cache_dir.as_posix()
+    for settings, words in [
+        ('output_dir = "."', "workspace root"),
+        ('output_dir = "p"', "was not made by qbuild"),
+        (f'output_dir = "qbuild-out"\ncache_dir = "{ws.root.as_posix()}"', "holds the workspace"),
+        ('cache_dir = "p"', "not a qbuild cache"),
+    ]:
+        if "cache_dir" not in settings:
+            settings += f'\ncache_dir = "{cache}"'
+        ws.write("qbuild.toml", f"[settings]\n{settings}\n")
+        result = ws.build("//p:a")
+        assert result.exit_code == 2 and words in result.error, (settings, result.error)
+        assert "qbuild.toml" in result.error
+        cli = ws.cli("clean", "--expunge")
+        assert cli.code == 2 and words in cli.stderr, (settings, cli.stderr)
+        assert ws.path("p/a.txt").read_text() == "alpha"
+        assert ws.path("qbuild.toml").exists()
+
+
+def test_clean_expunge_deletes_only_what_the_store_made(qbuild_workspace, tmp_path):
+    ws = qbuild_workspace
+    cache = tmp_path / "mycache"
+    ws.write("qbuild.toml", f'[settings]\ncache_dir = "{cache.as_posix()}"\n')
+    ws.write("p/a.txt", "alpha")
+    ws.write("p/BUILD.toml", '[a]\nrule = "filegroup"\nsrcs = ["a.txt"]\n')
+    assert ws.cli("build", "//p:a").code == 0
+    (cache / "notes.txt").write_text("mine")
+    assert ws.cli("clean", "--expunge").code == 0
+    assert sorted(p.name for p in cache.iterdir()) == ["notes.txt"]
+
+
+def test_symlinked_sources_outside_the_workspace_are_refused(ws, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("secret")
+    ws.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["link.txt"]\n\n'
+             '[g]\nrule = "concat"\nsrcs = ["*.txt"]\n')
+    ws.path("p/link.txt").symlink_to(secret)
+    for label in ("//p:a", "//p:g"):
+        result = ws.build(label)
+        assert result.exit_code == 2
+        assert "is a symlink to" in result.error and "outside the workspace" in result.error
+        assert "p/BUILD.toml" in result.error and "attribute 'srcs'" in result.error
+    # Inside the workspace a symlink is just another name for a source file.
+    ws.path("p/link.txt").unlink()
+    ws.write("p/real.txt", "real")
+    ws.path("p/link.txt").symlink_to("real.txt")
+    assert ws.build("//p:a").output("//p:a").read_text() == "real"
+
+
+def test_outputs_that_cannot_be_restored_fail_the_target_cleanly(ws):
+    """A non-reproducible target whose blob is damaged reruns to different bytes: the
+    target fails with one line (no crash, no stale path reported as built)."""
+    ws.write("p/BUILD.toml", '[r]\nrule = "random"\n')
+    first = ws.build("//p:r")
+    text = first.output("//p:r").read_text()
+    blob = _blob_holding(ws.cache_dir, text)
+    os.chmod(blob, 0o644)
+    blob.write_text("0" * len(text))
+    first.output("//p:r").unlink()
+    result = ws.build("//p:r")
+    assert not result.ok and result.exit_code == 1
+    assert "not deterministic" in result.failed["//p:r"]
+    assert "//p:r" not in result._outputs
