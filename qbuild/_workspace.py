@@ -116,7 +116,7 @@ def load_workspace(start: Path) -> Workspace:
 
 
 OWNED_MARKER = ".qbuild"  # in the output folder: qbuild made it, so qbuild may delete in it
-CACHE_ENTRIES = ("ac", "cas", "memo", "tmp", "entry_points.json")
+CACHE_ENTRIES = ("ac", "cas", "memo", "tmp", "locks", "entry_points.json")
 
 
 def _non_empty(path: Path) -> bool:

@@ -279,8 +279,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
     print(f"removed {_rel(workspace.output_dir)}")
     if args.expunge:
         cache = workspace.cache_dir
-        for name in CACHE_ENTRIES:  # only what the store made, never the folder's other files
-            path = cache / name
+        made = [cache / name for name in CACHE_ENTRIES]
+        # Indexes the store set aside as damaged are its own too.
+        made += [p for name in ("ac", "cas", "memo") for p in cache.glob(f"{name}.damaged-*")]
+        for path in made:  # only what the store made, never the folder's other files
             if path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path, ignore_errors=True)
             elif path.exists() or path.is_symlink():

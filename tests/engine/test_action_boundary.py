@@ -68,7 +68,7 @@ def test_a_non_reproducible_target_whose_blobs_were_evicted_reruns_normally(ws):
     ws.cli("clean")
     second = ws.build("//p:d")
     assert second.ok, second.error
-    text = ws.path("qbuild-out/p/d/out.txt").read_text()
+    text = ws.path("qbuild-out/p/@d/out.txt").read_text()
     assert text != first.output("//p:d").read_text() or True  # new timing, same shape
     assert text.strip().isdigit()
     assert ws.build("//p:d").ran == []  # the new result is cached

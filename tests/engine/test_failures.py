@@ -112,13 +112,18 @@ def test_editing_an_output_in_qbuild_out_never_reaches_the_cache(ws, tmp_path):
     assert again.output("//p:a").read_text() == "alphaalphaalpha"
 
 
-def test_file_edited_during_an_action_is_not_cached(ws):
+def test_file_edited_during_an_action_is_not_cached(ws, tmp_path, monkeypatch):
     ws.write("p/a.txt", "before")
     ws.write("p/BUILD.toml", '[s]\nrule = "slow"\nsrcs = ["a.txt"]\nseconds = 1.0\n')
     import threading
 
-    def edit():
-        time.sleep(0.5)
+    started = tmp_path / "started"
+    monkeypatch.setenv("TOY_STARTED", str(started))
+
+    def edit():  # once the action runs (not after a guess at how long analysis takes)
+        deadline = time.monotonic() + 60
+        while not started.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
         ws.write("p/a.txt", "after!")
 
     thread = threading.Thread(target=edit)

@@ -51,7 +51,7 @@ def test_a_source_saved_during_the_build_is_picked_up_next_time(ws, tmp_path):
     assert proc.wait(60) == 0, proc.communicate()
     again = _build(ws, "//p:a", "//p:b")
     assert "nothing changed" not in again.stderr
-    assert ws.path("qbuild-out/p/a/a.out").read_text() == "new\n"
+    assert ws.path("qbuild-out/p/@a/a.out").read_text() == "new\n"
 
 
 def test_a_source_edited_and_reverted_while_its_action_runs_is_never_cached(ws, tmp_path):
@@ -78,7 +78,7 @@ def test_a_source_edited_and_reverted_while_its_action_runs_is_never_cached(ws, 
     proc.wait(60)
     assert ws.cli("clean").code == 0
     _build(ws, "//p:a")
-    assert ws.path("qbuild-out/p/a/a.out").read_text() == "good\n"
+    assert ws.path("qbuild-out/p/@a/a.out").read_text() == "good\n"
 
 
 CAT_GLOB = """
@@ -100,10 +100,10 @@ def test_new_matches_of_multi_segment_and_deep_globs_are_seen(ws):
     assert "(nothing changed)" in _build(ws, "//p:all").stderr  # '**' globs too
     ws.write("p/d/b/x.txt", "b\n")  # a new match in a new directory
     assert "nothing changed" not in _build(ws, "//p:all").stderr
-    assert ws.path("qbuild-out/p/cat/all.txt").read_text() == "a\nb\n"
+    assert ws.path("qbuild-out/p/@cat/all.txt").read_text() == "a\nb\n"
     ws.write("p/e/f/h/i/j.md", "j\n")
     assert "nothing changed" not in _build(ws, "//p:all").stderr
-    assert ws.path("qbuild-out/p/deep/all.txt").read_text() == "g\nj\n"
+    assert ws.path("qbuild-out/p/@deep/all.txt").read_text() == "g\nj\n"
 
 
 def test_removing_a_nested_workspace_marker_brings_its_packages_in(ws):
@@ -119,7 +119,7 @@ def test_removing_a_nested_workspace_marker_brings_its_packages_in(ws):
     ws.path("sub/qbuild.toml").unlink()
     second = _build(ws, "//...")
     assert "nothing changed" not in second.stderr
-    assert "qbuild-out/sub/cat/all.txt" in second.stdout
+    assert "qbuild-out/sub/@cat/all.txt" in second.stdout
 
 
 def test_a_copied_workspace_sees_its_own_edits(ws, tmp_path):
@@ -141,8 +141,8 @@ def test_a_copied_workspace_sees_its_own_edits(ws, tmp_path):
     shutil.copytree(ws.root, copy)
     (copy / "p/a.txt").write_text("edited in the copy\n")
     assert "nothing changed" not in build(copy).stderr
-    assert (copy / "qbuild-out/p/cat/all.txt").read_text() == "edited in the copy\n"
-    assert ws.path("qbuild-out/p/cat/all.txt").read_text() == "a\n"
+    assert (copy / "qbuild-out/p/@cat/all.txt").read_text() == "edited in the copy\n"
+    assert ws.path("qbuild-out/p/@cat/all.txt").read_text() == "a\n"
 
 
 def test_timestamps_in_whole_seconds_mean_a_coarse_filesystem():

@@ -25,12 +25,12 @@ def _damage(path):
 def test_every_damaged_blob_of_a_target_is_detected_and_restored(ws):
     ws.write("p/BUILD.toml", '[t]\nrule = "tree"\nn = 3\n')
     assert ws.build("//p:t").ok
-    files = sorted(ws.path("qbuild-out/p/t/data").iterdir())
+    files = sorted(ws.path("qbuild-out/p/@t/data").iterdir())
     for path in files[:2]:  # two damaged blobs (outputs share the blob's inode)
         _damage(path)
     again = ws.build("//p:t")
     assert again.ok, again.error
-    assert [p.read_text() for p in sorted(ws.path("qbuild-out/p/t/data").iterdir())] == \
+    assert [p.read_text() for p in sorted(ws.path("qbuild-out/p/@t/data").iterdir())] == \
         ["0", "1", "2"]
 
 
@@ -61,7 +61,7 @@ def test_a_target_with_many_evicted_inputs_rebuilds_them_all(ws):
     ws.write("p/BUILD.toml", ws.path("p/BUILD.toml").read_text() + 'sep = "-"\n')
     result = ws.build("//p:d")
     assert result.ok, result.error
-    assert ws.path("qbuild-out/p/d/out.txt").read_text() == "0-1-2-3"
+    assert ws.path("qbuild-out/p/@d/out.txt").read_text() == "0-1-2-3"
 
 
 def test_gc_reclaims_orphan_blob_files_left_by_a_killed_process(ws):
@@ -101,7 +101,7 @@ def test_a_damaged_sqlite_index_is_rebuilt_with_one_message(ws, index):
     result = ws.cli("build", "--explain", "//p:c")
     _one_line(result, 0)
     assert "damaged" in result.stderr
-    assert ws.path("qbuild-out/p/c/o").read_text() == "a\n"
+    assert ws.path("qbuild-out/p/@c/o").read_text() == "a\n"
     _one_line(ws.cli("build", "--explain", "//p:c"), 0)
 
 
@@ -210,7 +210,7 @@ while time.monotonic() < deadline:
     else:
         store.put_blob(data, digest)
         dest = data.parent / f"out-{role}"
-        if store.restore_blob(digest, dest, link=False):
+        if store.restore_blob(digest, dest):
             assert hash_file(dest) == digest
     n += 1
 print(n)
