@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,12 @@ class TargetSpec:
     build_file: str
     variants: list[Label] = field(default_factory=list)
     matrix_keys: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+    @property
+    def manual(self) -> bool:
+        """Tagged ``manual``: left out of ``//...`` and ``:all``, built only by name."""
+        return "manual" in self.tags
 
 
 def _format_value(value: Any) -> str:
@@ -62,6 +69,33 @@ def _substitute(value: Any, bindings: dict[str, str]) -> Any:
     return value
 
 
+_TEMPLATE = re.compile(r"(?<![$])\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _unknown_template(value: Any, keys: dict[str, str]) -> str | None:
+    """A ``{key}`` left in a matrix variant's string values that no matrix axis binds."""
+    if isinstance(value, str):
+        for match in _TEMPLATE.finditer(value):
+            if match.group(1) not in keys and match.group(1) != "name":
+                return match.group(1)
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+        else ()
+    for item in items:
+        found = _unknown_template(item, keys)
+        if found:
+            return found
+    return None
+
+
+def _tags(table: dict[str, Any], shown: str, label: Label) -> tuple[str, ...]:
+    tags = table.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError("'tags' must be a list of strings (e.g. tags = [\"manual\"])",
+                          file=shown, target=str(label), attr="tags")
+    return tuple(tags)
+
+
 def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[TargetSpec]:
     kind = table.get("rule")
     label = Label(package, name)
@@ -70,10 +104,11 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
                           file=shown, target=str(label))
     if not isinstance(kind, str):
         raise ConfigError("'rule' must be a string", file=shown, target=str(label), attr="rule")
-    raw = {k: v for k, v in table.items() if k not in ("rule", "matrix")}
+    tags = _tags(table, shown, label)
+    raw = {k: v for k, v in table.items() if k not in ("rule", "matrix", "tags")}
     matrix = table.get("matrix")
     if matrix is None:
-        return [TargetSpec(label, kind, raw, shown)]
+        return [TargetSpec(label, kind, raw, shown, tags=tags)]
     where = {"file": shown, "target": str(label), "attr": "matrix"}
     if not isinstance(matrix, dict) or not matrix:
         raise ConfigError("'matrix' must be a non-empty table of lists", **where)
@@ -89,7 +124,7 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
                                   "booleans", **where)
         axes.append((key, values))
     specs = []
-    group = TargetSpec(label, MATRIX_KIND, {}, shown)
+    group = TargetSpec(label, MATRIX_KIND, {}, shown, tags=tags)
     for combination in itertools.product(*(values for _, values in axes)):
         bindings = {key: _format_value(v) for (key, _), v in zip(axes, combination)}
         suffix = ",".join(f"{key}={text}" for key, text in bindings.items())
@@ -100,10 +135,16 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
             raise ConfigError(f"matrix values give an invalid target name '{variant_name}'",
                               **where) from None
         attrs = _substitute(raw, bindings)
+        for attr_name, value in attrs.items():
+            unknown = _unknown_template(value, bindings)
+            if unknown:
+                raise ConfigError(f"'{{{unknown}}}' names no matrix key (matrix keys: "
+                                  f"{', '.join(bindings)})", file=shown, target=str(label),
+                                  attr=attr_name)
         attrs.update({key: v for (key, _), v in zip(axes, combination)})
         variant = Label(package, variant_name)
         specs.append(TargetSpec(variant, kind, attrs, shown,
-                                matrix_keys=tuple(key for key, _ in axes)))
+                                matrix_keys=tuple(key for key, _ in axes), tags=tags))
         group.variants.append(variant)
     return [group, *specs]
 

@@ -24,7 +24,7 @@ class Concat(Rule):
         "repeat": attr.int(default=1, doc="Repeat the result."),
         "scale": attr.float(default=1.0, doc="Unused number."),
         "mode": attr.enum(["plain", "fancy"], default="plain", doc="A mode."),
-        "tags": attr.string_list(doc="Tags."),
+        "notes": attr.string_list(doc="Free notes."),
         "extra": attr.mapping(doc="A table."),
     }
     outputs = ["out.txt"]
