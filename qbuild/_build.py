@@ -10,6 +10,7 @@ dependency rebuilt to identical bytes gives the same key and stops the rebuild t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 import time
@@ -51,6 +52,8 @@ class BuildResult:
     cached: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
+    skip_reasons: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Path]] = field(default_factory=dict)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
     explanations: dict[str, list[str]] = field(default_factory=dict)
@@ -160,6 +163,12 @@ class Build:
             "cache_hits": len(self.result.cached), "failed": len(self.result.failed),
             "skipped": len(self.result.skipped), "seconds": round(self.result.seconds, 3),
             "bytes_hashed": self.result.bytes_hashed,
+            "failed_ran": len(self.result.failed_ran),
+            "failures": [{"label": label, "error": error,
+                          "ran": label in self.result.failed_ran}
+                         for label, error in self.result.failed.items()],
+            "skipped_reasons": dict(self.result.skip_reasons),
+            "cache_dir": str(self.store.directory), "cache_bytes": self.store.volume(),
         }
         self.reporter.build_finished(summary)
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
@@ -194,6 +203,7 @@ class Build:
                         bad.add(label)
                         if not target.is_group:
                             self.result.skipped.append(str(label))
+                            self.result.skip_reasons[str(label)] = self._skip_reason(target, bad)
                             self._event(label, "skipped", 0.0)
                         finish(label)
                         continue
@@ -203,7 +213,7 @@ class Build:
                     try:
                         parts, key, action = self.session.key_for(target, self.results)
                     except (OSError, QbuildError) as exc:
-                        self._failed(label, str(exc), "")
+                        self._failed(label, self._scrub(str(exc)), "")
                         bad.add(label)
                         stop = stop or not self.options.keep_going
                         finish(label)
@@ -216,12 +226,12 @@ class Build:
                         continue
                     if self.options.explain:
                         self._explain(label, parts)
-                    self.reporter.action_started(str(label))
+                    self.reporter.action_queued(str(label))
                     if pool is None:  # created on the first miss: no-op builds skip it
                         import concurrent.futures
 
                         pool = concurrent.futures.ThreadPoolExecutor(self.options.jobs)
-                    future = pool.submit(self._execute, label, action, parts)
+                    future = pool.submit(self._run_action, label, action, parts)
                     running[future] = label
                 if not running:
                     break
@@ -230,20 +240,48 @@ class Build:
                 done, _ = concurrent.futures.wait(running, return_when="FIRST_COMPLETED")
                 for future in done:
                     label = running.pop(future)
-                    try:
-                        outcome_seconds = future.result()
-                    except ActionFailed as exc:
-                        self._failed(label, str(exc.error), exc.log_tail)
+                    if not future.result():
                         bad.add(label)
                         stop = stop or not self.options.keep_going
-                    else:
-                        self.result.ran.append(str(label))
-                        self._event(label, "ran", outcome_seconds,
-                                    warnings=self.results[label].get("warnings", []))
                     finish(label)
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    def _skip_reason(self, target: Target, bad: set[Label]) -> str:
+        failed = [dep for dep in target.deps if dep in bad]
+        if not failed:
+            return "not started: the build stops at the first failure (see --keep_going)"
+        first = str(failed[0])
+        return (f"depends on failed {first}" if first in self.result.failed
+                else f"depends on skipped {first}")
+
+    def _scrub(self, text: str) -> str:
+        """Error text with sandbox paths written as the workspace-relative paths they
+        stand for (sources are staged at those paths, outputs under qbuild-out/)."""
+        for tmp in dict.fromkeys((str(self.store.tmp), os.path.realpath(self.store.tmp))):
+            text = re.sub(re.escape(tmp) + r"/\d+-[0-9a-f]+/?", "", text)
+        for root in dict.fromkeys((str(self.session.workspace.root),
+                                   os.path.realpath(self.session.workspace.root))):
+            text = text.replace(root + os.sep, "")
+        return text
+
+    def _run_action(self, label: Label, action: Action, parts: dict[str, Any]) -> bool:
+        """Run one action in a job thread, reporting its start and end from that thread
+        (so the next queued action never looks as if it started before this one ended)."""
+        self.reporter.action_started(str(label))
+        try:
+            seconds = self._execute(label, action, parts)
+        except ActionFailed as exc:
+            with self._rebuild_lock:
+                self.result.failed_ran.append(str(label))
+            self._failed(label, self._scrub(str(exc.error)), self._scrub(exc.log_tail))
+            return False
+        with self._rebuild_lock:
+            self.result.ran.append(str(label))
+        self._event(label, "ran", seconds, warnings=self.results[label].get("warnings", []),
+                    rule=self.graph.targets[label].kind)
+        return True
 
     def _execute(self, label: Label, action: Action, parts: dict[str, Any]) -> float:
         for _attempt in range(3):

@@ -16,6 +16,7 @@ key the rule declares becomes that attribute; any other key is only such a varia
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import os
 import re
@@ -73,11 +74,16 @@ _TEMPLATE = re.compile(r"(?<![$])\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
 def _unknown_template(value: Any, keys: dict[str, str]) -> str | None:
-    """A ``{key}`` left in a matrix variant's string values that no matrix axis binds."""
+    """A ``{key}`` left in a matrix variant's values that looks meant for a matrix axis:
+    inside a label, or close to an axis name (other braces, as in shell or awk code,
+    are left alone)."""
     if isinstance(value, str):
         for match in _TEMPLATE.finditer(value):
-            if match.group(1) not in keys and match.group(1) != "name":
-                return match.group(1)
+            name = match.group(1)
+            if name in keys or name == "name":
+                continue
+            if value.startswith((":", "//")) or difflib.get_close_matches(name, keys):
+                return name
         return None
     items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
         else ()
@@ -108,6 +114,11 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
     raw = {k: v for k, v in table.items() if k not in ("rule", "matrix", "tags")}
     matrix = table.get("matrix")
     if matrix is None:
+        for attr_name, value in raw.items():
+            unknown = _unknown_template(value, {})
+            if unknown:
+                raise ConfigError(f"'{{{unknown}}}' is a matrix template, but this target has "
+                                  "no matrix", file=shown, target=str(label), attr=attr_name)
         return [TargetSpec(label, kind, raw, shown, tags=tags)]
     where = {"file": shown, "target": str(label), "attr": "matrix"}
     if not isinstance(matrix, dict) or not matrix:
@@ -138,9 +149,11 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
         for attr_name, value in attrs.items():
             unknown = _unknown_template(value, bindings)
             if unknown:
+                close = difflib.get_close_matches(unknown, bindings, 1)
+                hint = f"; did you mean {{{close[0]}}}?" if close else ""
                 raise ConfigError(f"'{{{unknown}}}' names no matrix key (matrix keys: "
-                                  f"{', '.join(bindings)})", file=shown, target=str(label),
-                                  attr=attr_name)
+                                  f"{', '.join(bindings)}){hint}", file=shown,
+                                  target=str(label), attr=attr_name)
         attrs.update({key: v for (key, _), v in zip(axes, combination)})
         variant = Label(package, variant_name)
         specs.append(TargetSpec(variant, kind, attrs, shown,

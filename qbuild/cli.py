@@ -1,10 +1,13 @@
-"""The ``qbuild`` command line: build, query, graph, explain, clean, cache, rules."""
+"""The ``qbuild`` command line: build, query, graph, explain, clean, cache, rules,
+outputs. ``--quiet`` and ``--verbose`` mean the same everywhere: results go to stdout,
+messages to stderr; quiet leaves only results and errors, verbose adds detail."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -24,7 +27,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    # SUPPRESS: a flag given before the command is not reset by the subcommand's default.
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="more detail: tracebacks on errors, every action and warning")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="only results and errors: no progress, summary or warnings")
     parser = _Parser(prog="qbuild", description="Declarative, content-addressed builds of "
                      "ONNX model artifacts.", parents=[common])
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -41,7 +48,9 @@ def _parser() -> argparse.ArgumentParser:
 
     query = sub.add_parser("query", parents=[common], help="query the target graph")
     query.add_argument("expression")
-    query.add_argument("--output", choices=["label", "json"], default="label")
+    query.add_argument("--output", choices=["label", "json", "build"], default="label",
+                       help="label: one per line; json: records with attributes; build: "
+                       "the targets as BUILD.toml tables, matrix variants expanded")
 
     graph = sub.add_parser("graph", parents=[common], help="draw the target graph")
     graph.add_argument("patterns", nargs="+", metavar="PATTERN")
@@ -63,6 +72,10 @@ def _parser() -> argparse.ArgumentParser:
 
     rules = sub.add_parser("rules", parents=[common], help="list rules, or describe one")
     rules.add_argument("kind", nargs="?")
+
+    outputs = sub.add_parser("outputs", parents=[common],
+                             help="the output paths of targets, one per line (for scripts)")
+    outputs.add_argument("patterns", nargs="+", metavar="PATTERN")
     return parser
 
 
@@ -103,6 +116,18 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def _shown(path: Path) -> str:
+    """An output path as ``qbuild build`` prints it: quoted for the shell when needed
+    (matrix variants' folders hold ``@``, ``=`` and ``,``)."""
+    return shlex.quote(_rel(path))
+
+
+def _info(args: argparse.Namespace, text: str) -> None:
+    """A message for the user (not a result): on stderr, silenced by --quiet."""
+    if not getattr(args, "quiet", False):
+        print(text, file=sys.stderr)
+
+
 def _noop_package(workspace: Any) -> str | None:
     try:
         return workspace.package_of(Path.cwd())
@@ -120,10 +145,17 @@ def cmd_build(args: argparse.Namespace) -> int:
         snapshot = try_noop(workspace.output_dir, args.patterns, _noop_package(workspace))
         if snapshot is not None:
             for line in snapshot["lines"]:
-                print(_rel(workspace.root / line))
+                print(_shown(workspace.root / line))
             summary = snapshot["summary"]
-            print(f"Build OK: {summary['targets']} targets, 0 actions run, "
-                  f"{summary['actions']} cache hits (nothing changed)", file=sys.stderr)
+            line = (f"Build OK: {summary['targets']} targets, 0 actions run, "
+                    f"{summary['actions']} cache hits (nothing changed)")
+            if summary.get("cache_dir"):
+                from ._progress import human_size, short_path
+
+                line += f"; cache {short_path(summary['cache_dir'])}"
+                if summary.get("cache_bytes") is not None:
+                    line += f" ({human_size(summary['cache_bytes'])} at the last full build)"
+            _info(args, line)
             return EXIT_OK
     return _full_build(args)
 
@@ -140,7 +172,8 @@ def _full_build(args: argparse.Namespace) -> int:
         if jobs < 1:
             raise UsageError("-j must be at least 1")
         labels = session.graph.expand(args.patterns, package)
-        reporters: list[Reporter] = [ConsoleReporter()]
+        reporters: list[Reporter] = [ConsoleReporter(quiet=getattr(args, "quiet", False),
+                                                     verbose=getattr(args, "verbose", False))]
         if args.event_log:
             reporters.append(EventLogReporter(args.event_log))
         reporter = FanOut(*reporters)
@@ -151,7 +184,7 @@ def _full_build(args: argparse.Namespace) -> int:
         lines = []
         for label in result.requested:
             for path in result.outputs.get(label, []):
-                print(_rel(path))
+                print(_shown(path))
                 lines.append(path.relative_to(session.workspace.root).as_posix())
         if result.ok and not session.graph.deep_globs:
             from ._executor import label_dir
@@ -162,7 +195,9 @@ def _full_build(args: argparse.Namespace) -> int:
             record(session.workspace.output_dir, args.patterns, package,
                    session.graph.watched_files() + outputs, lines,
                    {"targets": len(result.requested),
-                    "actions": len(result.ran) + len(result.cached)})
+                    "actions": len(result.ran) + len(result.cached),
+                    "cache_dir": str(session.store.directory),
+                    "cache_bytes": session.store.volume()})
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
@@ -170,17 +205,14 @@ def _full_build(args: argparse.Namespace) -> int:
 
 def cmd_query(args: argparse.Namespace) -> int:
     from ._query import Query
+    from ._query_output import as_build, as_records
 
     session, package = _session()
     labels = Query(session.graph, package).evaluate(args.expression)
     if args.output == "json":
-        records = []
-        for label in labels:
-            target = session.graph.targets[label]
-            records.append({"label": str(label), "kind": target.kind,
-                            "deps": [str(d) for d in target.deps],
-                            "build_file": target.build_file})
-        print(json.dumps(records, indent=2))
+        print(json.dumps(as_records(session.graph, labels), indent=2))
+    elif args.output == "build":
+        sys.stdout.write(as_build(session.graph, labels))
     else:
         for label in labels:
             print(label)
@@ -217,10 +249,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
     workspace = load_workspace(Path.cwd())
     shutil.rmtree(workspace.output_dir, ignore_errors=True)
-    print(f"removed {_rel(workspace.output_dir)}")
+    _info(args, f"removed {_rel(workspace.output_dir)}")
     if args.expunge:
         shutil.rmtree(workspace.cache_dir, ignore_errors=True)
-        print(f"removed the cache {workspace.cache_dir}")
+        _info(args, f"removed the cache {workspace.cache_dir}")
     return EXIT_OK
 
 
@@ -230,18 +262,36 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     if args.cache_command is None:
         raise UsageError("say 'qbuild cache stats' or 'qbuild cache gc --max-size SIZE'")
+    from ._progress import human_size
+
     workspace = load_workspace(Path.cwd())
+    if not workspace.cache_dir.is_dir():  # expunged or never used: do not create it
+        if args.cache_command == "gc":
+            _size(args.max_size)
+        print(f"directory: {workspace.cache_dir}\nno cache there (nothing built yet, or "
+              "expunged): 0 B")
+        return EXIT_OK
     store = LocalStore(workspace.cache_dir)
     try:
         if args.cache_command == "stats":
             for key, value in store.stats().items():
-                print(f"{key}: {value}")
+                shown = human_size(value) if key.endswith("bytes") else value
+                print(f"{key}: {shown}")
         else:
             outcome = store.gc(_size(args.max_size))
-            print(f"cache blobs: {outcome['before']} -> {outcome['after']} bytes "
-                  f"({outcome['removed']} removed)")
+            print(f"cache blobs: {human_size(outcome['before'])} -> "
+                  f"{human_size(outcome['after'])} ({outcome['removed']} blobs removed)")
     finally:
         store.close()
+    return EXIT_OK
+
+
+def cmd_outputs(args: argparse.Namespace) -> int:
+    from ._outputs import declared_paths
+
+    session, package = _session()
+    for path in declared_paths(session, args.patterns, package):
+        print(_rel(path))
     return EXIT_OK
 
 
@@ -268,7 +318,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print(f"outputs: {outputs}")
     print("attributes:")
     for name, schema in cls.attrs.items():
-        print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()})")
+        when = f"; {schema.describe_when()}" if schema.when else ""
+        print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()}{when})")
         if schema.doc:
             print(f"      {schema.doc}")
     return EXIT_OK
@@ -276,7 +327,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"build": cmd_build, "query": cmd_query, "graph": cmd_graph,
              "explain": cmd_explain, "clean": cmd_clean, "cache": cmd_cache,
-             "rules": cmd_rules}
+             "rules": cmd_rules, "outputs": cmd_outputs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -285,9 +336,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["--version"], ["-V"]):
         print(f"qbuild {__version__}")
         return EXIT_OK
-    verbose = "--verbose" in argv
+    verbose = "--verbose" in argv or "-v" in argv
     try:
         args = _parser().parse_args(argv)
+        if getattr(args, "quiet", False) and getattr(args, "verbose", False):
+            raise UsageError("--quiet and --verbose contradict each other; give one")
         if args.version:
             print(f"qbuild {__version__}")
             return EXIT_OK

@@ -118,10 +118,23 @@ class Undeclared(Rule):
         return {}
 
 
+class Warn(Rule):
+    """Always warns, naming its own label (as real rules often do)."""
+
+    kind = "warn"
+    attrs = {"n": attr.string(default="", doc="Anything.")}
+    outputs = ["w.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.warn("this toy always warns")
+        ctx.output("w.txt").write_text(ctx.attrs["n"])
+        return {}
+
+
 def check_error_type() -> type[RuleError]:
     return RuleError
 
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared]
+    return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, Warn]
