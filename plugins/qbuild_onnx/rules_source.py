@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from qbuild import (
-    ActionContext, ConfigError, Dep, Rule, RuleError, attr, dist_version, hookimpl,
+    ActionContext,
+    ConfigError,
+    Dep,
+    Rule,
+    RuleError,
+    attr,
+    dist_version,
+    hookimpl,
 )
 
 _ENV_LIBS = ("onnx", "onnxruntime", "numpy")
