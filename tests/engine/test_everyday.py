@@ -3,6 +3,7 @@ types, visible matrix variants, conditional attributes, truthful progress, consi
 --quiet/--verbose, grouped warnings, shell-friendly output paths."""
 
 import json
+import re
 import shlex
 import time
 
@@ -271,3 +272,43 @@ def test_build_quotes_paths_and_outputs_prints_them_one_per_line(ws):
     sub = ws.cli("outputs", ":plain", cwd="p")
     assert sub.stdout.splitlines() == ["../qbuild-out/p/plain/out.txt"]
     assert ws.cli("outputs", "//p:zz").code == 2
+
+
+# -- 5. where things are ------------------------------------------------------------------
+def test_summary_names_the_cache_and_its_size(ws):
+    ws.write("p/BUILD.toml", MANUAL)
+    built = ws.cli("build", "//p:a")
+    assert built.code == 0, built.stderr
+    summary = built.stderr.strip().splitlines()[-1]
+    assert summary.startswith("Build OK: 1 targets, 1 actions run, 0 cache hits")
+    assert f"; cache {ws.cache_dir} (" in summary and summary.endswith(" KB)")
+    again = ws.cli("build", "//p:a")  # the no-op fast path says it too
+    assert f"; cache {ws.cache_dir} (" in again.stderr
+    home = ws.cli("build", "//p:a", "//p:slow", env={"HOME": str(ws.cache_dir.parent)})
+    assert "; cache ~/cache (" in home.stderr
+
+
+def test_cache_stats_in_human_sizes_and_never_recreates_an_expunged_cache(ws):
+    ws.write("p/BUILD.toml", MANUAL)
+    assert ws.cli("build", "//p:a").code == 0
+    stats = ws.cli("cache", "stats")
+    assert stats.code == 0, stats.stderr
+    lines = dict(line.split(": ", 1) for line in stats.stdout.splitlines())
+    assert lines["directory"] == str(ws.cache_dir)
+    for key in ("blob_bytes", "action_cache_bytes"):
+        assert re.fullmatch(r"\d+ B|\d+\.\d (KB|MB)", lines[key]), lines
+    assert ws.cli("clean", "--expunge").code == 0
+    assert not ws.cache_dir.exists()
+    for args in (("cache", "stats"), ("cache", "gc", "--max-size", "1G")):
+        out = ws.cli(*args)
+        assert out.code == 0 and "no cache there" in out.stdout, out
+        assert not ws.cache_dir.exists(), args
+
+
+def test_verbose_build_shows_every_action_and_each_warning(ws):
+    ws.write("p/BUILD.toml", MANUAL)
+    assert ws.cli("build", "//p:a").code == 0
+    out = ws.cli("build", "//p:a", "//p:slow", "--verbose")
+    assert "[1/2] cached //p:a" in out.stderr or "[2/2] cached //p:a" in out.stderr, out.stderr
+    plain = ws.cli("build", "//p:a", "//p:slow", "//p:uses_slow")
+    assert "cached //p:a" not in plain.stderr
