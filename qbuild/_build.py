@@ -134,6 +134,7 @@ class Build:
         self.actions: dict[Label, Action] = {}
         self.result = BuildResult()
         self._rebuild_lock = threading.RLock()
+        self._result_lock = threading.Lock()  # job threads record their outcomes
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
 
@@ -273,11 +274,11 @@ class Build:
         try:
             seconds = self._execute(label, action, parts)
         except ActionFailed as exc:
-            with self._rebuild_lock:
+            with self._result_lock:
                 self.result.failed_ran.append(str(label))
             self._failed(label, self._scrub(str(exc.error)), self._scrub(exc.log_tail))
             return False
-        with self._rebuild_lock:
+        with self._result_lock:
             self.result.ran.append(str(label))
         self._event(label, "ran", seconds, warnings=self.results[label].get("warnings", []),
                     rule=self.graph.targets[label].kind)

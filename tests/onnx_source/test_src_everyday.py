@@ -140,3 +140,20 @@ extra_options = { CalibMovingAverage = true }
 """)
     result = ws.build("//m:q")
     assert "set moving_average = true on the calibrate target" in result.error
+
+
+def test_sensitivity_kinds_are_checked_at_analysis(qbuild_workspace):
+    ws = qbuild_workspace
+    ws.copy(MNIST, "m/mnist.onnx")
+    ws.write("m/BUILD.toml", CALIB + """
+[sens]
+rule = "sensitivity"
+model = ":mnist"
+reference = ":mnist"
+dataset = ":data"
+kinds = ["activations"]
+""")
+    result = ws.build("//m:sens")
+    assert result.exit_code == 2 and result.ran == []
+    assert ("m/BUILD.toml, target //m:sens, attribute 'kinds': unknown site kind(s) "
+            "['activations']") in result.error
