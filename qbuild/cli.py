@@ -153,7 +153,9 @@ def cmd_build(args: argparse.Namespace) -> int:
                 from ._progress import human_size, short_path
 
                 line += f"; cache {short_path(summary['cache_dir'])}"
-                if summary.get("cache_bytes") is not None:
+                if not os.path.isdir(summary["cache_dir"]):
+                    line += " (removed since the last full build)"
+                elif summary.get("cache_bytes") is not None:
                     line += f" ({human_size(summary['cache_bytes'])} at the last full build)"
             _info(args, line)
             return EXIT_OK
