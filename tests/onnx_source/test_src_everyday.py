@@ -157,3 +157,19 @@ kinds = ["activations"]
     assert result.exit_code == 2 and result.ran == []
     assert ("m/BUILD.toml, target //m:sens, attribute 'kinds': unknown site kind(s) "
             "['activations']") in result.error
+
+
+def test_a_string_where_quantize_declares_a_list_is_an_analysis_error(qbuild_workspace):
+    ws = qbuild_workspace
+    ws.copy(MNIST, "m/mnist.onnx")
+    ws.write("m/BUILD.toml", CALIB + """
+[q]
+rule = "quantize"
+model = ":mnist"
+calibration = ":calib@method=minmax"
+nodes_to_exclude = "Conv_0"
+""")
+    result = ws.build("//m:q")
+    assert result.exit_code == 2 and result.ran == []
+    assert ("m/BUILD.toml, target //m:q, attribute 'nodes_to_exclude': expected a list of "
+            'strings, got a string (write ["Conv_0"])') in result.error
