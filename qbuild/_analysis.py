@@ -12,12 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._attrs import Attr
 from ._errors import ConfigError
 from ._glob import glob_files, has_magic
 from ._label import OUT_PREFIX, Label, Pattern, is_label_text, parse_label, parse_pattern
 from ._loader import MATRIX_KIND, PackageLoader, TargetSpec
 from ._plugins import Registry, RuleEntry
-from ._rule import Rule, check_attrs
+from ._rule import Rule, check_attrs, inactive_attrs
 from ._workspace import Workspace
 
 
@@ -35,6 +36,8 @@ class Target:
     deps: list[Label] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     outputs: list[str] = field(default_factory=list)
+    tags: tuple[str, ...] = ()
+    inactive: tuple[str, ...] = ()  # attributes that do not apply (kept at their default)
 
     @property
     def is_group(self) -> bool:
@@ -51,32 +54,42 @@ class Graph:
         self.targets: dict[Label, Target] = {}
 
     # -- patterns -----------------------------------------------------------------------
-    def expand(self, patterns: Iterable[str], current_package: str | None) -> list[Label]:
-        """Labels matched by target patterns, in order, without duplicates."""
+    def expand(self, patterns: Iterable[str], current_package: str | None, *,
+               query: bool = False) -> list[Label]:
+        """Labels matched by target patterns, in order, without duplicates.
+
+        Building (the default), ``//...`` and ``:all`` leave out targets tagged
+        ``manual`` and name matrix groups; a query (``query=True``) sees every target,
+        each matrix variant after its group, as Bazel's query does.
+        """
         labels: list[Label] = []
         for text in patterns:
             pattern = parse_pattern(text, current_package)
-            labels.extend(self._match(pattern, text))
+            labels.extend(self._match(pattern, text, query))
         return list(dict.fromkeys(labels))
 
-    def _match(self, pattern: Pattern, text: str) -> list[Label]:
+    def _match(self, pattern: Pattern, text: str, query: bool) -> list[Label]:
         if pattern.recursive:
             found = []
             for package in self.loader.packages_under(pattern.package):
-                found.extend(self._package_targets(package))
-            if not found:
-                raise ConfigError(f"pattern '{text}' matches no targets")
+                found.extend(self._package_targets(package, query))
+            if not found and not query:
+                raise ConfigError(f"pattern '{text}' matches no targets (targets tagged "
+                                  "\"manual\" are built only by name)")
             return found
         if pattern.name is None:
-            return self._package_targets(pattern.package)
+            return self._package_targets(pattern.package, query)
         label = Label(pattern.package, pattern.name)
         self._require(label, None, None, None)
         return [label]
 
-    def _package_targets(self, package: str) -> list[Label]:
+    def _package_targets(self, package: str, query: bool = False) -> list[Label]:
         specs = self.loader.load(package)
+        if query:
+            return [spec.label for spec in specs.values()]
         variants = {v for spec in specs.values() for v in spec.variants}
-        return [spec.label for spec in specs.values() if spec.label not in variants]
+        return [spec.label for spec in specs.values()
+                if spec.label not in variants and not spec.manual]
 
     def _require(self, label: Label, file: str | None, target: str | None,
                  attr: str | None) -> TargetSpec:
@@ -136,7 +149,8 @@ class Graph:
     def _analyze_one(self, label: Label) -> Target:
         spec = self._require(label, None, None, None)
         if spec.kind == MATRIX_KIND:
-            return Target(label, MATRIX_KIND, spec.build_file, deps=list(spec.variants))
+            return Target(label, MATRIX_KIND, spec.build_file, deps=list(spec.variants),
+                          tags=spec.tags)
         entry = self.registry.get(spec.kind)
         where = {"file": spec.build_file, "target": str(label)}
         if entry is None:
@@ -156,11 +170,17 @@ class Graph:
             values = check_attrs(rule, raw)
         except ConfigError as exc:
             raise exc.located(**where) from None
-        target = Target(label, spec.kind, spec.build_file, entry, rule)
+        target = Target(label, spec.kind, spec.build_file, entry, rule, tags=spec.tags)
+        # An attribute that does not apply (e.g. calibrate's percentile when the method is
+        # minmax) keeps its default, so setting it does not change the variant's key.
+        inactive = inactive_attrs(rule, values)
+        for name in inactive:
+            values[name] = rule.attrs[name].default_value()
+        target.inactive = tuple(inactive)
         for name, schema in rule.attrs.items():
             value = values[name]
             try:
-                values[name] = self._resolve(schema.type, value, label, target)
+                values[name] = self._resolve(schema, value, label, target)
             except ConfigError as exc:
                 raise exc.located(attr=name, **where) from None
         try:
@@ -175,7 +195,8 @@ class Graph:
         target.sources = list(dict.fromkeys(target.sources))
         return target
 
-    def _resolve(self, kind: str, value: Any, label: Label, target: Target) -> Any:
+    def _resolve(self, schema: Attr, value: Any, label: Label, target: Target) -> Any:
+        kind = schema.type
         if value is None:
             return None
         if kind == "label":
@@ -196,7 +217,7 @@ class Graph:
                 if is_label_text(item):
                     out.extend(self._deps(item, label, target))
                 else:
-                    paths = self._sources(item, label)
+                    paths = self._sources(item, label, schema.folder_suffixes)
                     target.sources.extend(paths)
                     out.extend(paths)
             return out
@@ -221,7 +242,8 @@ class Graph:
         target.deps.append(dep)
         return [str(dep)]
 
-    def _sources(self, text: str, label: Label) -> list[str]:
+    def _sources(self, text: str, label: Label,
+                 folder_suffixes: tuple[str, ...] | None = None) -> list[str]:
         if "\0" in text:
             raise ConfigError(f"{text!r} contains a NUL character")
         rel = Path(text)
@@ -239,6 +261,8 @@ class Graph:
             if not matches:
                 raise ConfigError(f"glob '{text}' matches no files in "
                                   f"{label.package or '.'}/")
+        elif folder_suffixes is not None and (package_dir / rel).is_dir():
+            matches = self._folder(package_dir / rel, text, label, folder_suffixes)
         else:
             path = package_dir / rel
             if self._reserved(path):
@@ -274,6 +298,20 @@ class Graph:
         if real.is_relative_to(ws.output_dir.resolve()) or real.is_relative_to(ws.cache_dir):
             raise ConfigError(f"source file '{text}' is a symlink into qbuild's output or "
                               "cache folder; depend on the target that makes it (a label)")
+
+    def _folder(self, folder: Path, text: str, label: Label,
+                suffixes: tuple[str, ...]) -> list[Path]:
+        """The files directly in ``folder`` with one of ``suffixes`` (any if empty),
+        sorted; hidden files are left out. The folder's listing is noted (fast path)."""
+        matches = sorted(folder / e.name for e in self.loader.reads.listdir(folder)
+                         if not e.name.startswith(".") and (folder / e.name).is_file()
+                         and not self._reserved(folder / e.name)
+                         and (not suffixes or Path(e.name).suffix.lower() in suffixes))
+        if not matches:
+            kinds = "/".join(suffixes) if suffixes else "any"
+            raise ConfigError(f"folder '{text}' holds no files ({kinds}) in "
+                              f"{label.package or '.'}/")
+        return matches
 
 
 def _check_outputs(outputs: list[str], where: dict[str, str]) -> None:

@@ -8,7 +8,8 @@ well-typed values, and the action key covers every attribute after defaults.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,25 @@ class Attr:
     default: Any = None
     required: bool = False
     values: tuple[str, ...] = field(default=())
+    # Applies only when each named attribute has one of the listed values, e.g.
+    # (("method", ("percentile",)),); otherwise it keeps its default, out of the key.
+    when: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    # For ``files``: a folder expands to the files directly in it with these suffixes
+    # (any suffix if empty); None refuses folders.
+    folder_suffixes: tuple[str, ...] | None = None
+
+    def applies(self, values: Mapping[str, Any]) -> bool:
+        """Whether this attribute applies given the target's other attribute values."""
+        return all(values.get(name) in allowed for name, allowed in self.when)
+
+    def describe_when(self) -> str:
+        """``only when method is 'percentile'``, or "" when it always applies."""
+        parts = []
+        for name, allowed in self.when:
+            shown = " or ".join(json.dumps(v) if isinstance(v, bool) else repr(v)
+                                for v in allowed)
+            parts.append(f"{name} is {shown}")
+        return "only when " + " and ".join(parts) if parts else ""
 
     def type_name(self) -> str:
         name = _TYPE_NAMES[self.type]
@@ -110,11 +130,10 @@ class Attr:
             if not isinstance(value, dict):
                 raise ConfigError(f"expected a table, got {_type_word(value)}")
             return _plain(value)
-        # list kinds
-        if isinstance(value, str) and kind in ("files", "label_list", "string_list"):
-            value = [value]
+        # list kinds: a lone value is refused (as Bazel does), so a typo cannot slip by
         if not isinstance(value, list):
-            raise ConfigError(f"expected a {self.type_name()}, got {_type_word(value)}")
+            hint = f" (write [{json.dumps(value)}])" if isinstance(value, str) else ""
+            raise ConfigError(f"expected a {self.type_name()}, got {_type_word(value)}{hint}")
         element = {"label_list": "label", "files": "file", "string_list": "string",
                    "int_list": "int", "float_list": "float"}[kind]
         item_schema = Attr(element)
@@ -146,9 +165,18 @@ class Attr:
         return repr(self.default_value())
 
 
+_When = Mapping[str, Sequence[Any]] | None
+
+
+def _when(when: _When) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    return tuple((name, tuple(allowed)) for name, allowed in (when or {}).items())
+
+
 class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's ``attr``
     """Constructors for attribute schemas. Each takes ``doc`` (help text) and ``default``
-    (or ``required=True``)."""
+    (or ``required=True``). Value attributes also take ``when``: a mapping of other
+    attributes to the values under which this one applies (``when={"method":
+    ["percentile"]}``); otherwise it keeps its default and does not enter the key."""
 
     @staticmethod
     def label(*, doc: str = "", required: bool = False) -> Attr:
@@ -167,53 +195,60 @@ class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's 
         return Attr("file", doc, None, required)
 
     @staticmethod
-    def files(*, doc: str = "", required: bool = False) -> Attr:
+    def files(*, doc: str = "", required: bool = False,
+              folders: Sequence[str] | None = None) -> Attr:
         """Source files (glob patterns allowed, expanded in sorted order) or labels; the
-        rule gets ``list[Path]``."""
-        return Attr("files", doc, None, required)
+        rule gets ``list[Path]``. With ``folders`` (suffixes such as ``[".jpg"]``, or
+        ``[]`` for any), a folder stands for the files directly in it, sorted."""
+        suffixes = None if folders is None else tuple(s.lower() for s in folders)
+        return Attr("files", doc, None, required, folder_suffixes=suffixes)
 
     @staticmethod
-    def string(*, default: str | None = None, doc: str = "", required: bool = False) -> Attr:
-        return Attr("string", doc, default, required)
+    def string(*, default: str | None = None, doc: str = "", required: bool = False,
+               when: _When = None) -> Attr:
+        return Attr("string", doc, default, required, when=_when(when))
 
     @staticmethod
-    def int(*, default: int | None = None, doc: str = "", required: bool = False) -> Attr:
-        return Attr("int", doc, default, required)
+    def int(*, default: int | None = None, doc: str = "", required: bool = False,
+            when: _When = None) -> Attr:
+        return Attr("int", doc, default, required, when=_when(when))
 
     @staticmethod
-    def float(*, default: float | None = None, doc: str = "", required: bool = False) -> Attr:
-        return Attr("float", doc, default, required)
+    def float(*, default: float | None = None, doc: str = "", required: bool = False,
+              when: _When = None) -> Attr:
+        return Attr("float", doc, default, required, when=_when(when))
 
     @staticmethod
-    def bool(*, default: bool | None = None, doc: str = "", required: bool = False) -> Attr:
-        return Attr("bool", doc, default, required)
+    def bool(*, default: bool | None = None, doc: str = "", required: bool = False,
+             when: _When = None) -> Attr:
+        return Attr("bool", doc, default, required, when=_when(when))
 
     @staticmethod
     def enum(
         values: Sequence[str], *, default: str | None = None, doc: str = "",
-        required: bool = False,
+        required: bool = False, when: _When = None,
     ) -> Attr:
         if default is not None and default not in values:
             raise ValueError(f"enum default {default!r} is not one of {list(values)}")
-        return Attr("enum", doc, default, required, tuple(values))
+        return Attr("enum", doc, default, required, tuple(values), when=_when(when))
 
     @staticmethod
     def string_list(*, default: list[str] | None = None, doc: str = "",
-                    required: bool = False) -> Attr:
-        return Attr("string_list", doc, default, required)
+                    required: bool = False, when: _When = None) -> Attr:
+        return Attr("string_list", doc, default, required, when=_when(when))
 
     @staticmethod
     def int_list(*, default: list[int] | None = None, doc: str = "",
-                 required: bool = False) -> Attr:
-        return Attr("int_list", doc, default, required)
+                 required: bool = False, when: _When = None) -> Attr:
+        return Attr("int_list", doc, default, required, when=_when(when))
 
     @staticmethod
     def float_list(*, default: list[float] | None = None, doc: str = "",
-                   required: bool = False) -> Attr:
-        return Attr("float_list", doc, default, required)
+                   required: bool = False, when: _When = None) -> Attr:
+        return Attr("float_list", doc, default, required, when=_when(when))
 
     @staticmethod
     def mapping(*, default: dict[str, Any] | None = None, doc: str = "",
-                required: bool = False) -> Attr:
+                required: bool = False, when: _When = None) -> Attr:
         """A free-form TOML table (JSON-like values)."""
-        return Attr("mapping", doc, default, required)
+        return Attr("mapping", doc, default, required, when=_when(when))

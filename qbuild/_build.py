@@ -10,6 +10,7 @@ dependency rebuilt to identical bytes gives the same key and stops the rebuild t
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import threading
@@ -63,6 +64,8 @@ class BuildResult:
     cached: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
+    skip_reasons: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Path]] = field(default_factory=dict)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
     explanations: dict[str, list[str]] = field(default_factory=dict)
@@ -192,6 +195,7 @@ class Build:
         self.actions: dict[Label, Action] = {}
         self.result = BuildResult()
         self._rebuild_lock = threading.RLock()
+        self._result_lock = threading.Lock()  # job threads record their outcomes
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
         self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
@@ -242,6 +246,12 @@ class Build:
             "cache_hits": len(self.result.cached), "failed": len(self.result.failed),
             "skipped": len(self.result.skipped), "seconds": round(self.result.seconds, 3),
             "bytes_hashed": self.result.bytes_hashed,
+            "failed_ran": len(self.result.failed_ran),
+            "failures": [{"label": label, "error": error,
+                          "ran": label in self.result.failed_ran}
+                         for label, error in self.result.failed.items()],
+            "skipped_reasons": dict(self.result.skip_reasons),
+            "cache_dir": str(self.store.directory), "cache_bytes": self.store.volume(),
         }
         if interrupted:
             summary["interrupted"] = True
@@ -281,6 +291,7 @@ class Build:
                         bad.add(label)
                         if not target.is_group:
                             self.result.skipped.append(str(label))
+                            self.result.skip_reasons[str(label)] = self._skip_reason(target, bad)
                             self._event(label, "skipped", 0.0)
                         finish(label)
                         continue
@@ -290,7 +301,7 @@ class Build:
                     try:
                         parts, key, action = self.session.key_for(target, self.results)
                     except (OSError, QbuildError, RecursionError, ValueError) as exc:
-                        self._failed(label, _one_line(exc), "")
+                        self._failed(label, self._scrub(_one_line(exc)), "")
                         bad.add(label)
                         stop = stop or not self.options.keep_going
                         finish(label)
@@ -307,10 +318,13 @@ class Build:
                     cores, mib = target.rule.resources(target.attrs)
                     action.threads = max(1, min(int(cores), self.cpu_budget))
                     queued.append((label, action, parts, max(0, int(mib))))
+                    self.reporter.action_queued(str(label))
                 if stop:
                     for label, _, _, _ in queued:  # never started: skipped, like the rest
                         bad.add(label)
                         self.result.skipped.append(str(label))
+                        self.result.skip_reasons[str(label)] = self._skip_reason(
+                            targets[label], bad)
                         self._event(label, "skipped", 0.0)
                         finish(label)
                     queued.clear()
@@ -322,12 +336,11 @@ class Build:
                                     or action.threads > free[0] or mib > free[1]):
                         continue  # waits for resources; one action always may run
                     queued.remove(item)
-                    self.reporter.action_started(str(label))
                     if pool is None:  # created on the first miss: no-op builds skip it
                         import concurrent.futures
 
                         pool = concurrent.futures.ThreadPoolExecutor(self.options.jobs)
-                    future = pool.submit(self._execute, label, action, parts)
+                    future = pool.submit(self._run_action, label, action, parts)
                     running[future] = label
                     grants[label] = (action.threads, mib)
                     free[0] -= action.threads
@@ -342,20 +355,9 @@ class Build:
                     cores_back, mib_back = grants.pop(label)
                     free[0] += cores_back
                     free[1] += mib_back
-                    try:
-                        status, outcome_seconds = future.result()
-                    except ActionFailed as exc:
-                        self._failed(label, str(exc.error), exc.log_tail)
+                    if not future.result():
                         bad.add(label)
                         stop = stop or not self.options.keep_going
-                    else:
-                        if status == "ran":
-                            self.result.ran.append(str(label))
-                            self._event(label, "ran", outcome_seconds,
-                                        warnings=self.results[label].get("warnings", []))
-                        else:
-                            self._complete(label, self.actions[label].key, self.results[label],
-                                           "cached", 0.0)
                     finish(label)
         except BaseException:
             if pool is not None:  # interrupted: do not wait for running actions
@@ -365,6 +367,45 @@ class Build:
         finally:
             if pool is not None:
                 pool.shutdown(wait=True)
+
+    def _skip_reason(self, target: Target, bad: set[Label]) -> str:
+        failed = [dep for dep in target.deps if dep in bad]
+        if not failed:
+            return "not started: the build stops at the first failure (see --keep_going)"
+        first = str(failed[0])
+        return (f"depends on failed {first}" if first in self.result.failed
+                else f"depends on skipped {first}")
+
+    def _scrub(self, text: str) -> str:
+        """Error text with sandbox paths written as the workspace-relative paths they
+        stand for (sources are staged at those paths, outputs under qbuild-out/)."""
+        for tmp in dict.fromkeys((str(self.store.tmp), os.path.realpath(self.store.tmp))):
+            text = re.sub(re.escape(tmp) + r"/\d+-[0-9a-f]+/?", "", text)
+        for root in dict.fromkeys((str(self.session.workspace.root),
+                                   os.path.realpath(self.session.workspace.root))):
+            text = text.replace(root + os.sep, "")
+        return text
+
+    def _run_action(self, label: Label, action: Action, parts: dict[str, Any]) -> bool:
+        """Run one action in a job thread, reporting its start and end from that thread
+        (so the next queued action never looks as if it started before this one ended).
+        Returns False if it failed."""
+        self.reporter.action_started(str(label))
+        try:
+            status, seconds = self._execute(label, action, parts)
+        except ActionFailed as exc:
+            with self._result_lock:
+                self.result.failed_ran.append(str(label))
+            self._failed(label, self._scrub(str(exc.error)), self._scrub(exc.log_tail))
+            return False
+        if status == "cached":  # another process ran it while this one waited
+            self._complete(label, action.key, self.results[label], "cached", 0.0)
+            return True
+        with self._result_lock:
+            self.result.ran.append(str(label))
+        self._event(label, "ran", seconds, warnings=self.results[label].get("warnings", []),
+                    rule=self.graph.targets[label].kind)
+        return True
 
     def _execute(self, label: Label, action: Action, parts: dict[str, Any]
                  ) -> tuple[str, float]:

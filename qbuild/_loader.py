@@ -16,7 +16,9 @@ key the rule declares becomes that attribute; any other key is only such a varia
 
 from __future__ import annotations
 
+import difflib
 import itertools
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +45,12 @@ class TargetSpec:
     build_file: str
     variants: list[Label] = field(default_factory=list)
     matrix_keys: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+
+    @property
+    def manual(self) -> bool:
+        """Tagged ``manual``: left out of ``//...`` and ``:all``, built only by name."""
+        return "manual" in self.tags
 
 
 def _format_value(value: Any) -> str:
@@ -63,6 +71,38 @@ def _substitute(value: Any, bindings: dict[str, str]) -> Any:
     return value
 
 
+_TEMPLATE = re.compile(r"(?<![$])\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _unknown_template(value: Any, keys: dict[str, str]) -> str | None:
+    """A ``{key}`` left in a matrix variant's values that looks meant for a matrix axis:
+    inside a label, or close to an axis name (other braces, as in shell or awk code,
+    are left alone)."""
+    if isinstance(value, str):
+        for match in _TEMPLATE.finditer(value):
+            name = match.group(1)
+            if name in keys or name == "name":
+                continue
+            if value.startswith((":", "//")) or difflib.get_close_matches(name, keys):
+                return name
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list) \
+        else ()
+    for item in items:
+        found = _unknown_template(item, keys)
+        if found:
+            return found
+    return None
+
+
+def _tags(table: dict[str, Any], shown: str, label: Label) -> tuple[str, ...]:
+    tags = table.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise ConfigError("'tags' must be a list of strings (e.g. tags = [\"manual\"])",
+                          file=shown, target=str(label), attr="tags")
+    return tuple(tags)
+
+
 def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[TargetSpec]:
     kind = table.get("rule")
     label = Label(package, name)
@@ -71,10 +111,16 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
                           file=shown, target=str(label))
     if not isinstance(kind, str):
         raise ConfigError("'rule' must be a string", file=shown, target=str(label), attr="rule")
-    raw = {k: v for k, v in table.items() if k not in ("rule", "matrix")}
+    tags = _tags(table, shown, label)
+    raw = {k: v for k, v in table.items() if k not in ("rule", "matrix", "tags")}
     matrix = table.get("matrix")
     if matrix is None:
-        return [TargetSpec(label, kind, raw, shown)]
+        for attr_name, value in raw.items():
+            unknown = _unknown_template(value, {})
+            if unknown:
+                raise ConfigError(f"'{{{unknown}}}' is a matrix template, but this target has "
+                                  "no matrix", file=shown, target=str(label), attr=attr_name)
+        return [TargetSpec(label, kind, raw, shown, tags=tags)]
     where = {"file": shown, "target": str(label), "attr": "matrix"}
     if not isinstance(matrix, dict) or not matrix:
         raise ConfigError("'matrix' must be a non-empty table of lists", **where)
@@ -95,7 +141,7 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
         raise ConfigError(f"matrix of {combinations} variants; at most {MAX_MATRIX_VARIANTS} "
                           "per target (split it into several targets)", **where)
     specs = []
-    group = TargetSpec(label, MATRIX_KIND, {}, shown)
+    group = TargetSpec(label, MATRIX_KIND, {}, shown, tags=tags)
     for combination in itertools.product(*(values for _, values in axes)):
         bindings = {key: _format_value(v) for (key, _), v in zip(axes, combination)}
         suffix = ",".join(f"{key}={text}" for key, text in bindings.items())
@@ -106,10 +152,18 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
             raise ConfigError(f"matrix values give an invalid target name '{variant_name}'",
                               **where) from None
         attrs = _substitute(raw, bindings)
+        for attr_name, value in attrs.items():
+            unknown = _unknown_template(value, bindings)
+            if unknown:
+                close = difflib.get_close_matches(unknown, bindings, 1)
+                hint = f"; did you mean {{{close[0]}}}?" if close else ""
+                raise ConfigError(f"'{{{unknown}}}' names no matrix key (matrix keys: "
+                                  f"{', '.join(bindings)}){hint}", file=shown,
+                                  target=str(label), attr=attr_name)
         attrs.update({key: v for (key, _), v in zip(axes, combination)})
         variant = Label(package, variant_name)
         specs.append(TargetSpec(variant, kind, attrs, shown,
-                                matrix_keys=tuple(key for key, _ in axes)))
+                                matrix_keys=tuple(key for key, _ in axes), tags=tags))
         group.variants.append(variant)
     return [group, *specs]
 

@@ -1,35 +1,76 @@
 """Progress and results as the user sees them, and the JSON-lines event log for CI.
 
-On a terminal: one live status line ``[done/total] running: label, 3.2s``. Otherwise:
-one line per action that ran or failed. Always a closing summary.
+On a terminal: one live status line ``[done/total] 2 running, 3 queued; slowest: label
+3.2s``. Otherwise: one line per action that ran or failed. Always a closing summary
+(unless quiet) with warnings grouped per rule, what failed and why it was skipped.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
 from typing import IO, Any
 
 
+def human_size(size: int) -> str:
+    """``73400320`` -> ``70.0 MB`` (powers of 1024, the units ``cache gc`` reads)."""
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if value < 1024 or unit == "TB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def short_path(path: str) -> str:
+    """A path with the home directory written as ``~``."""
+    home = os.path.expanduser("~")
+    if home not in ("", "/") and (path == home or path.startswith(home + os.sep)):
+        return "~" + path[len(home):]
+    return path
+
+
 class Reporter:
-    """Receives build events; the base class ignores them."""
+    """Receives build events; the base class ignores them.
+
+    ``action_queued`` when an action waits for a free job, ``action_started`` when it
+    really starts running, ``action_finished`` with status ran/cached/failed/skipped.
+    """
 
     def build_started(self, total: int) -> None: ...
+    def action_queued(self, label: str) -> None: ...
     def action_started(self, label: str) -> None: ...
     def action_finished(self, event: dict[str, Any]) -> None: ...
     def message(self, text: str) -> None: ...
     def build_finished(self, summary: dict[str, Any]) -> None: ...
 
 
+_SHOWN_LABELS = 5
+
+
+def _labels(labels: list[str]) -> str:
+    more = len(labels) - _SHOWN_LABELS
+    return ", ".join(labels[:_SHOWN_LABELS]) + (f", ... ({more} more)" if more > 0 else "")
+
+
 class ConsoleReporter(Reporter):
-    def __init__(self, stream: IO[str] | None = None, tty: bool | None = None) -> None:
+    """``quiet``: only failures; ``verbose``: every action and warning as it happens
+    (by default warnings are grouped per rule and message at the end)."""
+
+    def __init__(self, stream: IO[str] | None = None, tty: bool | None = None, *,
+                 quiet: bool = False, verbose: bool = False) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
+        self.quiet = quiet
+        self.verbose = verbose
         self.total = 0
         self.done = 0
         self.running: dict[str, float] = {}
+        self.queued: set[str] = set()
+        self.warnings: dict[tuple[str, str], list[tuple[str, str]]] = {}
         self._lock = threading.Lock()
         self._status_shown = False
         self._ticker: threading.Thread | None = None
@@ -41,11 +82,12 @@ class ConsoleReporter(Reporter):
             self._status_shown = False
 
     def _status(self) -> None:
-        if not self.tty or not self.running:
+        if not self.tty or self.quiet or not (self.running or self.queued):
             return
-        label, since = next(iter(self.running.items()))
-        more = f" (+{len(self.running) - 1} more)" if len(self.running) > 1 else ""
-        line = f"[{self.done}/{self.total}] running: {label}{more}, {time.monotonic() - since:.1f}s"
+        line = f"[{self.done}/{self.total}] {len(self.running)} running, {len(self.queued)} queued"
+        if self.running:
+            label, since = min(self.running.items(), key=lambda item: item[1])
+            line += f"; slowest: {label} {time.monotonic() - since:.1f}s"
         self.stream.write("\r\x1b[2K" + line[:200])
         self.stream.flush()
         self._status_shown = True
@@ -57,59 +99,118 @@ class ConsoleReporter(Reporter):
 
     def build_started(self, total: int) -> None:
         self.total = total
-        if self.tty:
+        if self.tty and not self.quiet:
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
 
+    def action_queued(self, label: str) -> None:
+        with self._lock:
+            self.queued.add(label)
+            self._status()
+
     def action_started(self, label: str) -> None:
         with self._lock:
+            self.queued.discard(label)
             self.running[label] = time.monotonic()
             self._status()
 
     def action_finished(self, event: dict[str, Any]) -> None:
         with self._lock:
-            self.running.pop(event["label"], None)
+            label = event["label"]
+            self.running.pop(label, None)
+            self.queued.discard(label)
             self.done += 1
             status = event["status"]
             self._clear()
             for warning in event.get("warnings", []):
-                self.stream.write(f"WARNING: {event['label']}: {warning}\n")
+                if self.verbose:
+                    self.stream.write(f"WARNING: {label}: {warning}\n")
+                elif not self.quiet:
+                    key = (event.get("rule", ""), warning.replace(label, "this target"))
+                    self.warnings.setdefault(key, []).append((label, warning))
             if status == "failed":
-                self.stream.write(f"FAILED: {event['label']}: {event.get('error', '')}\n")
+                self.stream.write(f"FAILED: {label}: {event.get('error', '')}\n")
                 tail = event.get("log_tail")
                 if tail:
                     self.stream.write("  --- last lines of the action log ---\n")
                     for line in tail.splitlines():
                         self.stream.write(f"  | {line}\n")
-            elif status == "ran" and not self.tty:
-                self.stream.write(f"[{self.done}/{self.total}] built {event['label']} "
+            elif not self.quiet and (status == "ran" and (not self.tty or self.verbose)
+                                     or status != "ran" and self.verbose):
+                word = "built" if status == "ran" else status
+                self.stream.write(f"[{self.done}/{self.total}] {word} {label} "
                                   f"({event['seconds']:.2f}s)\n")
             self._status()
             self.stream.flush()
 
     def message(self, text: str) -> None:
+        if self.quiet:
+            return
         with self._lock:
             self._clear()
             self.stream.write(text.rstrip("\n") + "\n")
             self._status()
             self.stream.flush()
 
+    def _write_warnings(self) -> None:
+        for (rule, text), hits in self.warnings.items():
+            if len(hits) == 1:
+                self.stream.write(f"WARNING: {hits[0][0]}: {hits[0][1]}\n")
+            else:
+                labels = _labels(sorted(label for label, _ in hits))
+                self.stream.write(f"WARNING: {rule} ({len(hits)} targets: {labels}): {text}\n")
+
     def build_finished(self, summary: dict[str, Any]) -> None:
         self._stop.set()
         with self._lock:
             self._clear()
-            word = "Build OK" if summary["ok"] else "Build FAILED"
-            if summary.get("interrupted"):
-                word = "Build INTERRUPTED"
-            line = (f"{word}: {summary['targets']} targets, {summary['actions_run']} actions "
-                    f"run, {summary['cache_hits']} cache hits")
-            if summary["failed"]:
-                line += f", {summary['failed']} failed"
-            if summary["skipped"]:
-                line += f", {summary['skipped']} skipped"
-            line += f", {summary['seconds']:.2f}s"
-            self.stream.write(line + "\n")
+            if self.quiet:
+                self.stream.flush()
+                return
+            self._write_warnings()
+            self.stream.write(summary_line(summary) + "\n")
+            for line in failure_lines(summary):
+                self.stream.write(f"  {line}\n")
             self.stream.flush()
+
+
+def summary_line(summary: dict[str, Any]) -> str:
+    """``Build OK: 3 targets, 2 actions run, 1 cache hits, 0.52s; cache ~/.cache/qbuild
+    (70.0 MB)``: failed actions that ran count among the actions run."""
+    word = "Build OK" if summary["ok"] else "Build FAILED"
+    if summary.get("interrupted"):
+        word = "Build INTERRUPTED"
+    run = summary["actions_run"] + summary.get("failed_ran", 0)
+    line = f"{word}: {summary['targets']} targets, {run} actions run"
+    if summary.get("failed_ran"):
+        line += f" ({summary['failed_ran']} failed)"
+    line += f", {summary['cache_hits']} cache hits"
+    not_run = summary["failed"] - summary.get("failed_ran", 0)
+    if not_run > 0:
+        line += f", {not_run} failed before running"
+    if summary["skipped"]:
+        line += f", {summary['skipped']} skipped"
+    line += f", {summary['seconds']:.2f}s"
+    if summary.get("cache_dir"):
+        line += f"; cache {short_path(summary['cache_dir'])}"
+        if summary.get("cache_bytes") is not None:
+            line += f" ({human_size(summary['cache_bytes'])})"
+    return line
+
+
+def failure_lines(summary: dict[str, Any]) -> list[str]:
+    """One line per failed target saying whether it ran, and why targets were skipped."""
+    lines = []
+    for failure in summary.get("failures", []):
+        why = ("it ran; a failure is never cached, so the next build runs it again"
+               if failure["ran"] else "it could not start")
+        lines.append(f"failed: {failure['label']} ({why}): {failure['error']}")
+    skipped = summary.get("skipped_reasons", {})
+    for label, reason in list(skipped.items())[:_SHOWN_LABELS]:
+        lines.append(f"skipped: {label} ({reason})")
+    if len(skipped) > _SHOWN_LABELS:
+        lines.append(f"skipped: ... and {len(skipped) - _SHOWN_LABELS} more")
+    return lines
 
 
 class EventLogReporter(Reporter):
@@ -118,6 +219,8 @@ class EventLogReporter(Reporter):
     def __init__(self, path: str) -> None:
         self.handle = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed at the end
         self._lock = threading.Lock()
+        self._running: set[str] = set()
+        self._queued: set[str] = set()
 
     def _write(self, record: dict[str, Any]) -> None:
         with self._lock:
@@ -127,10 +230,22 @@ class EventLogReporter(Reporter):
     def build_started(self, total: int) -> None:
         self._write({"event": "build_started", "total": total, "time": time.time()})
 
+    def action_queued(self, label: str) -> None:
+        with self._lock:
+            self._queued.add(label)
+        self._write({"event": "action_queued", "label": label, "time": time.time()})
+
     def action_started(self, label: str) -> None:
-        self._write({"event": "action_started", "label": label, "time": time.time()})
+        with self._lock:
+            self._queued.discard(label)
+            self._running.add(label)
+            counts = {"running": len(self._running), "queued": len(self._queued)}
+        self._write({"event": "action_started", "label": label, **counts, "time": time.time()})
 
     def action_finished(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self._running.discard(event["label"])
+            self._queued.discard(event["label"])
         self._write({"event": "action_finished", **event, "time": time.time()})
 
     def build_finished(self, summary: dict[str, Any]) -> None:
@@ -145,6 +260,10 @@ class FanOut(Reporter):
     def build_started(self, total: int) -> None:
         for r in self.reporters:
             r.build_started(total)
+
+    def action_queued(self, label: str) -> None:
+        for r in self.reporters:
+            r.action_queued(label)
 
     def action_started(self, label: str) -> None:
         for r in self.reporters:

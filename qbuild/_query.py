@@ -3,10 +3,13 @@
     expr := term (op term)*            op: + | union | ^ | intersect | - | except
     term := PATTERN | ( expr )
           | deps(expr [, depth]) | rdeps(universe, expr [, depth])
-          | kind('regex', expr) | filter('regex', expr) | allpaths(from, to)
+          | kind('regex', expr) | filter('regex', expr) | attr(name, 'regex', expr)
+          | allpaths(from, to)
 
 Operators have equal precedence and group left to right, as in Bazel. Results are sets
-of labels, printed sorted.
+of labels, printed sorted. Patterns see every target, including those tagged
+``manual`` and each matrix variant. ``attr`` matches the regex against an attribute's
+value as text (lists as ``[a, b]``; ``tags`` included).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from ._label import Label
 _TOKEN = re.compile(r"\s*(?:(\()|(\))|(,)|'([^']*)'|\"([^\"]*)\"|([^\s(),]+))")
 _OPS = {"+": "union", "union": "union", "^": "intersect", "intersect": "intersect",
         "-": "except", "except": "except"}
-_FUNCS = {"deps", "rdeps", "kind", "filter", "allpaths"}
+_FUNCS = {"deps", "rdeps", "kind", "filter", "attr", "allpaths"}
 
 
 def _tokens(text: str) -> list[tuple[str, str]]:
@@ -100,7 +103,38 @@ class Query:
     def _next_is_paren(self) -> bool:
         return self.pos + 1 < len(self.tokens) and self.tokens[self.pos + 1][0] == "("
 
+    def _regex(self) -> re.Pattern[str]:
+        token = self._peek()
+        regex = self._take("str") if token and token[0] == "str" else self._take("word")
+        try:
+            return re.compile(regex)
+        except re.error as exc:
+            raise UsageError(f"query: bad regular expression {regex!r}: {exc}") from None
+
+    def _attr(self) -> set[Label]:
+        token = self._peek()
+        name = self._take("str") if token and token[0] == "str" else self._take("word")
+        self._take(",")
+        pattern = self._regex()
+        self._take(",")
+        inner = self._expr()
+        self._take(")")
+        found = set()
+        for label in inner:
+            target = self.graph.targets[label]
+            if name == "tags":
+                value: object = list(target.tags)
+            elif name in target.attrs and name not in target.inactive:
+                value = target.attrs[name]
+            else:
+                continue
+            if pattern.search(_text(value)):
+                found.add(label)
+        return found
+
     def _function(self, name: str) -> set[Label]:
+        if name == "attr":
+            return self._attr()
         if name in ("kind", "filter"):
             regex = self._take("str") if self._peek() and self._peek()[0] == "str" else \
                 self._take("word")
@@ -144,7 +178,7 @@ class Query:
         return int(word)
 
     def _pattern(self, text: str) -> set[Label]:
-        labels = self.graph.expand([text], self.current_package)
+        labels = self.graph.expand([text], self.current_package, query=True)
         self.graph.analyze(labels)
         return set(labels)
 
@@ -180,3 +214,15 @@ class Query:
                         following.append(other)
             frontier = following
         return seen
+
+
+def _text(value: object) -> str:
+    """An attribute value as ``attr()`` matches it: lists as ``[a, b]``, booleans as
+    true/false."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(_text(v) for v in value) + "]"
+    if value is None:
+        return ""
+    return str(value)

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 from ._attrs import Attr
 from ._errors import ConfigError, RuleError
 
-RESERVED_KEYS = frozenset({"rule", "matrix"})
+RESERVED_KEYS = frozenset({"rule", "matrix", "tags"})
 _KIND = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
@@ -79,6 +79,10 @@ class Rule:
                 raise TypeError(f"{cls.__qualname__}.attrs[{name!r}] is not built with qbuild.attr")
             if name in RESERVED_KEYS:
                 raise TypeError(f"{cls.__qualname__}: attribute name {name!r} is reserved")
+            for other, _allowed in schema.when:
+                if other not in cls.attrs:
+                    raise TypeError(f"{cls.__qualname__}.attrs[{name!r}]: 'when' names "
+                                    f"unknown attribute {other!r}")
 
     def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         """Output names for a target; override when they depend on attributes."""
@@ -250,3 +254,9 @@ def check_attrs(rule: Rule, raw: Mapping[str, Any]) -> dict[str, Any]:
         else:
             values[name] = schema.default_value()
     return values
+
+
+def inactive_attrs(rule: Rule, values: Mapping[str, Any]) -> list[str]:
+    """Attributes whose ``when`` condition the target's values do not meet."""
+    return [name for name, schema in rule.attrs.items()
+            if schema.when and not schema.applies(values)]

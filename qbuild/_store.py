@@ -371,6 +371,10 @@ class LocalStore:
             "memo_entries": len(self._memo),
         }
 
+    def volume(self) -> int:
+        """Bytes the cache holds (blobs and action results), without walking any files."""
+        return int(self._cas.volume() + self._ac.volume() + self._memo.volume())
+
     def gc(self, max_bytes: int) -> dict[str, int]:
         """Evict the least recently stored blobs until the store holds at most
         ``max_bytes``, and reclaim blob files no index row points at (left by a killed

@@ -1,10 +1,13 @@
-"""The ``qbuild`` command line: build, query, graph, explain, clean, cache, rules."""
+"""The ``qbuild`` command line: build, query, graph, explain, clean, cache, rules,
+outputs. ``--quiet`` and ``--verbose`` mean the same everywhere: results go to stdout,
+messages to stderr; quiet leaves only results and errors, verbose adds detail."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 from pathlib import Path
@@ -24,7 +27,11 @@ class _Parser(argparse.ArgumentParser):
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    # SUPPRESS: a flag given before the command is not reset by the subcommand's default.
+    common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="more detail: tracebacks on errors, every action and warning")
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="only results and errors: no progress, summary or warnings")
     parser = _Parser(prog="qbuild", description="Declarative, content-addressed builds of "
                      "ONNX model artifacts.", parents=[common])
     parser.add_argument("--version", action="store_true", help="print the version and exit")
@@ -47,7 +54,9 @@ def _parser() -> argparse.ArgumentParser:
 
     query = sub.add_parser("query", parents=[common], help="query the target graph")
     query.add_argument("expression")
-    query.add_argument("--output", choices=["label", "json"], default="label")
+    query.add_argument("--output", choices=["label", "json", "build"], default="label",
+                       help="label: one per line; json: records with attributes; build: "
+                       "the targets as BUILD.toml tables, matrix variants expanded")
 
     graph = sub.add_parser("graph", parents=[common], help="draw the target graph")
     graph.add_argument("patterns", nargs="+", metavar="PATTERN")
@@ -72,6 +81,10 @@ def _parser() -> argparse.ArgumentParser:
 
     rules = sub.add_parser("rules", parents=[common], help="list rules, or describe one")
     rules.add_argument("kind", nargs="?")
+
+    outputs = sub.add_parser("outputs", parents=[common],
+                             help="the output paths of targets, one per line (for scripts)")
+    outputs.add_argument("patterns", nargs="+", metavar="PATTERN")
     return parser
 
 
@@ -133,6 +146,18 @@ def _rel(path: Path) -> str:
         return str(path)
 
 
+def _shown(path: Path) -> str:
+    """An output path as ``qbuild build`` prints it: quoted for the shell when needed
+    (matrix variants' folders hold ``@``, ``=`` and ``,``)."""
+    return shlex.quote(_rel(path))
+
+
+def _info(args: argparse.Namespace, text: str) -> None:
+    """A message for the user (not a result): on stderr, silenced by --quiet."""
+    if not getattr(args, "quiet", False):
+        print(text, file=sys.stderr)
+
+
 def _noop_package(workspace: Any) -> str | None:
     try:
         return workspace.package_of(Path.cwd())
@@ -152,10 +177,19 @@ def cmd_build(args: argparse.Namespace) -> int:
                             _noop_package(workspace))
         if snapshot is not None:
             for line in snapshot["lines"]:
-                print(_rel(workspace.root / line))
+                print(_shown(workspace.root / line))
             summary = snapshot["summary"]
-            print(f"Build OK: {summary['targets']} targets, 0 actions run, "
-                  f"{summary['actions']} cache hits (nothing changed)", file=sys.stderr)
+            line = (f"Build OK: {summary['targets']} targets, 0 actions run, "
+                    f"{summary['actions']} cache hits (nothing changed)")
+            if summary.get("cache_dir"):
+                from ._progress import human_size, short_path
+
+                line += f"; cache {short_path(summary['cache_dir'])}"
+                if not os.path.isdir(summary["cache_dir"]):
+                    line += " (removed since the last full build)"
+                elif summary.get("cache_bytes") is not None:
+                    line += f" ({human_size(summary['cache_bytes'])} at the last full build)"
+            _info(args, line)
             return EXIT_OK
     _make_folders(workspace)
     return _full_build(args, time.time(), environment())
@@ -201,7 +235,8 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         forget(session.workspace.output_dir, args.patterns, package)
         resources = _local_resources(args.local_resources)
         labels = session.graph.expand(args.patterns, package)
-        reporters: list[Reporter] = [ConsoleReporter()]
+        reporters: list[Reporter] = [ConsoleReporter(quiet=getattr(args, "quiet", False),
+                                                     verbose=getattr(args, "verbose", False))]
         if args.event_log:
             reporters.append(EventLogReporter(args.event_log))
         reporter = FanOut(*reporters)
@@ -212,7 +247,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         lines = []
         for label in result.requested:
             for path in result.outputs.get(label, []):
-                print(_rel(path))
+                print(_shown(path))
                 lines.append(path.relative_to(session.workspace.root).as_posix())
         reads = build.reads()
         if result.ok and reads is not None:
@@ -220,7 +255,9 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
                    package, reads=reads, outputs=build.placed_outputs(), started=started,
                    env=env, lines=lines,
                    summary={"targets": len(result.requested),
-                            "actions": len(result.ran) + len(result.cached)})
+                            "actions": len(result.ran) + len(result.cached),
+                            "cache_dir": str(session.store.directory),
+                            "cache_bytes": session.store.volume()})
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
@@ -228,17 +265,14 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
 
 def cmd_query(args: argparse.Namespace) -> int:
     from ._query import Query
+    from ._query_output import as_build, as_records
 
     session, package = _session()
     labels = Query(session.graph, package).evaluate(args.expression)
     if args.output == "json":
-        records = []
-        for label in labels:
-            target = session.graph.targets[label]
-            records.append({"label": str(label), "kind": target.kind,
-                            "deps": [str(d) for d in target.deps],
-                            "build_file": target.build_file})
-        print(json.dumps(records, indent=2))
+        print(json.dumps(as_records(session.graph, labels), indent=2))
+    elif args.output == "build":
+        sys.stdout.write(as_build(session.graph, labels))
     else:
         for label in labels:
             print(label)
@@ -276,7 +310,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
     workspace = load_workspace(Path.cwd())  # refuses folders qbuild does not own
     if not workspace.output_dir.is_symlink():
         shutil.rmtree(workspace.output_dir, ignore_errors=True)
-    print(f"removed {_rel(workspace.output_dir)}")
+    _info(args, f"removed {_rel(workspace.output_dir)}")
     if args.expunge:
         cache = workspace.cache_dir
         made = [cache / name for name in CACHE_ENTRIES]
@@ -291,7 +325,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
             cache.rmdir()
         except OSError:
             pass
-        print(f"removed the cache {cache}")
+        _info(args, f"removed the cache {cache}")
     return EXIT_OK
 
 
@@ -301,16 +335,25 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
     if args.cache_command is None:
         raise UsageError("say 'qbuild cache stats' or 'qbuild cache gc --max-size SIZE'")
+    from ._progress import human_size
+
     workspace = load_workspace(Path.cwd())
+    if not workspace.cache_dir.is_dir():  # expunged or never used: do not create it
+        if args.cache_command == "gc":
+            _size(args.max_size)
+        print(f"directory: {workspace.cache_dir}\nno cache there (nothing built yet, or "
+              "expunged): 0 B")
+        return EXIT_OK
     store = LocalStore(workspace.cache_dir)
     try:
         if args.cache_command == "stats":
             for key, value in store.stats().items():
-                print(f"{key}: {value}")
+                shown = human_size(value) if key.endswith("bytes") else value
+                print(f"{key}: {shown}")
         else:
             outcome = store.gc(_size(args.max_size))
-            print(f"cache blobs: {outcome['before']} -> {outcome['after']} bytes "
-                  f"({outcome['removed']} removed)")
+            print(f"cache blobs: {human_size(outcome['before'])} -> "
+                  f"{human_size(outcome['after'])} ({outcome['removed']} blobs removed)")
     finally:
         store.close()
     return EXIT_OK
@@ -324,6 +367,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     workspace = load_workspace(Path.cwd())
     for line in info_lines(workspace, load_registry()):
         print(line)
+    return EXIT_OK
+
+
+def cmd_outputs(args: argparse.Namespace) -> int:
+    from ._outputs import declared_paths
+
+    session, package = _session()
+    for path in declared_paths(session, args.patterns, package):
+        print(_rel(path))
     return EXIT_OK
 
 
@@ -361,7 +413,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
             f" (missing: {', '.join(missing)}; {cls.install_hint})" if missing else ""))
     print("attributes:")
     for name, schema in cls.attrs.items():
-        print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()})")
+        when = f"; {schema.describe_when()}" if schema.when else ""
+        print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()}{when})")
         if schema.doc:
             print(f"      {schema.doc}")
     return EXIT_OK
@@ -369,7 +422,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"build": cmd_build, "query": cmd_query, "graph": cmd_graph, "info": cmd_info,
              "explain": cmd_explain, "clean": cmd_clean, "cache": cmd_cache,
-             "rules": cmd_rules}
+             "rules": cmd_rules, "outputs": cmd_outputs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -378,9 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["--version"], ["-V"]):
         print(f"qbuild {__version__}")
         return EXIT_OK
-    verbose = "--verbose" in argv
+    verbose = "--verbose" in argv or "-v" in argv
     try:
         args = _parser().parse_args(argv)
+        if getattr(args, "quiet", False) and getattr(args, "verbose", False):
+            raise UsageError("--quiet and --verbose contradict each other; give one")
         if args.version:
             print(f"qbuild {__version__}")
             return EXIT_OK

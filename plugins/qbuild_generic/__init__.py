@@ -80,6 +80,9 @@ class Command(Rule):
         for key, value in attrs["env"].items():
             if not isinstance(value, (str, int, float, bool)):
                 raise ConfigError(f"env value for {key} must be a string", attr="env")
+        if len(attrs["outs"]) != 1 and "$(OUT)" in attrs["cmd"]:
+            raise ConfigError(f"$(OUT) needs exactly one output, but outs has "
+                              f"{len(attrs['outs'])}; use $(OUTS)", attr="cmd")
 
     def target_env(self, attrs: Any) -> dict[str, str]:
         path = os.environ.get("PATH", os.defpath)

@@ -43,12 +43,30 @@ _EXTRA_OWNED = {
     "WeightSymmetric": "weight_symmetric",
     "TensorQuantOverrides": "tensor_overrides",
 }
-# Options that only matter while calibrating; quantize never recalibrates.
-_EXTRA_CALIBRATION = frozenset({
-    "CalibTensorRangeSymmetric", "CalibMovingAverage", "CalibMovingAverageConstant",
-    "CalibMaxIntermediateOutputs", "CalibStridedMinMax", "CalibPercentile",
-    "SmoothQuant", "SmoothQuantAlpha", "SmoothQuantFolding",
-})  # fmt: skip
+# Options that only matter while calibrating; quantize never recalibrates. Each maps to
+# what to do instead: the calibrate attribute that does it, or why there is none.
+_EXTRA_CALIBRATION_INSTEAD = {
+    "CalibTensorRangeSymmetric": "set symmetric = true on the calibrate target",
+    "CalibMovingAverage": "set moving_average = true on the calibrate target",
+    "CalibMovingAverageConstant": "set averaging_constant on the calibrate target (with "
+                                  "moving_average = true)",
+    "CalibPercentile": "set method = \"percentile\" and percentile on the calibrate target",
+    "CalibMaxIntermediateOutputs": "calibrate already streams one batch at a time in "
+                                   "bounded memory (its batch_size sets the batch)",
+    "CalibStridedMinMax": "calibrate already streams one batch at a time in bounded memory "
+                          "(its batch_size sets the batch)",
+}
+_SMOOTH_QUANT = ("SmoothQuant", "SmoothQuantAlpha", "SmoothQuantFolding")
+_EXTRA_CALIBRATION = frozenset({*_EXTRA_CALIBRATION_INSTEAD, *_SMOOTH_QUANT})
+
+
+def _calibration_hint(key: str) -> str:
+    if key in _SMOOTH_QUANT:
+        return (f"extra_options.{key}: SmoothQuant is not supported; it rewrites the float "
+                "model while calibrating (onnxruntime does it through Intel Neural "
+                "Compressor), and qbuild's calibrate rule has no such step. Remove the option")
+    return (f"extra_options.{key} is a calibration option: quantization reads saved ranges "
+            f"and never recalibrates; {_EXTRA_CALIBRATION_INSTEAD[key]}")
 STATIC_EXTRA_OPTIONS = frozenset({
     "extra.Sigmoid.nnapi", "ActivationRestrictedAsymmetric", "EnableSubgraph",
     "ForceQuantizeNoInputCheck", "MatMulConstBOnly", "AddQDQPairToWeight",
@@ -140,11 +158,7 @@ def _check_extra_options(extra: Mapping[str, Any], allowed: frozenset[str], what
                 attr="extra_options",
             )
         if key in _EXTRA_CALIBRATION:
-            raise QuantizeError(
-                f"extra_options.{key} is a calibration option: quantization reads saved ranges and "
-                f"never recalibrates; set it on the calibrate target",
-                attr="extra_options",
-            )
+            raise QuantizeError(_calibration_hint(key), attr="extra_options")
         if key not in allowed:
             raise QuantizeError(
                 f"extra_options.{key} is not an onnxruntime {what} quantization option; known: "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qbuild import ActionContext, Dep, Rule, attr, dist_version, hookimpl
+from qbuild import ActionContext, ConfigError, Dep, Rule, attr, dist_version, hookimpl
 
 from .quantize_errors import QuantizeError
 
@@ -181,13 +181,16 @@ class Sensitivity(Rule):
     def env(self) -> dict[str, str]:
         return _env()
 
+    def validate(self, attrs: Any) -> None:
+        bad = sorted(set(attrs["kinds"]) - {"activation", "weight"})
+        if bad:
+            raise ConfigError(f"unknown site kind(s) {bad} (known: activation, weight)",
+                              attr="kinds")
+
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from .accuracy_sensitivity import analyze
 
         a = ctx.attrs
-        bad = sorted(set(a["kinds"]) - {"activation", "weight"})
-        if bad:
-            raise ctx.fail(f"unknown site kind(s) {bad}", attr="kinds")
         feeds = _feeds(ctx, a["dataset"], "dataset", a["max_samples"])
         try:
             rep = analyze(_onnx_file(ctx, a["model"], "model"),

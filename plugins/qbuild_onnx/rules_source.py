@@ -11,13 +11,26 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qbuild import ActionContext, Dep, Rule, RuleError, attr, dist_version, hookimpl
+from qbuild import (
+    ActionContext,
+    ConfigError,
+    Dep,
+    Rule,
+    RuleError,
+    attr,
+    dist_version,
+    hookimpl,
+)
 
 # Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
 ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
 ONNX_INSTALL = "pip install 'qbuild[onnx]'"
 
 _ENV_LIBS = ("onnx", "onnxruntime", "numpy")
+# What a folder in image_dataset's `images` stands for (dataset_images.IMAGE_SUFFIXES,
+# repeated so loading the rules does not import the image code).
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
+                   ".pgm", ".pbm")
 
 
 def _env(*extra: str) -> dict[str, str]:
@@ -111,7 +124,9 @@ _DATASET_COMMON = {
 }
 
 _IMAGE_ATTRS = {
-    "images": attr.files(doc="Image files or folders (globs allowed; sorted).", required=True),
+    "images": attr.files(doc="Image files or folders (globs allowed; a folder stands for the "
+                              "images directly in it; all sorted).", required=True,
+                         folders=_IMAGE_SUFFIXES),
     "input": attr.string(doc="The model input the images feed.", required=True),
     "size": attr.int_list(doc="[height, width] of the model input.", required=True),
     "resize": attr.enum(["stretch", "letterbox", "crop"], default="stretch",
@@ -161,6 +176,19 @@ class ImageDataset(_DatasetRule):
 
     def env(self) -> dict[str, str]:
         return _env("Pillow")
+
+    def validate(self, attrs: Any) -> None:
+        if len(attrs["size"]) != 2:
+            raise ConfigError(f"size must be [height, width] (2 integers), got {attrs['size']}",
+                              attr="size")
+        if any(v < 1 for v in attrs["size"]):
+            raise ConfigError(f"size values must be >= 1, got {attrs['size']}", attr="size")
+        if len(attrs["background"]) != 3:
+            raise ConfigError("background must be 3 values (R, G, B)", attr="background")
+        for name in ("mean", "std"):
+            if len(attrs[name]) not in (1, 1 if attrs["color"] == "GRAY" else 3):
+                raise ConfigError(f"{name} must be one value or one per channel, got "
+                                  f"{attrs[name]}", attr=name)
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from .dataset_images import ImageOptions, build_image_dataset
@@ -348,12 +376,18 @@ class Calibrate(Rule):
                             default="minmax", doc="How ranges are chosen."),
         "symmetric": attr.bool(default=False, doc="Make every range symmetric about 0."),
         "moving_average": attr.bool(default=False,
-                                    doc="minmax: EMA of per-batch min/max (batch dependent)."),
-        "averaging_constant": attr.float(default=0.01, doc="minmax: EMA smoothing factor."),
-        "num_bins": attr.int(default=2048, doc="Histogram bins (histogram methods)."),
-        "num_quantized_bins": attr.int(default=128, doc="entropy: target bins."),
-        "percentile": attr.float(default=99.999, doc="percentile: kept percentage."),
-        "scenario": attr.enum(["same", "p3"], default="same", doc="distribution: scenario."),
+                                    doc="minmax: EMA of per-batch min/max (batch dependent).",
+                                    when={"method": ["minmax"]}),
+        "averaging_constant": attr.float(default=0.01, doc="minmax: EMA smoothing factor.",
+                                         when={"method": ["minmax"], "moving_average": [True]}),
+        "num_bins": attr.int(default=2048, doc="Histogram bins (histogram methods).",
+                             when={"method": ["entropy", "percentile", "distribution"]}),
+        "num_quantized_bins": attr.int(default=128, doc="entropy: target bins.",
+                                       when={"method": ["entropy"]}),
+        "percentile": attr.float(default=99.999, doc="percentile: kept percentage.",
+                                 when={"method": ["percentile"]}),
+        "scenario": attr.enum(["same", "p3"], default="same", doc="distribution: scenario.",
+                              when={"method": ["distribution"]}),
         "op_types": attr.string_list(default=[], doc="Calibrate only these node types."),
         "batch_size": attr.int(default=0, doc="Samples per run (0: the dataset's)."),
         "threads": attr.int(default=1, doc="onnxruntime intra-op threads wanted (granted "

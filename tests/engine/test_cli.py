@@ -87,8 +87,10 @@ def test_query_functions_and_set_operations(ws):
     assert q("//p:other + //p:src") == ["//p:other", "//p:src"]
     assert q("deps(//p:count) ^ rdeps(//..., //p:upper)") == ["//p:count", "//p:upper"]
     records = json.loads(ws.cli("query", "//p:count", "--output", "json").stdout)
-    assert records == [{"label": "//p:count", "kind": "command", "deps": ["//p:upper"],
-                        "build_file": "p/BUILD.toml"}]
+    assert [{k: r[k] for k in ("label", "kind", "deps", "build_file")} for r in records] == [
+        {"label": "//p:count", "kind": "command", "deps": ["//p:upper"],
+         "build_file": "p/BUILD.toml"}]
+    assert records[0]["attrs"]["outs"] == ["n.txt"]
     assert ws.cli("query", "deps(//p:count").code == 2
 
 

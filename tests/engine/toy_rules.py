@@ -24,7 +24,7 @@ class Concat(Rule):
         "repeat": attr.int(default=1, doc="Repeat the result."),
         "scale": attr.float(default=1.0, doc="Unused number."),
         "mode": attr.enum(["plain", "fancy"], default="plain", doc="A mode."),
-        "tags": attr.string_list(doc="Tags."),
+        "notes": attr.string_list(doc="Free notes."),
         "extra": attr.mapping(doc="A table."),
     }
     outputs = ["out.txt"]
@@ -245,6 +245,19 @@ class Span(Rule):
         return {}
 
 
+class Warn(Rule):
+    """Always warns, naming its own label (as real rules often do)."""
+
+    kind = "warn"
+    attrs = {"n": attr.string(default="", doc="Anything.")}
+    outputs = ["w.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.warn("this toy always warns")
+        ctx.output("w.txt").write_text(ctx.attrs["n"])
+        return {}
+
+
 def check_error_type() -> type[RuleError]:
     return RuleError
 
@@ -252,4 +265,4 @@ def check_error_type() -> type[RuleError]:
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
     return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, Exit, Noisy, Worker, FloatEcho,
-            Names, Vandal, Random, Span]
+            Names, Vandal, Random, Span, Warn]
