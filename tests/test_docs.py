@@ -29,7 +29,8 @@ from qbuild._workspace import load_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-_BLOCK = re.compile(r"(?:<!--\s*docs-test:\s*(\w+)\s*-->\s*\n)?```toml\n(.*?)```", re.S)
+_BLOCK = re.compile(r"(?:<!--\s*docs-test:\s*(\w+)\s*-->[ \t]*\n)?[ \t]*```toml\n(.*?)```",
+                    re.S)
 _GLOB = re.compile(r"[*?]")
 
 

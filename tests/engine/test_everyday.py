@@ -225,7 +225,7 @@ def test_quiet_silences_progress_and_summary_on_every_command(ws, where):
 
     built = run("build", "//p:a")
     assert built.code == 0 and built.stderr == ""
-    assert built.stdout.strip() == "qbuild-out/p/a/a.txt"
+    assert built.stdout.strip() == "qbuild-out/p/@a/a.txt"
     assert run("build", "//p:a").stderr == ""  # the no-op fast path too
     assert run("clean").stderr == "" and run("clean").stdout == ""
     failing = ws.cli("build", "//p:nothere", "--quiet")
@@ -259,18 +259,18 @@ def test_build_quotes_paths_and_outputs_prints_them_one_per_line(ws):
     assert built.code == 0, built.stderr
     lines = built.stdout.splitlines()
     # '@', '=' and ',' need no quoting in a POSIX shell; the space does
-    assert lines == ["'qbuild-out/p/m@mode=plain/my out.txt'",
-                     "'qbuild-out/p/m@mode=fancy/my out.txt'", "qbuild-out/p/plain/out.txt"]
+    assert lines == ["'qbuild-out/p/@m@mode=plain/my out.txt'",
+                     "'qbuild-out/p/@m@mode=fancy/my out.txt'", "qbuild-out/p/@plain/out.txt"]
     assert [shlex.split(line)[0] for line in lines][:2] == [
-        "qbuild-out/p/m@mode=plain/my out.txt", "qbuild-out/p/m@mode=fancy/my out.txt"]
+        "qbuild-out/p/@m@mode=plain/my out.txt", "qbuild-out/p/@m@mode=fancy/my out.txt"]
     assert ws.cli("build", "//p:m", "//p:plain").stdout == built.stdout  # no-op fast path
     out = ws.cli("outputs", "//p:m", "//p:plain")
     assert out.code == 0, out.stderr
-    assert out.stdout.splitlines() == ["qbuild-out/p/m@mode=plain/my out.txt",
-                                       "qbuild-out/p/m@mode=fancy/my out.txt",
-                                       "qbuild-out/p/plain/out.txt"]
+    assert out.stdout.splitlines() == ["qbuild-out/p/@m@mode=plain/my out.txt",
+                                       "qbuild-out/p/@m@mode=fancy/my out.txt",
+                                       "qbuild-out/p/@plain/out.txt"]
     sub = ws.cli("outputs", ":plain", cwd="p")
-    assert sub.stdout.splitlines() == ["../qbuild-out/p/plain/out.txt"]
+    assert sub.stdout.splitlines() == ["../qbuild-out/p/@plain/out.txt"]
     assert ws.cli("outputs", "//p:zz").code == 2
 
 
