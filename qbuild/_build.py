@@ -33,6 +33,9 @@ from ._workspace import Workspace
 if TYPE_CHECKING:
     import concurrent.futures
 
+    from ._remote_http import RemoteConfig
+    from ._remote_store import LayeredStore
+
 
 @dataclass
 class BuildOptions:
@@ -49,6 +52,8 @@ class BuildResult:
     requested: list[str] = field(default_factory=list)
     ran: list[str] = field(default_factory=list)
     cached: list[str] = field(default_factory=list)
+    remote_hits: list[str] = field(default_factory=list)
+    remote: dict[str, Any] | None = None
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     outputs: dict[str, list[Path]] = field(default_factory=dict)
@@ -61,17 +66,26 @@ class BuildResult:
 class Session:
     """The engine objects one command works with."""
 
-    def __init__(self, workspace: Workspace, registry: Registry) -> None:
+    def __init__(self, workspace: Workspace, registry: Registry,
+                 remote: RemoteConfig | None = None) -> None:
         self.workspace = workspace
         self.registry = registry
         self.graph = Graph(workspace, registry)
-        self._store: LocalStore | None = None
+        self.remote = remote
+        self._store: Any = None
         self._digests: SourceDigests | None = None
 
     @property
     def store(self) -> LocalStore:
+        """The local store, layered over the remote cache when one is configured."""
         if self._store is None:
-            self._store = LocalStore(self.workspace.cache_dir)
+            local = LocalStore(self.workspace.cache_dir)
+            if self.remote is not None:
+                from ._remote_store import LayeredStore
+
+                self._store = LayeredStore(local, self.remote)
+            else:
+                self._store = local
         return self._store
 
     @property
@@ -131,6 +145,11 @@ class Build:
         self.actions: dict[Label, Action] = {}
         self.result = BuildResult()
         self._rebuild_lock = threading.RLock()
+        # The remote layer, when configured (imported only then: it pulls in http.client).
+        self.remote: LayeredStore | None = None
+        if session.remote is not None:
+            self.remote = self.store  # type: ignore[assignment]
+            self.remote.warn = reporter.message
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
 
@@ -154,6 +173,7 @@ class Build:
             self.state.save()
         self.result.ok = not self.result.failed and not self.result.skipped
         self.result.bytes_hashed = self.session.digests.bytes_hashed
+        self.result.remote = self.remote.summary() if self.remote is not None else None
         self.result.seconds = time.monotonic() - started
         summary = {
             "ok": self.result.ok, "targets": len(requested), "actions_run": len(self.result.ran),
@@ -161,6 +181,9 @@ class Build:
             "skipped": len(self.result.skipped), "seconds": round(self.result.seconds, 3),
             "bytes_hashed": self.result.bytes_hashed,
         }
+        if self.result.remote is not None:
+            summary["remote_cache_hits"] = len(self.result.remote_hits)
+            summary["remote"] = self.result.remote
         self.reporter.build_finished(summary)
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
         return self.result
@@ -209,9 +232,12 @@ class Build:
                         finish(label)
                         continue
                     self.actions[label] = action
-                    cached = self.store.get_action(key)
+                    if self.remote is not None:
+                        cached, origin = self.remote.find_action(key)
+                    else:
+                        cached, origin = self.store.get_action(key), "local"
                     if cached is not None:
-                        self._complete(label, key, cached, "cached", 0.0)
+                        self._complete(label, key, cached, origin)
                         finish(label)
                         continue
                     if self.options.explain:
@@ -238,7 +264,7 @@ class Build:
                         stop = stop or not self.options.keep_going
                     else:
                         self.result.ran.append(str(label))
-                        self._event(label, "ran", outcome_seconds,
+                        self._event(label, "ran", outcome_seconds, origin="ran",
                                     warnings=self.results[label].get("warnings", []))
                     finish(label)
         finally:
@@ -282,13 +308,14 @@ class Build:
             self.reporter.message(f"restored {label} by running it again (cached outputs were "
                                   "missing or corrupt)")
 
-    def _complete(self, label: Label, key: str, result: dict[str, Any], status: str,
-                  seconds: float) -> None:
+    def _complete(self, label: Label, key: str, result: dict[str, Any], origin: str) -> None:
         self.results[label] = result
         self.state.set_last_key(str(label), key)
         self.result.infos[str(label)] = result["info"]
         self.result.cached.append(str(label))
-        self._event(label, status, seconds)
+        if origin == "remote":
+            self.result.remote_hits.append(str(label))
+        self._event(label, "cached", 0.0, origin=f"{origin}_cache")
 
     def _failed(self, label: Label, error: str, log_tail: str) -> None:
         self.result.failed[str(label)] = error

@@ -101,6 +101,12 @@ class ConsoleReporter(Reporter):
             word = "Build OK" if summary["ok"] else "Build FAILED"
             line = (f"{word}: {summary['targets']} targets, {summary['actions_run']} actions "
                     f"run, {summary['cache_hits']} cache hits")
+            if summary.get("remote_cache_hits"):
+                line += f" ({summary['remote_cache_hits']} from the remote cache)"
+            remote = summary.get("remote")
+            if remote and (remote["bytes_downloaded"] or remote["bytes_uploaded"]):
+                line += (f", remote {_mb(remote['bytes_downloaded'])} down / "
+                         f"{_mb(remote['bytes_uploaded'])} up")
             if summary["failed"]:
                 line += f", {summary['failed']} failed"
             if summary["skipped"]:
@@ -108,6 +114,10 @@ class ConsoleReporter(Reporter):
             line += f", {summary['seconds']:.2f}s"
             self.stream.write(line + "\n")
             self.stream.flush()
+
+
+def _mb(count: int) -> str:
+    return f"{count / 1e6:.1f} MB" if count >= 100_000 else f"{count / 1e3:.1f} kB"
 
 
 class EventLogReporter(Reporter):

@@ -25,12 +25,27 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    remote = argparse.ArgumentParser(add_help=False)
+    group = remote.add_argument_group("remote cache (Bazel's HTTP protocol)")
+    group.add_argument("--remote_cache", metavar="URL", help="http(s)://host:port[/prefix] "
+                       "of a shared cache (default: $QBUILD_REMOTE_CACHE, then [remote] "
+                       "cache in qbuild.toml); empty turns it off")
+    group.add_argument("--remote_upload_local_results", nargs="?", const="true",
+                       type=_bool_flag, metavar="BOOL", dest="remote_upload",
+                       help="upload results of actions run here (default: true)")
+    group.add_argument("--noremote_upload_local_results", action="store_false",
+                       dest="remote_upload", default=None,
+                       help="read from the remote cache, never write to it")
+    group.add_argument("--remote_header", action="append", metavar="NAME=VALUE",
+                       help="an HTTP header sent with every request (repeatable)")
+    group.add_argument("--remote_timeout", type=float, metavar="SECONDS",
+                       help="give up on a request after this long (default: 60)")
     parser = _Parser(prog="qbuild", description="Declarative, content-addressed builds of "
                      "ONNX model artifacts.", parents=[common])
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    build = sub.add_parser("build", parents=[common], help="build targets")
+    build = sub.add_parser("build", parents=[common, remote], help="build targets")
     build.add_argument("patterns", nargs="+", metavar="PATTERN")
     build.add_argument("-j", "--jobs", type=int, help="parallel actions (default: setting or "
                        "CPU count)")
@@ -47,7 +62,7 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("patterns", nargs="+", metavar="PATTERN")
     graph.add_argument("--format", choices=["dot", "mermaid"], default="dot")
 
-    explain = sub.add_parser("explain", parents=[common],
+    explain = sub.add_parser("explain", parents=[common, remote],
                              help="what changed since a target was last built")
     explain.add_argument("label")
 
@@ -66,6 +81,15 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _bool_flag(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _size(text: str) -> int:
     units = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     cleaned = text.strip().upper().removesuffix("IB").removesuffix("B")
@@ -81,7 +105,7 @@ def _size(text: str) -> int:
     return int(value * units[unit])
 
 
-def _session() -> tuple[Any, str | None]:
+def _session(args: argparse.Namespace | None = None) -> tuple[Any, str | None]:
     from ._build import Session
     from ._plugins import load_registry
     from ._workspace import load_workspace
@@ -92,8 +116,15 @@ def _session() -> tuple[Any, str | None]:
         package = workspace.package_of(cwd)
     except ValueError:
         package = None
+    remote = None
+    if args is not None and hasattr(args, "remote_cache"):
+        from ._remote_store import resolve_remote
+
+        remote = resolve_remote(workspace.root, {
+            "cache": args.remote_cache, "upload": args.remote_upload,
+            "timeout": args.remote_timeout, "headers": args.remote_header})
     registry = load_registry(cache_file=workspace.cache_dir / "entry_points.json")
-    return Session(workspace, registry), package
+    return Session(workspace, registry, remote), package
 
 
 def _rel(path: Path) -> str:
@@ -134,7 +165,7 @@ def _full_build(args: argparse.Namespace) -> int:
     from ._noop import record
     from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
 
-    session, package = _session()
+    session, package = _session(args)
     try:
         jobs = args.jobs if args.jobs is not None else session.workspace.jobs
         if jobs < 1:
@@ -201,7 +232,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ._explain import explain
     from ._label import parse_label
 
-    session, package = _session()
+    session, package = _session(args)
     try:
         label = parse_label(args.label, package)
         session.graph.expand([str(label)], package)

@@ -1,0 +1,171 @@
+"""The shared remote cache (Bazel's HTTP protocol) against real servers on 127.0.0.1:
+wsgidav (always) and Debian's nginx with WebDAV PUT (skipped when not installed).
+
+Two workspaces with separate local caches share one server; the second builds with no
+action run, byte-identical outputs, and downloads only what it must read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import toy_rules
+from remote_servers import Nginx, Wsgidav, nginx_binary
+
+from qbuild._store import LocalStore
+from qbuild.testing import Workspace
+
+GRAPH = """
+[one]
+rule = "concat"
+srcs = ["a.txt", "b.txt"]
+
+[two]
+rule = "concat"
+deps = [":one"]
+upper = true
+
+[top]
+rule = "concat"
+deps = [":two"]
+sep = "-"
+repeat = 2
+
+[side]
+rule = "length"
+dep = ":one"
+"""
+
+
+def make(tmp_path, name: str) -> Workspace:
+    ws = Workspace(tmp_path / name, tmp_path / f"cache-{name}")
+    ws.register(toy_rules)
+    ws.write("p/a.txt", "alpha\n")
+    ws.write("p/b.txt", "beta\n")
+    ws.write("p/BUILD.toml", GRAPH)
+    return ws
+
+
+@pytest.fixture(params=["wsgidav", "nginx"])
+def server(request, tmp_path):
+    if request.param == "nginx":
+        binary = nginx_binary()
+        if binary is None:
+            pytest.skip("nginx is not installed (apt-get install nginx; .ci/run installs it "
+                        "when it runs as root)")
+        srv = Nginx(tmp_path / "nginx-root", binary)
+    else:
+        srv = Wsgidav(tmp_path / "dav-root")
+    yield srv
+    srv.stop()
+
+
+def local_blob(ws: Workspace, digest: str) -> bool:
+    store = LocalStore(ws.cache_dir)
+    try:
+        return store.has_blob(digest)
+    finally:
+        store.close()
+
+
+def test_second_workspace_builds_nothing_and_gets_identical_bytes(server, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    first = a.build("//p:top", "//p:side", remote_cache=server.url)
+    assert first.ok, first.error
+    assert sorted(first.ran) == ["//p:one", "//p:side", "//p:top", "//p:two"]
+    assert first.remote["results_uploaded"] == 4 and "WARNING" not in first.log
+
+    second = b.build("//p:top", "//p:side", remote_cache=server.url)
+    assert second.ok, second.error
+    assert second.ran == []
+    assert sorted(second.remote_hits) == ["//p:one", "//p:side", "//p:top", "//p:two"]
+    for label in ("//p:top", "//p:side"):
+        assert second.output(label).read_bytes() == first.output(label).read_bytes()
+    assert second.info("//p:side") == first.info("//p:side")
+    # Build without the bytes: intermediates were not downloaded, requested outputs were.
+    one = hashlib.sha256(b"alpha\nbeta\n").hexdigest()
+    assert not local_blob(b, one)
+    assert local_blob(b, hashlib.sha256(second.output("//p:top").read_bytes()).hexdigest())
+    assert second.remote["blobs_downloaded"] == 2
+
+    third = b.build("//p:top", "//p:side", remote_cache=server.url)
+    assert third.ran == [] and third.remote_hits == [] and third.remote["hits"] == 0
+
+
+def test_action_results_are_reapi_json_and_reference_stored_blobs(server, tmp_path):
+    a = make(tmp_path, "a")
+    assert a.build("//p:top", remote_cache=server.url).ok
+    entries = server.files("ac")
+    assert len(entries) == 3
+    cas = {p.name: p for p in server.files("cas")}
+    for entry in entries:
+        result = json.loads(entry.read_bytes())
+        assert set(result) == {"outputFiles"}
+        paths = [f["path"] for f in result["outputFiles"]]
+        assert ".qbuild/result.json" in paths
+        for item in result["outputFiles"]:
+            digest = item["digest"]
+            assert set(digest) == {"hash", "sizeBytes"}
+            blob = cas[digest["hash"]].read_bytes()
+            assert hashlib.sha256(blob).hexdigest() == digest["hash"]
+            assert len(blob) == int(digest["sizeBytes"])
+            if item["path"] == ".qbuild/result.json":
+                meta = json.loads(blob)
+                assert meta["declared"] == ["out.txt"] and "components" in meta
+
+
+def test_changing_only_the_top_downloads_just_the_inputs_it_reads(server, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    assert a.build("//p:top", remote_cache=server.url).ok
+    b.write("p/BUILD.toml", GRAPH.replace('sep = "-"', 'sep = "+"'))
+    result = b.build("//p:top", remote_cache=server.url)
+    assert result.ok, result.error
+    assert result.ran == ["//p:top"]
+    assert sorted(result.remote_hits) == ["//p:one", "//p:two"]
+    two = hashlib.sha256(b"ALPHA\nBETA\n").hexdigest()
+    one = hashlib.sha256(b"alpha\nbeta\n").hexdigest()
+    assert local_blob(b, two) and not local_blob(b, one)
+    assert result.output("//p:top").read_text() == "ALPHA\nBETA\nALPHA\nBETA\n"
+
+
+def test_an_entry_whose_blob_is_gone_is_a_miss(server, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    first = a.build("//p:top", remote_cache=server.url)
+    assert first.ok
+    top = hashlib.sha256(first.output("//p:top").read_bytes()).hexdigest()
+    (server.root / "cas" / top).unlink()
+    result = b.build("//p:top", remote_cache=server.url)
+    assert result.ok, result.error
+    assert result.ran == ["//p:top"] and sorted(result.remote_hits) == ["//p:one", "//p:two"]
+    assert result.output("//p:top").read_bytes() == first.output("//p:top").read_bytes()
+
+
+def test_directory_outputs_round_trip(server, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    for ws in (a, b):
+        ws.write("t/BUILD.toml", '[tree]\nrule = "tree"\nn = 3\n')
+    first = a.build("//t:tree", remote_cache=server.url)
+    second = b.build("//t:tree", remote_cache=server.url)
+    assert second.ok and second.ran == [] and second.remote_hits == ["//t:tree"]
+    out = second.output("//t:tree")
+    assert sorted(p.name for p in out.iterdir()) == ["f0.txt", "f1.txt", "f2.txt"]
+    assert (out / "f2.txt").read_bytes() == (first.output("//t:tree") / "f2.txt").read_bytes()
+
+
+def test_read_only_jobs_upload_nothing(server, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    result = a.build("//p:top", remote_cache=server.url, remote_upload=False)
+    assert result.ok and result.remote["bytes_uploaded"] == 0
+    assert server.files("ac") == [] and server.files("cas") == []
+    assert b.build("//p:top", remote_cache=server.url).ran == ["//p:one", "//p:two", "//p:top"]
+
+
+def test_remote_cache_from_qbuild_toml(server, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    for ws in (a, b):
+        text = ws.path("qbuild.toml").read_text()
+        ws.write("qbuild.toml", text + f'\n[remote]\ncache = "{server.url}"\ntimeout = 30\n')
+    assert a.build("//p:top").ok
+    assert b.build("//p:top").remote_hits == ["//p:one", "//p:two", "//p:top"]
