@@ -141,9 +141,23 @@ def _noop_package(workspace: Any) -> str | None:
         return None
 
 
+def _check_remote_flags(args: argparse.Namespace) -> None:
+    """Syntax of the --remote_* flags, without importing the HTTP client."""
+    if args.remote_cache and args.remote_cache.partition("://")[0] not in ("http", "https"):
+        raise UsageError("bad remote cache URL: it must look like http(s)://host[:port][/prefix]")
+    for item in args.remote_header or []:
+        name, sep, _ = item.partition("=")
+        if not sep or not name.strip() or any(c in name for c in ": \r\n"):
+            # The value may be a secret: never echo it.
+            raise UsageError("--remote_header must be Name=Value")
+    if args.remote_timeout is not None and not args.remote_timeout > 0:
+        raise UsageError("--remote_timeout must be a positive number of seconds")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     from ._noop import try_noop
 
+    _check_remote_flags(args)  # even when the fast path answers: a typo must not pass
     if not args.explain and not args.event_log:
         from ._workspace import load_workspace
 

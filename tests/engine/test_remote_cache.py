@@ -169,3 +169,50 @@ def test_remote_cache_from_qbuild_toml(server, tmp_path):
         ws.write("qbuild.toml", text + f'\n[remote]\ncache = "{server.url}"\ntimeout = 30\n')
     assert a.build("//p:top").ok
     assert b.build("//p:top").remote_hits == ["//p:one", "//p:two", "//p:top"]
+
+
+CLI_GRAPH = """
+[gen]
+rule = "command"
+srcs = ["in.txt"]
+outs = ["gen.txt"]
+cmd = "tr a-z A-Z < $(SRCS) > $(OUT)"
+
+[final]
+rule = "command"
+srcs = [":gen"]
+outs = ["final.txt"]
+cmd = "cat $(SRCS) $(SRCS) > $(OUT)"
+"""
+
+
+def test_cli_event_log_and_explain_say_where_results_came_from(server, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    for ws in (a, b):
+        ws.write("c/in.txt", "shared cache\n")
+        ws.write("c/BUILD.toml", CLI_GRAPH)
+    env = {"QBUILD_REMOTE_CACHE": server.url}
+    assert a.cli("build", "//c:final", env=env).code == 0
+
+    explained = b.cli("explain", "//c:final", env=env)
+    assert "would be served from the remote cache" in explained.stdout, explained.stdout
+    events = tmp_path / "events.jsonl"
+    built = b.cli("build", "//c:final", f"--event_log={events}", env=env)
+    assert built.code == 0, built.stderr
+    assert "2 from the remote cache" in built.stderr
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    origins = {r["label"]: r["origin"] for r in records if r["event"] == "action_finished"}
+    assert origins == {"//c:gen": "remote_cache", "//c:final": "remote_cache"}
+    finished = records[-1]
+    assert finished["remote"]["hits"] == 2 and finished["remote"]["bytes_downloaded"] > 0
+    assert (b.path("qbuild-out/c/final/final.txt").read_bytes()
+            == a.path("qbuild-out/c/final/final.txt").read_bytes())
+    assert "came from the remote cache" in b.cli("explain", "//c:final").stdout
+
+    b.write("c/in.txt", "changed here\n")
+    built = b.cli("build", "//c:final", f"--event_log={events}", "--remote_cache=", env=env)
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    origins = {r["label"]: r["origin"] for r in records if r["event"] == "action_finished"}
+    assert origins == {"//c:gen": "ran", "//c:final": "ran"}
+    assert "remote" not in records[-1]
+    assert "was built on this machine" in b.cli("explain", "//c:final").stdout
