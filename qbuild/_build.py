@@ -302,6 +302,16 @@ class Build:
             old = {e["path"]: e["digest"] for e in self.results[label]["outputs"]}
             new = {e["path"]: e["digest"] for e in outcome.outputs}
             if old != new:
+                if self.results[label].get("origin") == "remote":
+                    # Keep this machine's result under the key, so the next build uses it
+                    # (and the remote entry, whose blobs were unusable, is replaced).
+                    self.store.put_action(action.key, {
+                        "outputs": outcome.outputs, "declared": action.outputs,
+                        "info": outcome.info, "warnings": outcome.warnings})
+                    raise ActionFailed(f"{label}: the remote cache's result could not be "
+                                       "downloaded and running it here gave different bytes "
+                                       "(the rule is not deterministic across machines); "
+                                       "this machine's result is kept: run the build again")
                 self.store.drop_action(action.key)
                 raise ActionFailed(f"{label} rebuilt to different bytes than its cached result "
                                    "(the rule is not deterministic); run the build again")

@@ -256,3 +256,29 @@ def test_bad_settings_are_one_line_usage_errors(tmp_path):
     bad_key = ws.cli("build", "//c:hello")
     assert bad_key.code == 2 and "qbuild.toml" in bad_key.stderr and "bogus" in bad_key.stderr
     assert GRAPH and toy_rules  # shared with test_remote_cache
+
+
+def test_an_unreproducible_remote_result_heals_after_one_build(fault, tmp_path):
+    """The remote's entry for //p:one names bytes nobody can download (same size, wrong
+    content) and this machine's run gives other bytes: that build fails with a clear
+    message and keeps the local result, so the next one succeeds with correct outputs."""
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    good = a.build("//p:two", remote_cache=fault.url)
+    (one_key,) = [p for p, body in fault.blobs.items() if p.startswith("/ac/")
+                  and b'"out.txt"' in body and hashlib.sha256(b"alpha\nbeta\n").hexdigest()
+                  .encode() in body]
+    fake = b"ALPHA\nbeta\n"
+    fake_digest = hashlib.sha256(fake).hexdigest()
+    real_digest = hashlib.sha256(b"alpha\nbeta\n").hexdigest()
+    fault.blobs[one_key] = fault.blobs[one_key].replace(real_digest.encode(),
+                                                        fake_digest.encode())
+    fault.blobs[f"/cas/{fake_digest}"] = b"x" * len(fake)  # present, but not those bytes
+    b.write("p/BUILD.toml", GRAPH.replace("upper = true", "upper = true\nrepeat = 3"))
+    first = b.build("//p:two", remote_cache=fault.url)
+    assert not first.ok and "not deterministic across machines" in first.error
+    assert len(warnings(first.log)) == 1
+    second = b.build("//p:two", remote_cache=fault.url)
+    assert second.ok, second.error
+    assert second.output("//p:two").read_text() == "ALPHA\nBETA\n" * 3
+    assert good.ok
+    assert_cache_is_clean(b)
