@@ -205,6 +205,7 @@ class LayeredStore:
         self.blobs_downloaded = 0
         self.uploads_done = 0
         self._disabled = False
+        self.problem = ""
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
         self._fetching: dict[str, threading.Lock] = {}
@@ -221,6 +222,7 @@ class LayeredStore:
             if self._disabled:
                 return
             self._disabled = True
+            self.problem = why
         self.warn(f"WARNING: remote cache {self.remote.display_url}: {why}; continuing "
                   "with the local cache only for the rest of this build")
 
@@ -401,7 +403,8 @@ class LayeredStore:
                 "blobs_downloaded": self.blobs_downloaded,
                 "bytes_downloaded": self.remote.bytes_downloaded,
                 "results_uploaded": self.uploads_done,
-                "bytes_uploaded": self.remote.bytes_uploaded, "ok": self.usable}
+                "bytes_uploaded": self.remote.bytes_uploaded, "ok": self.usable,
+                "problem": self.problem}
 
     def close(self) -> None:
         try:
