@@ -68,6 +68,7 @@ class Bench:
         return {"seconds": seconds, "ran": finished["actions_run"],
                 "down": remote.get("bytes_downloaded", 0),
                 "up": remote.get("bytes_uploaded", 0),
+                "wait": remote.get("upload_wait_seconds", 0.0),
                 "hits": finished.get("remote_cache_hits", 0)}
 
 
@@ -97,6 +98,7 @@ def main() -> None:
                                           "--noremote_upload_local_results"))
             finally:
                 server.stop()
+            upload[-1]["ratio"] = upload[-1]["seconds"] / cold[-1]["seconds"]
             print(f"run {run + 1}: cold {cold[-1]['seconds']:.1f}s, upload "
                   f"{upload[-1]['seconds']:.1f}s, warm {warm[-1]['seconds']:.2f}s, change "
                   f"{change[-1]['seconds']:.1f}s", file=sys.stderr)
@@ -118,7 +120,10 @@ def main() -> None:
         t = med(rows, "seconds")
         print(f"| {name} | {t:.2f} s | {t / c:.2f}x | {rows[0]['ran']} | {rows[0]['hits']} "
               f"| {med(rows, 'down') / 1e6:.1f} MB | {med(rows, 'up') / 1e6:.1f} MB |")
-    print(f"\nAll blobs of the graph on the server: {graph_bytes / 1e6:.1f} MB.")
+    print(f"\nAll blobs of the graph on the server: {graph_bytes / 1e6:.1f} MB. Upload "
+          f"overhead, median of the paired (same run) ratios: {med(upload, 'ratio'):.2f}x; "
+          f"the build's wait for its last uploads after its last action: "
+          f"{med(upload, 'wait'):.2f} s.")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import os
 import posixpath
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -398,8 +399,10 @@ class LayeredStore:
 
     def summary(self) -> dict[str, Any]:
         """What the remote cache did in this build (for the summary and the event log)."""
+        started = time.monotonic()
         self.flush()
         return {"url": self.remote.display_url, "hits": self.remote_hits,
+                "upload_wait_seconds": round(time.monotonic() - started, 3),
                 "blobs_downloaded": self.blobs_downloaded,
                 "bytes_downloaded": self.remote.bytes_downloaded,
                 "results_uploaded": self.uploads_done,
