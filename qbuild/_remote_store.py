@@ -176,7 +176,8 @@ def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
     if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
         raise ValueError("unknown metadata format")
     declared = meta.get("declared")
-    if not isinstance(declared, list) or not all(isinstance(d, str) for d in declared):
+    if not isinstance(declared, list) or not all(
+            isinstance(d, str) and _safe_path(d.removesuffix("/")) for d in declared):
         raise ValueError("bad declared outputs")
     if not isinstance(meta.get("info"), dict) or not isinstance(meta.get("warnings"), list):
         raise ValueError("bad info")

@@ -282,3 +282,22 @@ def test_an_unreproducible_remote_result_heals_after_one_build(fault, tmp_path):
     assert second.output("//p:two").read_text() == "ALPHA\nBETA\n" * 3
     assert good.ok
     assert_cache_is_clean(b)
+
+
+def test_a_url_prefix_namespaces_the_cache(fault, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    assert a.build("//p:top", remote_cache=fault.url + "/team-a/").ok
+    assert fault.requests and all(p.startswith("/team-a/") for _, p, _ in fault.requests)
+    assert b.build("//p:top", remote_cache=fault.url + "/team-b").ran == [
+        "//p:one", "//p:two", "//p:top"]
+
+
+def test_an_entry_escaping_the_output_folder_is_refused(fault, tmp_path):
+    a, b = make(tmp_path, "a"), make(tmp_path, "b")
+    assert a.build("//p:top", remote_cache=fault.url).ok
+    for path, body in list(fault.blobs.items()):
+        if path.startswith("/ac/"):
+            fault.blobs[path] = body.replace(b'"path": "out.txt"', b'"path": "../../evil.txt"')
+    result = b.build("//p:top", remote_cache=fault.url)
+    assert result.ok and sorted(result.ran) == ALL and len(warnings(result.log)) == 1
+    assert not list(tmp_path.rglob("evil.txt"))
