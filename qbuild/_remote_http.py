@@ -190,7 +190,7 @@ class HttpCache:
             raise RemoteError(f"GET /ac answered {response.status} {response.reason}")
         data = bytearray()
         try:
-            while chunk := response.read(65536):
+            while chunk := response.read1(65536):
                 data += chunk
                 if len(data) > _MAX_AC_BYTES:
                     self._drop()
@@ -272,7 +272,7 @@ class HttpCache:
                 sink: Any = writer
                 if encoding == "zstd":
                     sink = zstd.ZstdDecompressor().stream_writer(writer, closefd=False)
-                while chunk := response.read(_CHUNK):
+                while chunk := response.read1(_CHUNK):
                     received += len(chunk)
                     sink.write(chunk)
                     if time.monotonic() > deadline:

@@ -143,7 +143,8 @@ class FaultServer:
     Modes: ``ok``; ``error`` (500 to everything); ``truncate`` (CAS bodies cut in half
     after promising the full length); ``wrong_bytes`` (CAS bodies replaced by other bytes
     of the same length); ``garbage_ac`` (action results that are not JSON); ``slow``
-    (``delay`` seconds before answering); ``reset`` (close the connection at once).
+    (``delay`` seconds before answering); ``trickle`` (one byte every ``delay`` seconds);
+    ``reset`` (close the connection at once).
     """
 
     def __init__(self) -> None:
@@ -216,6 +217,13 @@ class FaultServer:
                     body = b"\x00not json at all" + body[:5]
                 elif mode == "wrong_bytes" and is_cas:
                     body = bytes((b + 1) % 256 for b in body) or b"x"
+                elif mode == "trickle" and not head:  # each byte in time, the whole never
+                    self._send(200, b"", length=len(body))
+                    for i in range(len(body)):
+                        self.wfile.write(body[i:i + 1])
+                        self.wfile.flush()
+                        time.sleep(server.delay)
+                    return
                 elif mode == "truncate" and is_cas and not head:
                     self._send(200, body[: len(body) // 2], length=len(body))
                     self.close_connection = True

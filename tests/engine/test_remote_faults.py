@@ -44,13 +44,13 @@ def warnings(log: str) -> list[str]:
 
 
 @pytest.mark.parametrize("mode", ["error", "truncate", "wrong_bytes", "garbage_ac", "slow",
-                                  "reset"])
+                                  "trickle", "reset"])
 def test_a_misbehaving_server_gives_one_warning_and_the_build_runs_locally(fault, tmp_path,
                                                                            mode):
     a, b = make(tmp_path, "a"), make(tmp_path, "b")
     good = a.build("//p:top", "//p:side", remote_cache=fault.url)
     assert good.ok and good.remote["results_uploaded"] == 4
-    fault.mode, fault.delay = mode, 2.0
+    fault.mode, fault.delay = mode, (0.1 if mode == "trickle" else 2.0)
     result = b.build("//p:top", "//p:side", remote_cache=fault.url, remote_timeout=0.5)
     assert result.ok, result.error
     assert sorted(result.ran) == sorted([*ALL, "//p:side"])
