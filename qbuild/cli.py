@@ -30,9 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     group.add_argument("--remote_cache", metavar="URL", help="http(s)://host:port[/prefix] "
                        "of a shared cache (default: $QBUILD_REMOTE_CACHE, then [remote] "
                        "cache in qbuild.toml); empty turns it off")
-    group.add_argument("--remote_upload_local_results", nargs="?", const="true",
-                       type=_bool_flag, metavar="BOOL", dest="remote_upload",
-                       help="upload results of actions run here (default: true)")
+    group.add_argument("--remote_upload_local_results", action="store_true",
+                       dest="remote_upload", default=None,
+                       help="upload results of actions run here (the default; "
+                       "=false is the same as --noremote_upload_local_results)")
     group.add_argument("--noremote_upload_local_results", action="store_false",
                        dest="remote_upload", default=None,
                        help="read from the remote cache, never write to it")
@@ -81,13 +82,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _bool_flag(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+def _bool_flags(argv: list[str]) -> list[str]:
+    """Bazel's ``--flag=true|false`` spelling of boolean flags."""
+    out = []
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        if sep and name == "--remote_upload_local_results":
+            word = value.strip().lower()
+            if word in ("1", "true", "yes"):
+                arg = name
+            elif word in ("0", "false", "no"):
+                arg = "--noremote_upload_local_results"
+            else:
+                raise UsageError(f"{name} takes true or false, not {value!r}")
+        out.append(arg)
+    return out
 
 
 def _size(text: str) -> int:
@@ -332,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     verbose = "--verbose" in argv
     try:
-        args = _parser().parse_args(argv)
+        args = _parser().parse_args(_bool_flags(argv))
         if args.version:
             print(f"qbuild {__version__}")
             return EXIT_OK

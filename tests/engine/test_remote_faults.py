@@ -301,3 +301,17 @@ def test_an_entry_escaping_the_output_folder_is_refused(fault, tmp_path):
     result = b.build("//p:top", remote_cache=fault.url)
     assert result.ok and sorted(result.ran) == ALL and len(warnings(result.log)) == 1
     assert not list(tmp_path.rglob("evil.txt"))
+
+
+def test_upload_flag_spellings(fault, tmp_path):
+    ws = make(tmp_path, "a")
+    ws.write("c/BUILD.toml", '[hello]\nrule = "command"\nouts = ["h.txt"]\n'
+             'cmd = "echo hello > $(OUT)"\n')
+    url = f"--remote_cache={fault.url}"
+    read_only = ws.cli("build", url, "--remote_upload_local_results=false", "//c:hello")
+    assert read_only.code == 0 and fault.count("PUT") == 0
+    shutil.rmtree(ws.cache_dir)
+    writing = ws.cli("build", "--remote_upload_local_results", "//c:hello", url)
+    assert writing.code == 0 and fault.count("PUT", "ac") == 1
+    bad = ws.cli("build", url, "--remote_upload_local_results=maybe", "//c:hello")
+    assert bad.code == 2 and "true or false" in bad.stderr
