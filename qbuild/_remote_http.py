@@ -201,8 +201,7 @@ class HttpCache:
         except (OSError, http.client.HTTPException) as exc:
             self._drop()
             raise RemoteError(_describe(exc)) from None
-        if response.will_close:
-            self._drop()
+        self._finish(response)  # read1 never marks the response done; the next request needs it
         self._count(down=len(data))
         return bytes(data)
 
@@ -296,8 +295,7 @@ class HttpCache:
             self._drop()
             dest.unlink(missing_ok=True)
             raise DigestMismatch(f"undecodable body ({type(exc).__name__})") from None
-        if response.will_close:
-            self._drop()
+        self._finish(response)
         self._count(down=received)
         if hasher.hexdigest() != digest:
             dest.unlink(missing_ok=True)
