@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -152,6 +153,7 @@ class FaultServer:
         self.mode = "ok"
         self.delay = 0.0
         self.requests: list[tuple[str, str, dict[str, str]]] = []
+        self.on_put: Callable[[str], None] | None = None  # called after a PUT is stored
         self.lock = threading.Lock()
         server = self
 
@@ -198,6 +200,8 @@ class FaultServer:
                     with server.lock:
                         server.blobs[self.path] = body
                     self._send(201)
+                    if server.on_put is not None:
+                        server.on_put(self.path)
 
             def _get(self, head: bool) -> None:
                 mode = self._record()

@@ -10,12 +10,15 @@ import json
 import shutil
 import socket
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import toy_rules
 from remote_servers import FaultServer, Nginx, Wsgidav, free_port, nginx_binary
 from test_remote_cache import GRAPH, make
 
+from qbuild import ActionContext, Rule, attr, hookimpl
 from qbuild._store import LocalStore
 
 ALL = ["//p:one", "//p:top", "//p:two"]
@@ -315,3 +318,42 @@ def test_upload_flag_spellings(fault, tmp_path):
     assert writing.code == 0 and fault.count("PUT", "ac") == 1
     bad = ws.cli("build", url, "--remote_upload_local_results=maybe", "//c:hello")
     assert bad.code == 2 and "true or false" in bad.stderr
+
+
+class WaitForUpload(Rule):
+    """Waits (at most 30 s) until the file ``marker`` exists, then writes its output."""
+
+    kind = "wait_for_upload"
+    attrs = {"marker": attr.string(required=True, doc="A file to wait for."),
+             "deps": attr.label_list(doc="Targets to run after.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> dict:
+        deadline = time.monotonic() + 30
+        while not Path(ctx.attrs["marker"]).exists():
+            if time.monotonic() > deadline:
+                raise ctx.fail("no upload reached the server while this action ran",
+                               attr="marker")
+            time.sleep(0.02)
+        ctx.output("out.txt").write_text("seen\n")
+        return {}
+
+
+class _WaitPlugin:
+    @hookimpl
+    def qbuild_rule_types(self) -> list:
+        return [WaitForUpload]
+
+
+def test_uploads_run_while_the_build_goes_on(fault, tmp_path):
+    """The dependent action only finishes once its dependency's entry is on the server:
+    an upload deferred to the end of the build would make it fail."""
+    marker = tmp_path / "uploaded"
+    fault.on_put = lambda path: path.startswith("/ac/") and marker.touch()
+    ws = make(tmp_path, "a")
+    ws.register(_WaitPlugin())
+    ws.write("w/BUILD.toml", f'[wait]\nrule = "wait_for_upload"\nmarker = "{marker}"\n'
+             'deps = ["//p:one"]\n')
+    result = ws.build("//w:wait", remote_cache=fault.url)
+    assert result.ok, result.error
+    assert result.remote["results_uploaded"] == 2
