@@ -210,6 +210,8 @@ class LayeredStore:
         self.problem = ""
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}
+        self._bad_blobs: set[str] = set()  # served with wrong bytes: replace once we have them
+        self.blobs_repaired = 0
         self._fetching: dict[str, threading.Lock] = {}
         self._pool: Any = None
         self._futures: list[Any] = []
@@ -336,6 +338,24 @@ class LayeredStore:
         with self._lock:
             self.uploads_done += 1
 
+    def _repair(self) -> None:
+        """Upload the right bytes of blobs the server served wrong, if this build made
+        them (running the action again gives the same digest): the server stops serving
+        garbage. Only the bytes of the digest can be written, so this is always safe."""
+        if not self.upload:
+            return
+        with self._lock:
+            bad, self._bad_blobs = self._bad_blobs, set()
+        for digest in sorted(bad):
+            path = self.local._blob_path(digest)
+            if path is None or not path.exists():
+                continue
+            try:
+                self.remote.put_cas(digest, path, path.stat().st_size)
+            except (RemoteError, OSError):
+                return
+            self.blobs_repaired += 1
+
     def flush(self) -> None:
         """Wait for the uploads started so far."""
         with self._lock:
@@ -380,6 +400,8 @@ class LayeredStore:
                 return False
             self.local.put_blob(temp, digest)
         except DigestMismatch as exc:
+            with self._lock:
+                self._bad_blobs.add(digest)
             self._give_up(f"blob {digest[:12]} did not match its digest ({exc})")
             return False
         except RemoteError as exc:
@@ -402,12 +424,14 @@ class LayeredStore:
         """What the remote cache did in this build (for the summary and the event log)."""
         started = time.monotonic()
         self.flush()
+        self._repair()
         return {"url": self.remote.display_url, "hits": self.remote_hits,
                 "upload_wait_seconds": round(time.monotonic() - started, 3),
                 "blobs_downloaded": self.blobs_downloaded,
                 "bytes_downloaded": self.remote.bytes_downloaded,
                 "results_uploaded": self.uploads_done,
                 "bytes_uploaded": self.remote.bytes_uploaded, "ok": self.usable,
+                "blobs_repaired": self.blobs_repaired,
                 "problem": self.problem}
 
     def close(self) -> None:

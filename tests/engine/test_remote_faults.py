@@ -79,6 +79,11 @@ def test_a_bad_output_blob_after_a_hit_is_rebuilt_not_served(fault, tmp_path):
     assert len(warnings(result.log)) == 1 and "restored //p:top" in result.log
     assert result.output("//p:top").read_bytes() == good.output("//p:top").read_bytes()
     assert_cache_is_clean(b)
+    # This machine made the right bytes again and replaced the server's wrong ones.
+    assert result.remote["blobs_repaired"] == 1
+    assert fault.blobs[f"/cas/{top}"] == blob
+    third = make(tmp_path, "c").build("//p:top", remote_cache=fault.url)
+    assert third.ran == [] and not warnings(third.log)
 
 
 def test_refused_connections_give_one_warning(tmp_path):
