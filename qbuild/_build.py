@@ -36,6 +36,9 @@ from ._workspace import Workspace, claim_output_dir
 if TYPE_CHECKING:
     import concurrent.futures
 
+    from ._remote_http import RemoteConfig
+    from ._remote_store import LayeredStore
+
 
 @dataclass
 class BuildOptions:
@@ -62,6 +65,8 @@ class BuildResult:
     requested: list[str] = field(default_factory=list)
     ran: list[str] = field(default_factory=list)
     cached: list[str] = field(default_factory=list)
+    remote_hits: list[str] = field(default_factory=list)
+    remote: dict[str, Any] | None = None
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
@@ -76,18 +81,27 @@ class BuildResult:
 class Session:
     """The engine objects one command works with."""
 
-    def __init__(self, workspace: Workspace, registry: Registry) -> None:
+    def __init__(self, workspace: Workspace, registry: Registry,
+                 remote: RemoteConfig | None = None) -> None:
         self.workspace = workspace
         self.registry = registry
         self.graph = Graph(workspace, registry)
-        self._store: LocalStore | None = None
+        self.remote = remote
+        self._store: Any = None
         self._digests: SourceDigests | None = None
         self._code: CodeDigests | None = None
 
     @property
     def store(self) -> LocalStore:
+        """The local store, layered over the remote cache when one is configured."""
         if self._store is None:
-            self._store = LocalStore(self.workspace.cache_dir)
+            local = LocalStore(self.workspace.cache_dir)
+            if self.remote is not None:
+                from ._remote_store import LayeredStore
+
+                self._store = LayeredStore(local, self.remote)
+            else:
+                self._store = local
         return self._store
 
     @property
@@ -196,6 +210,11 @@ class Build:
         self.result = BuildResult()
         self._rebuild_lock = threading.RLock()
         self._result_lock = threading.Lock()  # job threads record their outcomes
+        # The remote layer, when configured (imported only then: it pulls in http.client).
+        self.remote: LayeredStore | None = None
+        if session.remote is not None:
+            self.remote = self.store  # type: ignore[assignment]
+            self.remote.warn = reporter.message
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
         self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
@@ -240,6 +259,7 @@ class Build:
     def _finish(self, requested: list[Label], started: float, interrupted: bool) -> None:
         self.result.ok = not self.result.failed and not self.result.skipped and not interrupted
         self.result.bytes_hashed = self.session.digests.bytes_hashed
+        self.result.remote = self.remote.summary() if self.remote is not None else None
         self.result.seconds = time.monotonic() - started
         summary = {
             "ok": self.result.ok, "targets": len(requested), "actions_run": len(self.result.ran),
@@ -255,6 +275,9 @@ class Build:
         }
         if interrupted:
             summary["interrupted"] = True
+        if self.result.remote is not None:
+            summary["remote_cache_hits"] = len(self.result.remote_hits)
+            summary["remote"] = self.result.remote
         self.reporter.build_finished(summary)
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
 
@@ -307,9 +330,12 @@ class Build:
                         finish(label)
                         continue
                     self.actions[label] = action
-                    cached = self.store.get_action(key)
+                    if self.remote is not None:
+                        cached, origin = self.remote.find_action(key)
+                    else:
+                        cached, origin = self.store.get_action(key), "local"
                     if cached is not None:
-                        self._complete(label, key, cached, "cached", 0.0)
+                        self._complete(label, key, cached, origin)
                         finish(label)
                         continue
                     if self.options.explain:
@@ -399,11 +425,12 @@ class Build:
             self._failed(label, self._scrub(str(exc.error)), self._scrub(exc.log_tail))
             return False
         if status == "cached":  # another process ran it while this one waited
-            self._complete(label, action.key, self.results[label], "cached", 0.0)
+            self._complete(label, action.key, self.results[label], "local")
             return True
         with self._result_lock:
             self.result.ran.append(str(label))
-        self._event(label, "ran", seconds, warnings=self.results[label].get("warnings", []),
+        self._event(label, "ran", seconds, origin="ran",
+                    warnings=self.results[label].get("warnings", []),
                     rule=self.graph.targets[label].kind)
         return True
 
@@ -487,6 +514,16 @@ class Build:
                     self.reporter.message(f"restored {current} by running it again (cached "
                                           "outputs were missing or corrupt)")
                     continue
+                if self.results[current].get("origin") == "remote" and current not in rekeyed:
+                    # Keep this machine's result under the key, so the next build uses it
+                    # (and the remote entry, whose blobs were unusable, is replaced).
+                    self.store.put_action(action.key, {
+                        "outputs": outcome.outputs, "declared": action.outputs,
+                        "info": outcome.info, "warnings": outcome.warnings})
+                    raise ActionFailed(f"{current}: the remote cache's result could not be "
+                                       "downloaded and running it here gave different bytes "
+                                       "(the rule is not deterministic across machines); "
+                                       "this machine's result is kept: run the build again")
                 if action.reproducible and current not in rekeyed:
                     self.store.drop_action(action.key)
                     raise ActionFailed(f"{current} rebuilt to different bytes than its cached "
@@ -508,13 +545,14 @@ class Build:
                     rekeyed.add(parent)
             return changed
 
-    def _complete(self, label: Label, key: str, result: dict[str, Any], status: str,
-                  seconds: float) -> None:
+    def _complete(self, label: Label, key: str, result: dict[str, Any], origin: str) -> None:
         self.results[label] = result
         self.state.set_last_key(str(label), key)
         self.result.infos[str(label)] = result["info"]
         self.result.cached.append(str(label))
-        self._event(label, status, seconds)
+        if origin == "remote":
+            self.result.remote_hits.append(str(label))
+        self._event(label, "cached", 0.0, origin=f"{origin}_cache")
 
     def _failed(self, label: Label, error: str, log_tail: str) -> None:
         self.result.failed[str(label)] = error

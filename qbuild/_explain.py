@@ -32,7 +32,10 @@ def explain(session: Session, label: Label) -> list[str]:
             continue
         parts, key, _ = session.key_for(target, results)
         last = state.last_keys.get(str(item))
-        cached = store.get_action(key)
+        if session.remote is not None:
+            cached, origin = store.find_action(key, record=False)  # type: ignore[attr-defined]
+        else:
+            cached, origin = store.get_action(key), "local"
         if cached is not None:
             results[item] = cached
         if item != label and cached is not None:
@@ -42,10 +45,16 @@ def explain(session: Session, label: Label) -> list[str]:
         if item != label:
             lines.append(f"{item} would rebuild: " + "; ".join(changes or ["not in the cache"]))
             continue
-        if last == key and cached is not None:
-            lines.append(f"{item} is up to date (action key {key[:16]})")
+        if last == key and cached is not None and origin == "local":
+            came = ("came from the remote cache" if cached.get("origin") == "remote"
+                    else "was built on this machine")
+            lines.append(f"{item} is up to date (action key {key[:16]}; its result {came})")
+        elif cached is not None and origin == "remote":
+            lines.append(f"{item} would be served from the remote cache (built elsewhere "
+                         "with exactly these inputs); since its last build here:")
+            lines += [f"  {line}" for line in (changes or ["never built here"])]
         elif cached is not None:
-            lines.append(f"{item} would be served from the cache (built before with exactly "
+            lines.append(f"{item} would be served from the local cache (built before with exactly "
                          "these inputs); since its last build here:")
             lines += [f"  {line}" for line in changes]
         else:

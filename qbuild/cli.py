@@ -32,12 +32,28 @@ def _parser() -> argparse.ArgumentParser:
                         help="more detail: tracebacks on errors, every action and warning")
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="only results and errors: no progress, summary or warnings")
+    remote = argparse.ArgumentParser(add_help=False)
+    group = remote.add_argument_group("remote cache (Bazel's HTTP protocol)")
+    group.add_argument("--remote_cache", metavar="URL", help="http(s)://host:port[/prefix] "
+                       "of a shared cache (default: $QBUILD_REMOTE_CACHE, then [remote] "
+                       "cache in qbuild.toml); empty turns it off")
+    group.add_argument("--remote_upload_local_results", action="store_true",
+                       dest="remote_upload", default=None,
+                       help="upload results of actions run here (the default; "
+                       "=false is the same as --noremote_upload_local_results)")
+    group.add_argument("--noremote_upload_local_results", action="store_false",
+                       dest="remote_upload", default=None,
+                       help="read from the remote cache, never write to it")
+    group.add_argument("--remote_header", action="append", metavar="NAME=VALUE",
+                       help="an HTTP header sent with every request (repeatable)")
+    group.add_argument("--remote_timeout", type=float, metavar="SECONDS",
+                       help="give up on a request after this long (default: 60)")
     parser = _Parser(prog="qbuild", description="Declarative, content-addressed builds of "
                      "ONNX model artifacts.", parents=[common])
     parser.add_argument("--version", action="store_true", help="print the version and exit")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
 
-    build = sub.add_parser("build", parents=[common], help="build targets")
+    build = sub.add_parser("build", parents=[common, remote], help="build targets")
     build.add_argument("patterns", nargs="+", metavar="PATTERN")
     build.add_argument("-j", "--jobs", type=int, help="parallel actions (default: setting or "
                        "CPU count)")
@@ -62,7 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     graph.add_argument("patterns", nargs="+", metavar="PATTERN")
     graph.add_argument("--format", choices=["dot", "mermaid"], default="dot")
 
-    explain = sub.add_parser("explain", parents=[common],
+    explain = sub.add_parser("explain", parents=[common, remote],
                              help="what changed since a target was last built")
     explain.add_argument("label")
 
@@ -86,6 +102,23 @@ def _parser() -> argparse.ArgumentParser:
                              help="the output paths of targets, one per line (for scripts)")
     outputs.add_argument("patterns", nargs="+", metavar="PATTERN")
     return parser
+
+
+def _bool_flags(argv: list[str]) -> list[str]:
+    """Bazel's ``--flag=true|false`` spelling of boolean flags."""
+    out = []
+    for arg in argv:
+        name, sep, value = arg.partition("=")
+        if sep and name == "--remote_upload_local_results":
+            word = value.strip().lower()
+            if word in ("1", "true", "yes"):
+                arg = name
+            elif word in ("0", "false", "no"):
+                arg = "--noremote_upload_local_results"
+            else:
+                raise UsageError(f"{name} takes true or false, not {value!r}")
+        out.append(arg)
+    return out
 
 
 def _size(text: str) -> int:
@@ -124,7 +157,8 @@ def _local_resources(items: list[str]) -> dict[str, int]:
     return out
 
 
-def _session() -> tuple[Any, str | None]:
+
+def _session(args: argparse.Namespace | None = None) -> tuple[Any, str | None]:
     from ._build import Session
     from ._plugins import load_registry
     from ._workspace import load_workspace
@@ -135,8 +169,15 @@ def _session() -> tuple[Any, str | None]:
         package = workspace.package_of(cwd)
     except ValueError:
         package = None
+    remote = None
+    if args is not None and hasattr(args, "remote_cache"):
+        from ._remote_store import resolve_remote
+
+        remote = resolve_remote(workspace.root, {
+            "cache": args.remote_cache, "upload": args.remote_upload,
+            "timeout": args.remote_timeout, "headers": args.remote_header})
     registry = load_registry(cache_file=workspace.cache_dir / "entry_points.json")
-    return Session(workspace, registry), package
+    return Session(workspace, registry, remote), package
 
 
 def _rel(path: Path) -> str:
@@ -165,12 +206,26 @@ def _noop_package(workspace: Any) -> str | None:
         return None
 
 
+def _check_remote_flags(args: argparse.Namespace) -> None:
+    """Syntax of the --remote_* flags, without importing the HTTP client."""
+    if args.remote_cache and args.remote_cache.partition("://")[0] not in ("http", "https"):
+        raise UsageError("bad remote cache URL: it must look like http(s)://host[:port][/prefix]")
+    for item in args.remote_header or []:
+        name, sep, _ = item.partition("=")
+        if not sep or not name.strip() or any(c in name for c in ": \r\n"):
+            # The value may be a secret: never echo it.
+            raise UsageError("--remote_header must be Name=Value")
+    if args.remote_timeout is not None and not args.remote_timeout > 0:
+        raise UsageError("--remote_timeout must be a positive number of seconds")
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     import time
 
     from ._noop import environment, try_noop
     from ._workspace import load_workspace
 
+    _check_remote_flags(args)  # even when the fast path answers: a typo must not pass
     workspace = load_workspace(Path.cwd())
     if not args.explain and not args.event_log:
         snapshot = try_noop(workspace.root, workspace.output_dir, args.patterns,
@@ -222,7 +277,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
     from ._noop import forget, record
     from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
 
-    session, package = _session()
+    session, package = _session(args)
     try:
         from ._toolchain import check as check_toolchain
 
@@ -293,7 +348,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ._explain import explain
     from ._label import parse_label
 
-    session, package = _session()
+    session, package = _session(args)
     try:
         label = parse_label(args.label, package)
         session.graph.expand([str(label)], package)
@@ -433,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_OK
     verbose = "--verbose" in argv or "-v" in argv
     try:
-        args = _parser().parse_args(argv)
+        args = _parser().parse_args(_bool_flags(argv))
         if getattr(args, "quiet", False) and getattr(args, "verbose", False):
             raise UsageError("--quiet and --verbose contradict each other; give one")
         if args.version:

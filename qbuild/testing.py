@@ -48,6 +48,8 @@ class BuildOutcome:
     exit_code: int
     ran: list[str] = field(default_factory=list)
     cached: list[str] = field(default_factory=list)
+    remote_hits: list[str] = field(default_factory=list)
+    remote: dict[str, Any] | None = None
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     error: str = ""
@@ -128,9 +130,15 @@ class Workspace:
 
     def build(self, *patterns: str, jobs: int = 2, keep_going: bool = False,
               explain: bool = False, cwd: str = "", cpu: int | None = None,
-              memory: int | None = None) -> BuildOutcome:
+              memory: int | None = None, remote_cache: str | None = None,
+              remote_upload: bool | None = None, remote_timeout: float | None = None,
+              remote_headers: list[str] | None = None) -> BuildOutcome:
         """Build in-process with the real engine; configuration errors become
-        ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``."""
+        ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``.
+
+        The remote cache comes from the ``remote_*`` arguments (like the ``--remote_*``
+        flags) and ``[remote]`` in ``qbuild.toml``, never from this process's environment.
+        """
         from ._build import Build, BuildOptions, Session
         from ._plugins import load_registry
         from ._progress import ConsoleReporter
@@ -142,8 +150,13 @@ class Workspace:
         # QBUILD_CACHE_DIR at a shared one (as CI jobs do): tests must not see each other.
         shared_cache = os.environ.pop("QBUILD_CACHE_DIR", None)
         try:
+            from ._remote_store import resolve_remote
+
             workspace = load_workspace(self.root / cwd)
-            session = Session(workspace, load_registry(self.plugins))
+            remote = resolve_remote(workspace.root, {
+                "cache": remote_cache, "upload": remote_upload, "timeout": remote_timeout,
+                "headers": remote_headers}, environ={})
+            session = Session(workspace, load_registry(self.plugins), remote)
             package = workspace.package_of(self.root / cwd)
             labels = session.graph.expand(list(patterns), package)
             build = Build(session, BuildOptions(jobs=jobs, keep_going=keep_going,
@@ -161,7 +174,8 @@ class Workspace:
         errors = "\n".join(f"{label}: {message}" for label, message in result.failed.items())
         return BuildOutcome(
             ok=result.ok, exit_code=0 if result.ok else 1, ran=result.ran,
-            cached=result.cached, failed=result.failed, skipped=result.skipped, error=errors,
+            cached=result.cached, remote_hits=result.remote_hits, remote=result.remote,
+            failed=result.failed, skipped=result.skipped, error=errors,
             log=log.getvalue(), bytes_hashed=result.bytes_hashed,
             explanations=result.explanations, _outputs=result.outputs, _infos=result.infos,
         )
@@ -170,7 +184,9 @@ class Workspace:
             env: dict[str, str] | None = None) -> CliOutcome:
         """Run the real ``qbuild`` command line in a subprocess (entry-point plugins only)."""
         full_env = dict(os.environ)
-        full_env.pop("QBUILD_CACHE_DIR", None)
+        for name in ("QBUILD_CACHE_DIR", "QBUILD_REMOTE_CACHE",
+                     "QBUILD_REMOTE_UPLOAD_LOCAL_RESULTS"):
+            full_env.pop(name, None)
         full_env.update(env or {})
         proc = subprocess.run([sys.executable, "-m", "qbuild", *args], cwd=self.root / cwd,
                               capture_output=True, text=True, timeout=timeout, env=full_env)
