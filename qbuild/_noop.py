@@ -42,13 +42,15 @@ def _stat(path: str) -> str | None:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
-def environment() -> dict[str, Any]:
-    """The interpreter and ``sys.path`` fingerprint; take it when the build starts."""
+def environment(options: str = "") -> dict[str, Any]:
+    """The interpreter and ``sys.path`` fingerprint, plus ``options`` (a digest of the
+    command-line settings that change what a build does, such as the remote cache);
+    take it when the build starts."""
     paths = []
     for entry in sys.path:
         paths.append([entry, _stat(entry or ".")])
     return {"version": _VERSION, "python": sys.executable, "sys_path": paths,
-            "cache_env": os.environ.get("QBUILD_CACHE_DIR", "")}
+            "cache_env": os.environ.get("QBUILD_CACHE_DIR", ""), "options": options}
 
 
 def snapshot_file(output_dir: Path, patterns: Iterable[str], package: str | None) -> Path:
@@ -61,13 +63,13 @@ def _where(root: Path, name: str) -> str:
     return name if os.path.isabs(name) else os.path.join(root, name)
 
 
-def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | None
-             ) -> dict[str, Any] | None:
+def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | None,
+             options: str = "") -> dict[str, Any] | None:
     """The recorded result if nothing it depends on changed, else None."""
     path = snapshot_file(output_dir, patterns, package)
     try:
         snapshot = json.loads(path.read_text(encoding="utf-8"))
-        if snapshot.get("environment") != environment():
+        if snapshot.get("environment") != environment(options):
             return None
         for name, key in snapshot["files"].items():
             if _stat(_where(root, name)) != key:

@@ -379,19 +379,19 @@ class LayeredStore:
     def put_blob(self, path: Path, digest: str) -> None:
         self.local.put_blob(path, digest)
 
-    def restore_blob(self, digest: str, dest: Path, link: bool = True) -> bool:
-        if self.local.restore_blob(digest, dest, link):
+    def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
+        if self.local.restore_blob(digest, dest, executable):
             return True
         if not self.usable:
             return False
         with self._lock:
             gate = self._fetching.setdefault(digest, threading.Lock())
         with gate:  # one download per blob even when several actions need it
-            if self.local.restore_blob(digest, dest, link):
+            if self.local.restore_blob(digest, dest, executable):
                 return True
             if not self._download(digest):
                 return False
-        return self.local.restore_blob(digest, dest, link)
+        return self.local.restore_blob(digest, dest, executable)
 
     def _download(self, digest: str) -> bool:
         temp = self.tmp / f"{os.getpid()}-blob-{os.urandom(6).hex()}"
@@ -414,6 +414,13 @@ class LayeredStore:
         return True
 
     # -- the rest is local ----------------------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        # Everything the remote layer does not change (locks, code records, sizes, the
+        # store's folders) is the local store's.
+        if name == "local":
+            raise AttributeError(name)
+        return getattr(self.local, name)
+
     def memo_get(self, key: str) -> str | None:
         return self.local.memo_get(key)
 

@@ -229,7 +229,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     workspace = load_workspace(Path.cwd())
     if not args.explain and not args.event_log:
         snapshot = try_noop(workspace.root, workspace.output_dir, args.patterns,
-                            _noop_package(workspace))
+                            _noop_package(workspace), _options_digest(args))
         if snapshot is not None:
             for line in snapshot["lines"]:
                 print(_shown(workspace.root / line))
@@ -247,7 +247,20 @@ def cmd_build(args: argparse.Namespace) -> int:
             _info(args, line)
             return EXIT_OK
     _make_folders(workspace)
-    return _full_build(args, time.time(), environment())
+    return _full_build(args, time.time(), environment(_options_digest(args)))
+
+
+def _options_digest(args: argparse.Namespace) -> str:
+    """A digest of the settings outside the workspace that change what a build does (the
+    remote cache and how it is used): the fast path answers only when they are the last
+    build's. Hashed, so no credential in a header or URL is ever written down."""
+    import hashlib
+
+    settings = [getattr(args, name, None) for name in
+                ("remote_cache", "remote_upload", "remote_header", "remote_timeout")]
+    settings += [os.environ.get(name) for name in
+                 ("QBUILD_REMOTE_CACHE", "SSL_CERT_FILE", "SSL_CERT_DIR")]
+    return hashlib.sha256(json.dumps(settings, default=str).encode()).hexdigest()
 
 
 def _make_folders(workspace: Any) -> None:

@@ -227,8 +227,8 @@ def test_cli_event_log_and_explain_say_where_results_came_from(server, tmp_path)
     assert origins == {"//c:gen": "remote_cache", "//c:final": "remote_cache"}
     finished = records[-1]
     assert finished["remote"]["hits"] == 2 and finished["remote"]["bytes_downloaded"] > 0
-    assert (b.path("qbuild-out/c/final/final.txt").read_bytes()
-            == a.path("qbuild-out/c/final/final.txt").read_bytes())
+    assert (b.path("qbuild-out/c/@final/final.txt").read_bytes()
+            == a.path("qbuild-out/c/@final/final.txt").read_bytes())
     assert "came from the remote cache" in b.cli("explain", "//c:final").stdout
 
     b.write("c/in.txt", "changed here\n")
