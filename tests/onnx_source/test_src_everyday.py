@@ -36,7 +36,7 @@ def test_an_attribute_for_one_method_does_not_rerun_the_others(qbuild_workspace)
     ws.write("m/BUILD.toml", CALIB)
     first = ws.build("//m:calib")
     assert first.ok, first.error
-    percentile_json = ws.path("qbuild-out/m/calib@method=percentile/calibration.json")
+    percentile_json = ws.path("qbuild-out/m/@calib@method=percentile/calibration.json")
     before = percentile_json.read_bytes()
     ws.write("m/BUILD.toml", CALIB.replace("num_bins = 128", "num_bins = 128\npercentile = 99.0"))
     second = ws.build("//m:calib")
