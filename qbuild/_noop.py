@@ -38,7 +38,9 @@ def _environment() -> dict[str, Any]:
     for entry in sys.path:
         paths.append([entry, _stat(entry or ".")])
     return {"version": _VERSION, "python": sys.executable, "sys_path": paths,
-            "cache_env": os.environ.get("QBUILD_CACHE_DIR", "")}
+            "cache_env": os.environ.get("QBUILD_CACHE_DIR", ""),
+            # keyed by the command rule (target_env): a change must take the full path
+            "path_env": [os.environ.get("PATH", ""), os.environ.get("LANG", "")]}
 
 
 def snapshot_file(output_dir: Path, patterns: Iterable[str], package: str | None) -> Path:

@@ -184,8 +184,9 @@ def _full_build(args: argparse.Namespace) -> int:
             prefixes = tuple(label_dir(label) + "/" for label in result.requested)
             outputs = [str(session.workspace.output_dir / rel) for rel in
                        build.state.materialized if rel.startswith(prefixes)]
+            code_files = sorted(session.code.files_read) if session._code else []
             record(session.workspace.output_dir, args.patterns, package,
-                   session.graph.watched_files() + outputs, lines,
+                   session.graph.watched_files() + outputs + code_files, lines,
                    {"targets": len(result.requested),
                     "actions": len(result.ran) + len(result.cached)})
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
