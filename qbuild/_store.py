@@ -42,13 +42,37 @@ _MODE_R = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 _MODE_X = _MODE_R | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
 
 
+class _Adopt:
+    """A file handed to the store to be renamed into place rather than copied."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
+class _AdoptingDisk(diskcache.Disk):
+    """diskcache's file storage, plus adoption: a blob written in the cache's own tmp/
+    (an action's sandbox) is moved in, so storing an output costs no second copy."""
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if isinstance(value, _Adopt):
+            filename, full_path = self.filename(key, value)
+            try:
+                os.makedirs(os.path.dirname(full_path), exist_ok=True)
+                os.rename(value.path, full_path)
+                return os.path.getsize(full_path), diskcache.core.MODE_BINARY, filename, None
+            except OSError:
+                with open(value.path, "rb") as handle:  # another filesystem: copy
+                    return super().store(handle, read, key=key)
+        return super().store(value, read, key=key)
+
+
 class Store(Protocol):
     """What the build needs from a cache: action results and verified blobs."""
 
     def get_action(self, key: str) -> dict[str, Any] | None: ...
     def put_action(self, key: str, result: dict[str, Any]) -> None: ...
     def has_blob(self, digest: str) -> bool: ...
-    def put_blob(self, path: Path, digest: str) -> None: ...
+    def put_blob(self, path: Path, digest: str, adopt: bool = False) -> None: ...
     def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool: ...
     def memo_get(self, key: str) -> str | None: ...
     def memo_put(self, key: str, digest: str) -> None: ...
@@ -63,7 +87,7 @@ class LocalStore:
         self.tmp = directory / "tmp"
         self.tmp.mkdir(exist_ok=True)
         self._ac = diskcache.Cache(str(directory / "ac"), **_SETTINGS)
-        self._cas = diskcache.Cache(str(directory / "cas"), **_SETTINGS)
+        self._cas = diskcache.Cache(str(directory / "cas"), disk=_AdoptingDisk, **_SETTINGS)
         self._memo = diskcache.Cache(str(directory / "memo"), **_SETTINGS)
 
     def close(self) -> None:
@@ -107,12 +131,19 @@ class LocalStore:
         handle.close()
         return Path(handle.name)
 
-    def put_blob(self, path: Path, digest: str) -> None:
-        """Store the file at ``path`` (already hashed to ``digest``) if it is new."""
+    def put_blob(self, path: Path, digest: str, adopt: bool = False) -> None:
+        """Store the file at ``path`` (already hashed to ``digest``) if it is new.
+
+        ``adopt``: the file is the caller's to give away (an action's output in its
+        sandbox, on the cache's filesystem): it is renamed into the store, not copied.
+        """
         if digest in self._cas:
             return
-        with open(path, "rb") as handle:
-            self._cas.set(digest, handle, read=True)
+        if adopt:
+            self._cas.set(digest, _Adopt(path), read=True)
+        else:
+            with open(path, "rb") as handle:
+                self._cas.set(digest, handle, read=True)
         stored = self._blob_path(digest)
         if stored is not None:
             os.chmod(stored, stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH)
