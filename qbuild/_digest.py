@@ -55,19 +55,22 @@ def hash_file(path: str | os.PathLike[str]) -> str:
 
 
 _FICLONE = 0x40049409  # linux/fs.h: share the source's extents (btrfs, XFS, bcachefs)
+_NO_REFLINK: set[int] = set()
 
 
 def clone_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> None:
     """Make ``dest`` a private copy of ``source``: a reflink where the filesystem can
     (no data read or written; a later write to either file unshares it), else a copy."""
-    try:
-        import fcntl
+    device = os.stat(source).st_dev
+    if device not in _NO_REFLINK:
+        try:
+            import fcntl
 
-        with open(source, "rb") as src, open(dest, "wb") as dst:
-            fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
-        return
-    except (OSError, ImportError):
-        pass
+            with open(source, "rb") as src, open(dest, "wb") as dst:
+                fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+            return
+        except (OSError, ImportError):
+            _NO_REFLINK.add(device)  # do not ask this filesystem again
     import shutil
 
     shutil.copyfile(source, dest)

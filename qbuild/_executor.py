@@ -335,8 +335,8 @@ class LocalExecutor:
                                                  "symlink; write real files",
                                                  target=action.label))
                 digest = hash_file(file)
-                self.store.put_blob(file, digest)
                 st = file.stat()
+                self.store.put_blob(file, digest, adopt=True)  # the sandbox is thrown away
                 entry = {"path": file.relative_to(out_root).as_posix(), "digest": digest,
                          "size": st.st_size}
                 if st.st_mode & stat.S_IXUSR:

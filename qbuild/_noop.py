@@ -50,7 +50,9 @@ def environment(options: str = "") -> dict[str, Any]:
     for entry in sys.path:
         paths.append([entry, _stat(entry or ".")])
     return {"version": _VERSION, "python": sys.executable, "sys_path": paths,
-            "cache_env": os.environ.get("QBUILD_CACHE_DIR", ""), "options": options}
+            "cache_env": os.environ.get("QBUILD_CACHE_DIR", ""), "options": options,
+            # keyed by the command rule (target_env): a change must take the full path
+            "path_env": [os.environ.get("PATH", ""), os.environ.get("LANG", "")]}
 
 
 def snapshot_file(output_dir: Path, patterns: Iterable[str], package: str | None) -> Path:
@@ -85,13 +87,16 @@ def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | N
 
 def record(root: Path, output_dir: Path, patterns: list[str], package: str | None, *,
            reads: Mapping[str, str | None], outputs: Mapping[str, str], started: float,
-           env: dict[str, Any], lines: list[str], summary: dict[str, Any]) -> bool:
+           env: dict[str, Any], lines: list[str], summary: dict[str, Any],
+           code_files: Iterable[str] = ()) -> bool:
     """Write the snapshot of a successful build (best effort); False if refused.
 
     ``reads`` are the stats the build took as it read things (names relative to
     ``root`` or absolute); ``outputs`` the stats of the outputs it placed itself.
     ``started`` is the wall-clock time the build started."""
     files: dict[str, str | None] = dict(reads)
+    for file in code_files:  # rule code hashed for the keys (stat-checked, never re-read)
+        files.setdefault(file, _stat(file))
     for module in list(sys.modules.values()):
         file = getattr(module, "__file__", None)
         if file:

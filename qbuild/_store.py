@@ -64,20 +64,45 @@ _MODE_R = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 _MODE_X = _MODE_R | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH
 
 
+class _Adopt:
+    """A file handed to the store to be renamed into place rather than copied."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+
+class _AdoptingDisk(diskcache.Disk):
+    """diskcache's file storage, plus adoption: a blob written in the cache's own tmp/
+    (an action's sandbox) is moved in, so storing an output costs no second copy."""
+
+    def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if isinstance(value, _Adopt):
+            filename, full_path = self.filename(key, value)
+            try:
+                os.makedirs(os.path.dirname(full_path), exist_ok=True)
+                os.rename(value.path, full_path)
+                return os.path.getsize(full_path), diskcache.core.MODE_BINARY, filename, None
+            except OSError:
+                with open(value.path, "rb") as handle:  # another filesystem: copy
+                    return super().store(handle, read, key=key)
+        return super().store(value, read, key=key)
+
+
 class Store(Protocol):
     """What the build needs from a cache: action results and verified blobs."""
 
     def get_action(self, key: str) -> dict[str, Any] | None: ...
     def put_action(self, key: str, result: dict[str, Any]) -> None: ...
     def has_blob(self, digest: str) -> bool: ...
-    def put_blob(self, path: Path, digest: str) -> None: ...
+    def put_blob(self, path: Path, digest: str, adopt: bool = False) -> None: ...
     def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool: ...
     def memo_get(self, key: str) -> str | None: ...
     def memo_put(self, key: str, digest: str) -> None: ...
 
 
-class _DurableDisk(diskcache.Disk):
-    """Blob files are read-only and on disk before diskcache commits their row."""
+class _DurableDisk(_AdoptingDisk):
+    """Blob files (copied or adopted) are read-only and on disk before diskcache commits
+    their row."""
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
@@ -295,16 +320,31 @@ class LocalStore:
         except OSError:
             return False
 
-    def put_blob(self, path: Path, digest: str) -> None:
+    def put_blob(self, path: Path, digest: str, adopt: bool = False) -> None:
         """Store the file at ``path`` (already hashed to ``digest``); a stored copy that
-        is missing or damaged is replaced."""
+        is missing or damaged is replaced.
+
+        ``adopt``: the file is the caller's to give away (an action's output in its
+        sandbox, on the cache's filesystem): it is renamed into the store, not copied.
+        """
         stored = self._blob_path(digest)
         if stored is not None:
-            if self._intact(stored, digest):
+            if self._verified(stored, digest) or self._intact(stored, digest):
                 return
             self._read("cas", lambda c: c.delete(digest), False)
+        if adopt:
+            self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
+            return
         with open(path, "rb") as handle:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
+
+    def _verified(self, path: Path, digest: str) -> bool:
+        """The blob matched its digest when last checked and has not been touched since."""
+        try:
+            seen = stat_key(os.stat(path))
+        except OSError:
+            return False
+        return self._read("memo", lambda c: c.get("verified:" + digest), None) == seen
 
     def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
         """Place a verified private copy of the blob at ``dest`` (read-only; executable

@@ -325,7 +325,8 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
                    summary={"targets": len(result.requested),
                             "actions": len(result.ran) + len(result.cached),
                             "cache_dir": str(session.store.directory),
-                            "cache_bytes": session.store.volume()})
+                            "cache_bytes": session.store.volume()},
+                   code_files=sorted(session.code.files_read) if session._code else ())
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()

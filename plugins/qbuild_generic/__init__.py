@@ -41,9 +41,13 @@ class FileGroup(Rule):
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         names = [path.name for path in ctx.attrs["srcs"]]
         for name, path in zip(names, ctx.attrs["srcs"]):
-            with open(path, "rb") as src, open(ctx.output(name), "wb") as dst:
-                while chunk := src.read(1 << 20):
-                    dst.write(chunk)
+            try:
+                # The staged input is this action's private copy: moving it costs no I/O.
+                os.rename(path, ctx.output(name))
+            except OSError:
+                with open(path, "rb") as src, open(ctx.output(name), "wb") as dst:
+                    while chunk := src.read(1 << 20):
+                        dst.write(chunk)
         return {"files": names}
 
 
@@ -86,13 +90,24 @@ class Command(Rule):
 
     def target_env(self, attrs: Any) -> dict[str, str]:
         path = os.environ.get("PATH", os.defpath)
-        facts = {"PATH": path, "LANG": os.environ.get("LANG", ""),
+        memo_key = (attrs["cmd"], path, os.environ.get("LANG", ""))
+        known = _facts.get(memo_key)
+        # Valid while every program found and every PATH folder has the same stat (a
+        # tool added to, or replaced in, a PATH folder changes the folder's mtime).
+        if known is not None and all(_stat(f) == st for f, st in known[1]):
+            return dict(known[0])
+        facts = {"PATH": path, "LANG": memo_key[2],
                  "program /bin/sh": _program_digest("/bin/sh")}
+        folders = [d for d in path.split(os.pathsep) if d]
+        watched = ["/bin/sh", *folders]
+        state = (path, tuple(_stat(d) for d in folders))
         for word in sorted(_program_words(attrs["cmd"])):
-            found = word if word.startswith("/") else shutil.which(word, path=path)
+            found = word if word.startswith("/") else _which(word, state)
             if found and os.path.isfile(found) and os.access(found, os.X_OK):
                 facts[f"program {word}"] = _program_digest(found)
-        return facts
+                watched.append(found)
+        _facts[memo_key] = (facts, [(f, _stat(f)) for f in watched])
+        return dict(facts)
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         root = ctx.workdir
@@ -142,6 +157,28 @@ def _matches(src: str, target: str, package: str) -> bool:
             target = f"{target}:{target.rstrip('/').rsplit('/', 1)[-1]}"
         return src.startswith(f"qbuild-out/{output_folder(target)}/")
     return src == (f"{package}/{target}" if package else target)
+
+
+_facts: dict[tuple[str, str, str], tuple[dict[str, str], list[tuple[str, Any]]]] = {}
+
+
+_found: dict[tuple[str, Any], str | None] = {}
+
+
+def _which(word: str, state: tuple[str, Any]) -> str | None:
+    """``shutil.which`` memoised while PATH and its folders' stats stay the same."""
+    key = (word, state)
+    if key not in _found:
+        _found[key] = shutil.which(word, path=state[0])
+    return _found[key]
+
+
+def _stat(path: str) -> tuple[int, ...] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 _WORD = re.compile(r"^(/[^\s]+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")

@@ -230,3 +230,18 @@ def test_float_attribute_defaults_are_floats(ws):
     assert result.ok, result.error
     assert result.output("//p:d").read_text() == "1.0 [2.0]"
     assert result.output("//p:e").read_text() == "1.0 [2.0]"
+
+
+def test_the_command_line_sees_a_different_tool_on_path(ws, tmp_path):
+    """Also through the no-op fast path: a PATH change takes the full path."""
+    one, two = tmp_path / "bin1", tmp_path / "bin2"
+    _tool(one, "one")
+    _tool(two, "two")
+    ws.write("p/BUILD.toml", '[t]\nrule = "command"\ncmd = "qbtool > $(OUT)"\nouts = ["o"]\n')
+    base = os.environ.get("PATH", "/usr/bin:/bin")
+    out = ws.path("qbuild-out/p/@t/o")
+    assert ws.cli("build", "//p:t", env={"PATH": f"{one}:{base}"}).code == 0
+    assert out.read_text() == "one\n"
+    assert ws.cli("build", "//p:t", env={"PATH": f"{one}:{base}"}).code == 0
+    assert ws.cli("build", "//p:t", env={"PATH": f"{two}:{base}"}).code == 0
+    assert out.read_text() == "two\n"

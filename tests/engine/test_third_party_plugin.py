@@ -41,6 +41,18 @@ def test_installed_third_party_plugin_is_found_and_builds(tmp_path):
                            env=env, capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     assert (ws / "qbuild-out/docs/@words/words.count").read_text() == "6\n"
+    # A wheel install: the rule's code is identified by the RECORD hashes, not re-hashed.
+    probe = ("from qbuild._code import CodeDigests\n"
+             "from qbuild._digest import SourceDigests\n"
+             "class Memo:\n"
+             "    def memo_get(self, key): return None\n"
+             "    def memo_put(self, key, digest): pass\n"
+             "digests = SourceDigests(Memo())\n"
+             "_, files = CodeDigests(digests, ['qbuild-wordcount']).unit('qbuild_wordcount')\n"
+             "print(digests.bytes_hashed, sorted(files))\n")
+    code = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert code.stdout.startswith("0 ['qbuild_wordcount/__init__.py'"), code.stdout + code.stderr
     tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
                             str(ROOT / "examples/plugin-wordcount/tests")], cwd=tmp_path,
                            env=env, capture_output=True, text=True)
