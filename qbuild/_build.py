@@ -149,6 +149,7 @@ class Build:
         self.actions: dict[Label, Action] = {}
         self.result = BuildResult()
         self._rebuild_lock = threading.RLock()
+        self._placed: set[str] = set()  # output-folder paths of the requested targets
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
 
@@ -438,9 +439,9 @@ class Build:
         """Stats of the requested targets' files in the output folder, as placed."""
         workspace = self.session.workspace
         base = os.path.relpath(workspace.output_dir, workspace.root).replace(os.sep, "/")
-        prefixes = tuple(label_dir(label) + "/" for label in self.result.requested)
-        return {f"{base}/{rel}": record[1] for rel, record in self.state.materialized.items()
-                if rel.startswith(prefixes)}
+        materialized = self.state.materialized
+        return {f"{base}/{rel}": materialized[rel][1] for rel in self._placed
+                if rel in materialized}
 
     # -- outputs ------------------------------------------------------------------------
     def _materialize(self, label: Label) -> None:
@@ -455,18 +456,22 @@ class Build:
             if not self._place_all(label):
                 raise ActionFailed(f"the outputs of {label} could not be restored from the "
                                    "cache")
-        if base.is_dir():
-            for path in sorted(base.rglob("*"), reverse=True):
-                rel = path.relative_to(base).as_posix()
-                if path.is_file() and rel not in wanted:
-                    path.unlink()
+        prefix = len(str(base)) + 1
+        for directory, _dirs, files in os.walk(base):  # files no longer declared go
+            for name in files:
+                path = os.path.join(directory, name)
+                rel = path[prefix:].replace(os.sep, "/")
+                if rel not in wanted:
+                    os.unlink(path)
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
         self.result.outputs[str(label)] = [base / name.rstrip("/") for name in result["declared"]]
 
     def _place_all(self, label: Label) -> bool:
         base_rel = label_dir(str(label))
-        placed = [self._place(f"{base_rel}/{e['path']}", e["digest"])
-                  for e in self.results[label]["outputs"]]  # each one checked, no short cut
+        rels = [f"{base_rel}/{e['path']}" for e in self.results[label]["outputs"]]
+        self._placed.update(rels)
+        placed = [self._place(rel, e["digest"])  # each one checked, no short cut
+                  for rel, e in zip(rels, self.results[label]["outputs"])]
         return all(placed)
 
     def _place(self, rel: str, digest: str) -> bool:
