@@ -268,7 +268,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         else:
             outcome = store.gc(_size(args.max_size))
             print(f"cache blobs: {outcome['before']} -> {outcome['after']} bytes "
-                  f"({outcome['removed']} removed)")
+                  f"({outcome['removed']} removed, {outcome['orphans']} orphan files "
+                  "reclaimed)")
     finally:
         store.close()
     return EXIT_OK
