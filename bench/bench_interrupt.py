@@ -29,7 +29,8 @@ def one(root: Path) -> tuple[float, bool]:
     env.pop("QBUILD_CACHE_DIR", None)
     proc = subprocess.Popen([sys.executable, "-m", "qbuild", "build", "//p:all", "-j", "2"],
                             cwd=root, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while len(list(marks.iterdir())) < 2:
         time.sleep(0.02)
     start = time.perf_counter()
