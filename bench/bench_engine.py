@@ -86,11 +86,13 @@ def run(root: Path, *args: str, event_log: bool = True) -> tuple[float, int, dic
     if event_log:
         argv += ["--event_log", str(log)]
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    err = proc.stderr.read().decode() if proc.stderr else ""
+    # stderr to a file: a pipe nobody reads while waiting fills up at 10,000 targets.
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=errors)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        errors.seek(0)
+        err = errors.read().decode(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"qbuild {' '.join(args)} failed:\n{err}")
     finished = {}
