@@ -215,6 +215,7 @@ class Build:
         if session.remote is not None:
             self.remote = self.store  # type: ignore[assignment]
             self.remote.warn = reporter.message
+        self._placed: set[str] = set()  # output-folder paths of the requested targets
         self.executor = LocalExecutor(self.store, session.workspace.root, session.digests,
                                       options.jobs)
         self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
@@ -591,9 +592,9 @@ class Build:
         """Stats of the requested targets' files in the output folder, as placed."""
         workspace = self.session.workspace
         base = os.path.relpath(workspace.output_dir, workspace.root).replace(os.sep, "/")
-        prefixes = tuple(label_dir(label) + "/" for label in self.result.requested)
-        return {f"{base}/{rel}": record[1] for rel, record in self.state.materialized.items()
-                if rel.startswith(prefixes)}
+        materialized = self.state.materialized
+        return {f"{base}/{rel}": materialized[rel][1] for rel in self._placed
+                if rel in materialized}
 
     # -- outputs ------------------------------------------------------------------------
     def _materialize(self, label: Label) -> None:
@@ -609,6 +610,7 @@ class Build:
                 result = self.results[label]
                 # Each file is checked (no short cut), so every damaged blob is dropped
                 # before the one rebuild.
+                self._placed.update(f"{base_rel}/{e['path']}" for e in result["outputs"])
                 placed = [self._place(base, f"{base_rel}/{e['path']}", e)
                           for e in result["outputs"]]
                 if all(placed):

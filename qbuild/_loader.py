@@ -17,13 +17,18 @@ key the rule declares becomes that attribute; any other key is only such a varia
 from __future__ import annotations
 
 import difflib
+import hashlib
 import itertools
+import json
+import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._digest import key_is_racy
 from ._errors import ConfigError
 from ._label import Label, _check_name
 from ._reads import Reads
@@ -192,9 +197,13 @@ class PackageLoader:
             return cached
         path = self.build_file(package)
         shown = self.shown_path(package)
-        if self.reads.stat(path) is None or not path.is_file():
+        key = self.reads.stat(path)
+        if key is None or not path.is_file():
             raise ConfigError(f"no package '//{package}': {shown} does not exist")
-        data = load_toml(path, shown)
+        data = self._parsed(package, key)
+        if data is None:
+            data = load_toml(path, shown)
+            self._remember(package, key, data)
         targets: dict[str, TargetSpec] = {}
         for name, table in data.items():
             if not isinstance(table, dict):
@@ -212,6 +221,37 @@ class PackageLoader:
                 targets[spec.label.name] = spec
         self._packages[package] = targets
         return targets
+
+    # A BUILD file parsed before is read back from JSON (several times faster than
+    # TOML), keyed by the stat it had; racy stats are never remembered.
+    def _parsed_path(self, package: str) -> Path:
+        name = hashlib.sha256(package.encode()).hexdigest()[:24]
+        return self.workspace.output_dir / ".qbuild" / "parsed" / f"{name}.json"
+
+    def _parsed(self, package: str, key: str) -> dict[str, Any] | None:
+        try:
+            record = json.loads(self._parsed_path(package).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(record, dict) or record.get("stat") != key:
+            return None
+        data = record.get("data")
+        return data if isinstance(data, dict) else None
+
+    def _remember(self, package: str, key: str, data: dict[str, Any]) -> None:
+        if key_is_racy(key, time.time()) or not self.workspace.output_dir.is_dir():
+            return
+        path = self._parsed_path(package)
+        try:
+            text = json.dumps({"stat": key, "data": data}, allow_nan=True)
+            if json.loads(text)["data"] != data:
+                return  # a value JSON cannot hold as is
+            path.parent.mkdir(parents=True, exist_ok=True)
+            temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, path)
+        except (OSError, TypeError, ValueError, RecursionError):
+            pass
 
     def target(self, label: Label) -> TargetSpec | None:
         return self.load(label.package).get(label.name)

@@ -181,10 +181,13 @@ def _session(args: argparse.Namespace | None = None) -> tuple[Any, str | None]:
 
 
 def _rel(path: Path) -> str:
+    text, cwd = str(path), os.getcwd()
+    if text.startswith(cwd + os.sep):  # the common case, without relpath's cost
+        return text[len(cwd) + 1:]
     try:
         return os.path.relpath(path)
     except ValueError:
-        return str(path)
+        return text
 
 
 def _shown(path: Path) -> str:
@@ -231,8 +234,9 @@ def cmd_build(args: argparse.Namespace) -> int:
         snapshot = try_noop(workspace.root, workspace.output_dir, args.patterns,
                             _noop_package(workspace), _options_digest(args))
         if snapshot is not None:
-            for line in snapshot["lines"]:
-                print(_shown(workspace.root / line))
+            if snapshot["lines"]:
+                sys.stdout.write("\n".join(_shown(workspace.root / line)
+                                           for line in snapshot["lines"]) + "\n")
             summary = snapshot["summary"]
             line = (f"Build OK: {summary['targets']} targets, 0 actions run, "
                     f"{summary['actions']} cache hits (nothing changed)")
@@ -312,11 +316,14 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         build = Build(session, BuildOptions(jobs=jobs, keep_going=args.keep_going,
                                             explain=args.explain, **resources), reporter)
         result = build.run(labels)
-        lines = []
+        lines, shown = [], []
+        root_prefix = len(str(session.workspace.root)) + 1
         for label in result.requested:
             for path in result.outputs.get(label, []):
-                print(_shown(path))
-                lines.append(path.relative_to(session.workspace.root).as_posix())
+                shown.append(_shown(path))
+                lines.append(str(path)[root_prefix:].replace(os.sep, "/"))
+        if shown:
+            sys.stdout.write("\n".join(shown) + "\n")
         reads = build.reads()
         if result.ok and reads is not None:
             record(session.workspace.root, session.workspace.output_dir, args.patterns,
@@ -422,7 +429,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         else:
             outcome = store.gc(_size(args.max_size))
             print(f"cache blobs: {human_size(outcome['before'])} -> "
-                  f"{human_size(outcome['after'])} ({outcome['removed']} blobs removed)")
+                  f"{human_size(outcome['after'])} ({outcome['removed']} blobs removed, "
+                  f"{outcome['orphans']} orphan files reclaimed)")
     finally:
         store.close()
     return EXIT_OK

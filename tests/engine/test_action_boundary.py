@@ -25,12 +25,18 @@ def _wait_for(path, proc=None, seconds=60):
         time.sleep(0.02)
 
 
+def _default_sigint():
+    # A test run in the background of a non-interactive shell inherits SIGINT ignored,
+    # and Python then installs no Ctrl-C handler: restore what a terminal user has.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _cli(ws, *args):
     env = dict(os.environ)
     env.pop("QBUILD_CACHE_DIR", None)
     return subprocess.Popen([sys.executable, "-m", "qbuild", *args], cwd=ws.root, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_default_sigint)
 
 
 @pytest.mark.parametrize("how, says", [("exit0", "sys.exit(0)"), ("base", "BaseException")])
