@@ -24,10 +24,11 @@ MODES = ("ort", "fixed_point")
 ROUNDINGS = ("half_up", "onnxruntime")
 
 
-def lower_model(model: onnx.ModelProto, mode: str,
-                rounding: str = "half_up") -> tuple[onnx.ModelProto, dict, list]:
+def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
+                tables: str = "fastest") -> tuple[onnx.ModelProto, dict, list]:
     """Returns (lowered model, report, fixed-point parameter records). ``rounding``
-    (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``fixedpoint``)."""
+    (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``fixedpoint``). ``tables``
+    (ort only): how element-wise regions are realized (``fuse.FORMS``)."""
     if mode not in MODES:
         raise LowerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if rounding not in ROUNDINGS:
@@ -46,10 +47,28 @@ def lower_model(model: onnx.ModelProto, mode: str,
         prepare(g, b)
     entries, absorbed_q, aliases = [], set(), {}
     lowered = set()
+    fused = {"replaced": set(), "regions": []}
+    if mode == "ort":
+        from .fuse import fuse_regions
+
+        fused = fuse_regions(g, b, tables, integer_only=True)
+        absorbed_q |= fused["absorbed_q"]
+        aliases.update(fused["aliases"])
+        lowered |= fused["replaced"]
+    region_of = {}
+    for r in fused["regions"]:
+        for name in r["nodes"]:
+            region_of[name] = r
     for i, n in enumerate(g.nodes):
         if is_q(n) or is_dq(n):
             continue
         entry = {"node": g.node_name(i), "op_type": n.op_type}
+        if i in fused["replaced"]:
+            form = region_of[entry["node"]]["form"]
+            entry.update(status="lowered", lowered_as=[f"region:{f}" for f in (
+                form if isinstance(form, list) else [form])])
+            entries.append(entry)
+            continue
         h = handler(n.op_type)
         try:
             if h is None:
@@ -113,6 +132,13 @@ def lower_model(model: onnx.ModelProto, mode: str,
         if not any(o.domain == "com.microsoft" for o in out.opset_import):
             out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     report = _report(g, entries, nodes, mode, b)
+    if mode == "ort":
+        from .fuse import _count
+
+        report["regions"] = {"form": tables, "count": len(fused["regions"]),
+                             "by_form": _count(fused["regions"]),
+                             "per_region": [{k: v for k, v in r.items() if k != "tables"}
+                                            for r in fused["regions"]]}
     # a table composed into another (SiLU) leaves its own layer unused: not a layer
     produced = {t for n in nodes for t in n.output}
     params = [p for p in b.params if p["output"]["tensor"] in produced]
