@@ -158,13 +158,21 @@ def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list) -> None:
 
 
 def _rename(nodes, aliases: dict):
+    """Point readers of ``aliases`` keys at their values; nodes that change are copies,
+    so the source model (whose node protos these may be) is never modified."""
     if not aliases:
         return nodes
+    out = []
     for n in nodes:
-        for k, t in enumerate(n.input):
-            if t in aliases:
-                n.input[k] = aliases[t]
-    return nodes
+        if any(t in aliases for t in n.input):
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            for k, t in enumerate(c.input):
+                if t in aliases:
+                    c.input[k] = aliases[t]
+            n = c
+        out.append(n)
+    return out
 
 
 def _dead_code(nodes, graph_outputs: set):

@@ -88,9 +88,10 @@ def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 
 
 
 def op_profile(model, feed: dict, threads: int = 1, runs: int = 10, warmup: int = 3,
-               top: int = 15) -> dict:
+               top: int = 15, all_nodes: bool = False) -> dict:
     """onnxruntime's profiler over ``runs`` runs (after ``warmup``): per op type the
-    median time per run and node count, and the ``top`` nodes by median time."""
+    median time per run and node count, and the ``top`` nodes by median time (with
+    ``all_nodes``, also ``node_ms``: every node's median time)."""
     with tempfile.TemporaryDirectory() as tmp:
         s = session(model, threads, profile_prefix=os.path.join(tmp, "prof"))
         for _ in range(warmup):
@@ -100,10 +101,10 @@ def op_profile(model, feed: dict, threads: int = 1, runs: int = 10, warmup: int 
             s.run(None, feed)
         path = Path(s.end_profiling())
         events = json.loads(path.read_text())
-    return aggregate(events, runs, top)
+    return aggregate(events, runs, top, all_nodes)
 
 
-def aggregate(events: list, runs: int, top: int = 15) -> dict:
+def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -> dict:
     """Reduce onnxruntime profiler events to per-run medians (the last ``runs`` runs)."""
     run_starts = [e["ts"] for e in events if e.get("cat") == "Session"
                   and e.get("name") == "model_run"]
@@ -146,8 +147,11 @@ def aggregate(events: list, runs: int, top: int = 15) -> dict:
     kernels = sum(t["ms"] for t in types.values())
     for t in types.values():
         t["share"] = round(t["ms"] / kernels, 4) if kernels else 0.0
-    nodes = sorted(((med(d), k) for k, d in per_node.items()), reverse=True)[:top]
+    ranked = sorted(((med(d), k) for k, d in per_node.items()), reverse=True)
+    nodes = ranked[:top]
+    extra = {"node_ms": {k: round(v, 4) for v, k in ranked}} if all_nodes else {}
     return {
+        **extra,
         "runs": n,
         "run_ms": round(total, 4),
         "kernel_ms": round(kernels, 4),
@@ -186,11 +190,13 @@ def macs(model) -> dict:
         return None
 
     by = defaultdict(int)
+    unresolved = 0
     for n in m.graph.node:
         if n.op_type in ("Conv", "ConvInteger", "QLinearConv"):
             w = shape(n.input[3] if n.op_type == "QLinearConv" else n.input[1])
             y = shape(n.output[0])
             if not w or not y:
+                unresolved += 1
                 continue
             group = next((a.i for a in n.attribute if a.name == "group"), 1)
             k = int(np.prod(w[1:]))
@@ -201,8 +207,77 @@ def macs(model) -> dict:
             a = shape(n.input[0])
             y = shape(n.output[0])
             if not a or not y:
+                unresolved += 1
                 continue
             k = a[-1] if not (n.op_type in ("Gemm", "QGemm") and any(
                 x.name == "transA" and x.i for x in n.attribute)) else a[0]
             by["matmul"] += int(np.prod(y)) * int(k)
-    return {"total": sum(by.values()), **dict(sorted(by.items()))}
+    # shape inference stops at com.microsoft operators: then the count is a lower bound
+    return {"total": sum(by.values()), **dict(sorted(by.items())),
+            "unresolved_nodes": unresolved}
+
+
+def conditions() -> dict:
+    """The measurement conditions: machine, versions, load from other processes."""
+    import platform
+
+    import onnxruntime as ort
+
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {"cpus": os.cpu_count(), "machine": platform.machine(),
+            "processor": platform.processor() or None, "python": platform.python_version(),
+            "onnxruntime": ort.__version__, "load_average_1_5_15min": load}
+
+
+def _macs(m: dict) -> str:
+    return (f">= {m['total']:,} ({m['unresolved_nodes']} nodes without shapes)"
+            if m.get("unresolved_nodes") else f"{m['total']:,}")
+
+
+def render(report: dict) -> str:
+    """report.md of the ``profile`` rule: latency table, then op types side by side."""
+    lat = report["latency"]
+    labels = list(report["models"])
+    lines = [f"# Profile ({lat['threads']} thread(s), {lat['runs']} interleaved rounds after "
+             f"{lat['warmup']} warm-ups)", ""]
+    c = report.get("conditions", {}).get("before", {})
+    if c:
+        lines += [f"Machine: {c.get('cpus')} CPUs {c.get('machine')}, Python {c.get('python')}, "
+                  f"onnxruntime {c.get('onnxruntime')}; load average before "
+                  f"{c.get('load_average_1_5_15min')}, after "
+                  f"{report['conditions']['after'].get('load_average_1_5_15min')}.", ""]
+    lines += ["| model | median ms | q1-q3 ms | spread | speed-up vs reference | MACs |",
+              "|---|---|---|---|---|---|"]
+    for lab in labels:
+        m = lat["models"][lab]
+        flag = " (noisy)" if m["noisy"] else ""
+        slow = " **slower than the reference**" if m.get("slower_than_reference") else ""
+        lines.append(f"| {lab} | {m['median_ms']:.3f} | {m['q1_ms']:.3f}-{m['q3_ms']:.3f} | "
+                     f"{m['spread']:.1%}{flag} | {m.get('speedup', 1.0)}x{slow} | "
+                     f"{_macs(report['models'][lab]['macs'])} |")
+    profs = {lab: report["models"][lab].get("profile") for lab in labels}
+    if any(profs.values()):
+        types = []
+        for p in profs.values():
+            for op in (p or {}).get("op_types", {}):
+                if op not in types:
+                    types.append(op)
+        lines += ["", "## Time per op type (ms per run, median of the profiled runs; nodes)",
+                  "", "| op type | " + " | ".join(labels) + " |",
+                  "|---|" + "---|" * len(labels)]
+        for op in types:
+            cells = []
+            for lab in labels:
+                t = (profs[lab] or {}).get("op_types", {}).get(op)
+                cells.append(f"{t['ms']:.3f} ({t['nodes']})" if t else "")
+            lines.append(f"| {op} | " + " | ".join(cells) + " |")
+        for lab in labels:
+            p = profs[lab]
+            if not p:
+                continue
+            lines += ["", f"### Top nodes: {lab}", "", "| node | op type | ms |", "|---|---|---|"]
+            lines += [f"| {n['node']} | {n['op_type']} | {n['ms']:.3f} |" for n in p["top_nodes"]]
+    return "\n".join(lines) + "\n"
