@@ -113,10 +113,12 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
     keep = [n for i, n in enumerate(g.nodes) if i not in lowered and i not in absorbed_q]
     nodes = _dead_code(_rename(keep + b.nodes, aliases), g.outputs)
     before = {id(n) for n in nodes}
-    nodes, chain = focus_space_to_depth(nodes, model, b.fresh, b.const, g.outputs)
+    nodes, chain, chain_float = focus_space_to_depth(nodes, model, b.fresh, b.const,
+                                                     g.outputs)
     b.nodes += [n for n in nodes if id(n) not in before]  # checked like the other emitted
     nodes = _dead_code(nodes, g.outputs)
     _chains_lowered(g, entries, chain, nodes)
+    _chains_lowered(g, entries, chain_float, nodes, float_rewrite=True)
     nodes = toposort(nodes, g.inputs)
     used = {t for n in nodes for t in n.input if t}
     inits = [t for t in list(model.graph.initializer) + b.inits if t.name in used]
@@ -145,13 +147,19 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
     return out, report, params
 
 
-def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list) -> None:
-    """Report the float Slice nodes a chain rewrite made dead as lowered."""
+def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list,
+                    float_rewrite: bool = False) -> None:
+    """Report the float Slice nodes a chain rewrite made dead as lowered (or, for a chain
+    left in float, as rewritten to SpaceToDepth + Gather: still float, said so)."""
     live = {id(n) for n in nodes}
     names = {g.node_name(i) for i, n in enumerate(g.nodes)
              if any(n is c for c in chain) and id(n) not in live}
     for e in entries:
         if e["node"] in names and e["status"] == "float":
+            if float_rewrite:
+                e["rewritten_as"] = ["SpaceToDepth", "Gather"]
+                e["reason"] += "; the Focus slices run as SpaceToDepth + Gather (exact)"
+                continue
             e.update(status="lowered", lowered_as=["QuantizeLinear", "SpaceToDepth", "Gather"])
             e.pop("category", None)
             e.pop("reason", None)
