@@ -64,7 +64,7 @@ def _accuracy_errors():
 
 class Evaluate(Rule):
     kind = "evaluate"
-    version = 1
+    version = 2
     heavy = True
     doc = ("Compares candidate models with a reference model on a dataset and writes "
            "report.json: per output SQNR (dB), max abs error and cosine; with task = 'yolo' "
