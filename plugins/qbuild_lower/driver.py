@@ -47,14 +47,19 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
         prepare(g, b)
     entries, absorbed_q, aliases = [], set(), {}
     lowered = set()
-    fused = {"replaced": set(), "regions": []}
     if mode == "ort":
         from .fuse import fuse_regions
 
         fused = fuse_regions(g, b, tables, integer_only=True)
-        absorbed_q |= fused["absorbed_q"]
-        aliases.update(fused["aliases"])
-        lowered |= fused["replaced"]
+    else:  # chains with float between their ops; the others lower node by node
+        from .fuse import fuse_regions
+        from .lower_fixed import region_record
+
+        fused = fuse_regions(g, b, "table", integer_only=True, float_chains_only=True,
+                             record=lambda *a: region_record(b, *a))
+    absorbed_q |= fused["absorbed_q"]
+    aliases.update(fused["aliases"])
+    lowered |= fused["replaced"]
     region_of = {}
     for r in fused["regions"]:
         for name in r["nodes"]:
@@ -134,10 +139,11 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
         if not any(o.domain == "com.microsoft" for o in out.opset_import):
             out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     report = _report(g, entries, nodes, mode, b)
-    if mode == "ort":
+    if fused["regions"] or mode == "ort":
         from .fuse import _count
 
-        report["regions"] = {"form": tables, "count": len(fused["regions"]),
+        report["regions"] = {"form": tables if mode == "ort" else "table",
+                             "count": len(fused["regions"]),
                              "by_form": _count(fused["regions"]),
                              "per_region": [{k: v for k, v in r.items() if k != "tables"}
                                             for r in fused["regions"]]}

@@ -105,17 +105,39 @@ def _choose(y_table, x_dtype, y_dtype, cands: dict) -> tuple[str, tuple | None]:
     return "table", None
 
 
+def _float_inside(g: Graph, reg: Region) -> bool:
+    """A compute node of the region reads or writes a float tensor that is not a
+    DequantizeLinear output / QuantizeLinear input (a chain per-node lowering cannot
+    take: GELU written out, HardSwish as HardSigmoid -> Mul without Q between)."""
+    for i in reg.compute_nodes(g):
+        n = g.nodes[i]
+        for t in n.input:
+            if not t or g.is_const(t):
+                continue
+            p = g.producer_node(t)
+            if p is None or not is_dq(p):
+                return True
+        if not all(is_q(g.nodes[u]) for u in g.consumers.get(n.output[0], [])):
+            return True
+    return False
+
+
 def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
-                 integer_only: bool = False) -> dict:
+                 integer_only: bool = False, float_chains_only: bool = False,
+                 record=None) -> dict:
     """Emit the chosen form of every region into ``b``. Returns {"replaced": node indices
     now computed by the emitted nodes (compute, Q and DQ), "absorbed_q": Q nodes whose
     outputs the emitted nodes produce, "aliases": {export: root}, "regions": report
-    records}."""
+    records}. ``float_chains_only``: only regions with float tensors between their ops
+    (fixed-point mode lowers the others node by node); ``record(x_qparams, export,
+    y_qparams, table initializer name, op types)`` is called for every table emitted."""
     if form not in FORMS:
         raise LowerError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
     from .lut import region_tables
 
     regions = find_regions(g)
+    if float_chains_only:
+        regions = [r for r in regions if _float_inside(g, r)]
     usable = [r for r in regions if r.reason is None]
     tables, cands = region_tables(g, usable)
     out = {"replaced": set(), "absorbed_q": set(), "aliases": {}, "regions": []}
@@ -165,6 +187,9 @@ def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
                 tname = b.fresh(f"{name}_table")
                 b.inits.append(numpy_helper.from_array(tables[y], tname))
                 gather_codes(b, _Codes(reg.root, xqp), tname, y, name)
+                if record is not None:
+                    record(xqp, reg.root, g.qparams(g.producer_node(y)), y, tables[y],
+                           rec["op_types"], rec["nodes"])
             forms.append(kind if key is None else f"{kind}:{key[0]}")
             out["absorbed_q"].add(g.producer[y])
         rec["form"] = forms[0] if len(set(forms)) == 1 else forms

@@ -206,3 +206,18 @@ form = "table"
     assert r.info("//m:lut")["exact"] == 1.0
     r2 = ws.build("//m:lut")
     assert r2.ok and not r2.ran
+
+
+def test_fixed_point_lowers_float_chains_as_tables(cnn_qdq):
+    """Fixed-point mode: chains with float between their ops (GELU written out, Relu ->
+    HardSigmoid -> Tanh) become one table each; the others still lower node by node."""
+    src = onnx.load(str(cnn_qdq))
+    low, rep, params = lower_model(src, "fixed_point", "onnxruntime")
+    assert rep["nodes"]["float"] == 0
+    assert rep["regions"]["by_form"] == {"table": 2}
+    chains = {tuple(p["composed_of"]) for p in params if "composed_of" in p}
+    assert ("gelu_div", "gelu_erf", "gelu_add", "gelu_mul", "gelu_half") in chains
+    assert all(len(p["table"]) == 256 for p in params if "composed_of" in p)
+    assert {n.domain for n in low.graph.node} <= {"", "ai.onnx"}  # standard ONNX only
+    res = compare(src, low, synthetic_feeds(src, 4))
+    assert res["exact"] == 1.0
