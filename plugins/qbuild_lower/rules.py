@@ -21,7 +21,7 @@ REQUANTIZATION = {
 
 class LowerInteger(Rule):
     kind = "lower_integer"
-    version = 3
+    version = 4
     doc = (
         "Lower a QDQ model to integer-only arithmetic. mode=ort emits operators onnxruntime "
         "runs (QLinearConv, QLinearMatMul, com.microsoft QLinearAdd/Mul/Concat/Sigmoid/..., "
@@ -144,7 +144,7 @@ def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
 
 class FuseLut(Rule):
     kind = "fuse_lut"
-    version = 1
+    version = 2
     doc = (
         "On a QDQ model (right after quantize): every chain of element-wise ops between two "
         "quantized tensors (SiLU, HardSwish, Sigmoid, Tanh, GELU, LeakyRelu, Clip and "
@@ -203,7 +203,7 @@ class FuseLut(Rule):
 
 class Profile(Rule):
     kind = "profile"
-    version = 1
+    version = 2
     doc = (
         "Where the time goes: every model timed interleaved with the others in one process "
         "(warm-ups, `threads` intra-op threads, median, quartiles, spread; noisy runs and "
