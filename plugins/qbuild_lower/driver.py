@@ -47,12 +47,11 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
         prepare(g, b)
     entries, absorbed_q, aliases = [], set(), {}
     lowered = set()
-    if mode == "ort":
-        from .fuse import fuse_regions
+    from .fuse import fuse_regions
 
+    if mode == "ort":
         fused = fuse_regions(g, b, tables, integer_only=True)
     else:  # chains with float between their ops; the others lower node by node
-        from .fuse import fuse_regions
         from .lower_fixed import region_record
 
         fused = fuse_regions(g, b, "table", integer_only=True, float_chains_only=True,
