@@ -104,6 +104,25 @@ def op_profile(model, feed: dict, threads: int = 1, runs: int = 10, warmup: int 
     return aggregate(events, runs, top, all_nodes)
 
 
+def op_profiles(models: dict, feed: dict, threads: int = 1, runs: int = 10,
+                warmup: int = 3, top: int = 15) -> dict:
+    """``op_profile`` of several models with their runs interleaved (one run of each model
+    in turn), so that load from other processes falls on all profiles alike."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sessions = {name: session(m, threads, profile_prefix=os.path.join(tmp, f"p{k}"))
+                    for k, (name, m) in enumerate(models.items())}
+        names = list(sessions)
+        for r in range(warmup + runs):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                sessions[name].run(None, feed)
+        out = {}
+        for name, s in sessions.items():
+            events = json.loads(Path(s.end_profiling()).read_text())
+            out[name] = aggregate(events, runs, top)
+    return out
+
+
 def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -> dict:
     """Reduce onnxruntime profiler events to per-run medians (the last ``runs`` runs)."""
     run_starts = [e["ts"] for e in events if e.get("cat") == "Session"

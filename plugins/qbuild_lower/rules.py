@@ -203,13 +203,14 @@ class FuseLut(Rule):
 
 class Profile(Rule):
     kind = "profile"
-    version = 2
+    version = 3
     doc = (
         "Where the time goes: every model timed interleaved with the others in one process "
         "(warm-ups, `threads` intra-op threads, median, quartiles, spread; noisy runs and "
         "models slower than the reference are flagged), and onnxruntime's profiler per "
-        "model: time per op type and the top nodes, side by side in report.md, with each "
-        "model's multiply-accumulate count. Timings make the report not reproducible."
+        "model (its runs interleaved too): time per op type and the top nodes, side by "
+        "side in report.md, with each model's multiply-accumulate count. Timings make the "
+        "report not reproducible."
     )
     heavy = True
     attrs = {
@@ -233,7 +234,7 @@ class Profile(Rule):
     def run(self, ctx: ActionContext) -> dict:
         import onnx
 
-        from .profiling import conditions, interleaved_latency, macs, op_profile, render
+        from .profiling import conditions, interleaved_latency, macs, op_profiles, render
 
         a = ctx.attrs
         if a["threads"] < 1 or a["runs"] < 1:
@@ -251,11 +252,12 @@ class Profile(Rule):
         lat = interleaved_latency(paths, feeds[0], a["threads"], a["runs"], a["warmup"],
                                   reference=ref_label)
         report = {"reference": ref_label, "inputs": inputs, "latency": lat, "models": {}}
+        profs = (op_profiles(paths, feeds[0], a["threads"], a["profile_runs"], a["warmup"],
+                             a["top"]) if a["profile_runs"] > 0 else {})
         for label, p in paths.items():
             entry = {"macs": macs(onnx.load(str(p)))}
-            if a["profile_runs"] > 0:
-                entry["profile"] = op_profile(p, feeds[0], a["threads"], a["profile_runs"],
-                                              top=a["top"])
+            if label in profs:
+                entry["profile"] = profs[label]
             report["models"][label] = entry
         report["conditions"] = {"before": before, "after": conditions()}
         ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
