@@ -67,15 +67,27 @@ def small_cnn() -> onnx.ModelProto:
     return h.make_model(g, opset_imports=[h.make_opsetid("", 17)], ir_version=8)
 
 
-@pytest.fixture(scope="module")
-def cnn_qdq(tmp_path_factory):
+def _cnn_qdq(tmp_path_factory, activation):
     from qbuild_lower.qdq_source import make_qdq
 
     d = tmp_path_factory.mktemp("cnn")
     onnx.save(small_cnn(), str(d / "cnn.onnx"))
     rng = np.random.default_rng(1)
     batches = [(rng.standard_normal((1, 3, 16, 16)) * 2).astype(np.float32) for _ in range(8)]
-    return make_qdq(d / "cnn.onnx", d / "cnn_qdq.onnx", batches, "uint8", scratch=d)
+    return make_qdq(d / "cnn.onnx", d / "cnn_qdq.onnx", batches, activation, scratch=d)
+
+
+@pytest.fixture(scope="module")
+def cnn_qdq(tmp_path_factory):
+    return _cnn_qdq(tmp_path_factory, "uint8")
+
+
+def test_small_cnn_int8_activations_tables_bit_exact(tmp_path_factory):
+    src = onnx.load(str(_cnn_qdq(tmp_path_factory, "int8")))
+    feeds = synthetic_feeds(src, 2)
+    low, rep, _ = lower_model(src, "ort", tables="table")
+    assert rep["regions"]["by_form"] == {"table": 7}
+    assert compare(src, low, feeds)["exact"] == 1.0
 
 
 def _clip_and_relu() -> onnx.ModelProto:
