@@ -150,7 +150,38 @@ def _close(g: Graph, r: str, idx: list) -> Region | None:
                 reason = reason or f"{t!r} is a graph output"
     if not exports:
         return None
+    rank = _rank(g, r)
+    for i in idx:
+        for t in g.nodes[i].input[1:] if not (is_q(g.nodes[i]) or is_dq(g.nodes[i])) else ():
+            c = _const_value(g, t)
+            # a one-element constant of higher rank than the root would broadcast the
+            # result to another shape than the table's Reshape gives back
+            if c is not None and c.ndim > 1 and (rank is None or c.ndim > rank):
+                reason = reason or (f"constant {t!r} of rank {c.ndim} may change the shape "
+                                    f"of {r!r} (rank {rank})")
     return Region(r, sorted(inside), sorted(idx), exports, reason)
+
+
+def _const_value(g: Graph, t: str):
+    if not t:
+        return None
+    if g.is_const(t):
+        return g.array(t)
+    p = g.producer_node(t)
+    if p is not None and is_dq(p) and g.is_const(p.input[0]):
+        return g.array(p.input[0])
+    return None
+
+
+def _rank(g: Graph, t: str) -> int | None:
+    for vi in list(g.model.graph.value_info) + list(g.model.graph.input) + list(
+            g.model.graph.output):
+        if vi.name == t and vi.type.tensor_type.HasField("shape"):
+            return len(vi.type.tensor_type.shape.dim)
+    p = g.producer_node(t)  # the root is usually a QuantizeLinear output: its input's rank
+    if p is not None and is_q(p) and p.input[0] != t:
+        return _rank(g, p.input[0])
+    return None
 
 
 def _quantized_8bit(g: Graph, q) -> bool:

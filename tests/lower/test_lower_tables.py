@@ -233,3 +233,24 @@ def test_fixed_point_lowers_float_chains_as_tables(cnn_qdq):
     assert {n.domain for n in low.graph.node} <= {"", "ai.onnx"}  # standard ONNX only
     res = compare(src, low, synthetic_feeds(src, 4))
     assert res["exact"] == 1.0
+
+
+def test_constant_that_broadcasts_to_a_higher_rank_keeps_the_chain():
+    i = [nh.from_array(np.array(v, dt), n) for n, v, dt in (
+        ("s", 0.02, np.float32), ("z", 128, np.uint8))]
+    i.append(nh.from_array(np.full((1, 1, 1), 2.0, np.float32), "two"))
+    n = [h.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"]),
+         h.make_node("DequantizeLinear", ["xq", "s", "z"], ["xd"]),
+         h.make_node("Mul", ["xd", "two"], ["m"], name="mul"),
+         h.make_node("Tanh", ["m"], ["t"], name="tanh"),
+         h.make_node("QuantizeLinear", ["t", "s", "z"], ["tq"]),
+         h.make_node("DequantizeLinear", ["tq", "s", "z"], ["y"])]
+    g = h.make_graph(n, "bcast", [h.make_tensor_value_info("x", T.FLOAT, [4, 8])],
+                     [h.make_tensor_value_info("y", T.FLOAT, None)], i)
+    src = h.make_model(g, opset_imports=[h.make_opsetid("", 13)], ir_version=8)
+    (reg,) = find_regions(Graph.from_model(src))
+    assert reg.reason and "rank 3" in reg.reason
+    fused, rep = fuse_model(src, "table")
+    assert rep["by_form"] == {"kept": 1}
+    x = np.random.default_rng(0).normal(0, 1, (4, 8)).astype(np.float32)
+    assert compare(src, fused, [{"x": x}])["exact"] == 1.0
