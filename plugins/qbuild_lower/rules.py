@@ -21,7 +21,7 @@ REQUANTIZATION = {
 
 class LowerInteger(Rule):
     kind = "lower_integer"
-    version = 4
+    version = 5
     doc = (
         "Lower a QDQ model to integer-only arithmetic. mode=ort emits operators onnxruntime "
         "runs (QLinearConv, QLinearMatMul, com.microsoft QLinearAdd/Mul/Concat/Sigmoid/..., "
@@ -144,7 +144,7 @@ def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
 
 class FuseLut(Rule):
     kind = "fuse_lut"
-    version = 2
+    version = 3
     doc = (
         "On a QDQ model (right after quantize): every chain of element-wise ops between two "
         "quantized tensors (SiLU, HardSwish, Sigmoid, Tanh, GELU, LeakyRelu, Clip and "
