@@ -13,5 +13,8 @@ Modules (imported lazily, so that importing this package does not load onnx/nump
 ``graph`` (tensor/consumer index), ``fixedpoint`` (multiplier decomposition, rounding),
 ``lower_ort`` / ``lower_fixed`` (the two rewriters, sharing ``groups``), ``reference`` (a
 numpy integer executor for fixed-point graphs), ``check`` (agreement with the QDQ source),
-``qdq_source`` (builds QDQ inputs for tests and the benchmark) and ``rules`` (the rule).
+``qdq_source`` (builds QDQ inputs for tests and the benchmark), ``regions`` / ``fuse``
+(element-wise chains between quantized tensors as 256-entry tables, rule ``fuse_lut``),
+``profiling`` (interleaved latency, onnxruntime per-op profiles, rule ``profile``) and
+``rules`` (the rules).
 """

@@ -71,6 +71,31 @@ def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[d
     return feeds
 
 
+def random_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict]:
+    """``synthetic_feeds`` for a QDQ model; for a float model seeded uniform [0, 1) float
+    inputs (integer inputs zero) with unknown dims set to 1."""
+    g = Graph.from_model(model)
+    if all(any(g.nodes[u].op_type == "QuantizeLinear" for u in g.consumers.get(t, []))
+           for t in g.inputs):
+        return synthetic_feeds(model, count, seed)
+    rng = np.random.default_rng(seed)
+    types = {1: np.float32, 10: np.float16, 11: np.float64, 7: np.int64, 6: np.int32,
+             2: np.uint8, 3: np.int8, 9: np.bool_}
+    feeds = []
+    for _ in range(count):
+        f = {}
+        for vi in model.graph.input:
+            if vi.name in g.inits:
+                continue
+            tt = vi.type.tensor_type
+            shape = [d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim]
+            dt = types.get(tt.elem_type, np.float32)
+            f[vi.name] = (rng.random(shape).astype(dt) if np.dtype(dt).kind == "f"
+                          else np.zeros(shape, dt))
+        feeds.append(f)
+    return feeds
+
+
 def output_scales(model: onnx.ModelProto) -> dict[str, float]:
     g = Graph.from_model(model)
     scales = {}

@@ -24,10 +24,11 @@ MODES = ("ort", "fixed_point")
 ROUNDINGS = ("half_up", "onnxruntime")
 
 
-def lower_model(model: onnx.ModelProto, mode: str,
-                rounding: str = "half_up") -> tuple[onnx.ModelProto, dict, list]:
+def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
+                tables: str = "fastest") -> tuple[onnx.ModelProto, dict, list]:
     """Returns (lowered model, report, fixed-point parameter records). ``rounding``
-    (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``fixedpoint``)."""
+    (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``fixedpoint``). ``tables``
+    (ort only): how element-wise regions are realized (``fuse.FORMS``)."""
     if mode not in MODES:
         raise LowerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if rounding not in ROUNDINGS:
@@ -46,10 +47,32 @@ def lower_model(model: onnx.ModelProto, mode: str,
         prepare(g, b)
     entries, absorbed_q, aliases = [], set(), {}
     lowered = set()
+    from .fuse import fuse_regions
+
+    if mode == "ort":
+        fused = fuse_regions(g, b, tables, integer_only=True)
+    else:  # chains with float between their ops; the others lower node by node
+        from .lower_fixed import region_record
+
+        fused = fuse_regions(g, b, "table", integer_only=True, float_chains_only=True,
+                             record=lambda *a: region_record(b, *a))
+    absorbed_q |= fused["absorbed_q"]
+    aliases.update(fused["aliases"])
+    lowered |= fused["replaced"]
+    region_of = {}
+    for r in fused["regions"]:
+        for name in r["nodes"]:
+            region_of[name] = r
     for i, n in enumerate(g.nodes):
         if is_q(n) or is_dq(n):
             continue
         entry = {"node": g.node_name(i), "op_type": n.op_type}
+        if i in fused["replaced"]:
+            form = region_of[entry["node"]]["form"]
+            entry.update(status="lowered", lowered_as=[f"region:{f}" for f in (
+                form if isinstance(form, list) else [form])])
+            entries.append(entry)
+            continue
         h = handler(n.op_type)
         try:
             if h is None:
@@ -94,10 +117,12 @@ def lower_model(model: onnx.ModelProto, mode: str,
     keep = [n for i, n in enumerate(g.nodes) if i not in lowered and i not in absorbed_q]
     nodes = _dead_code(_rename(keep + b.nodes, aliases), g.outputs)
     before = {id(n) for n in nodes}
-    nodes, chain = focus_space_to_depth(nodes, model, b.fresh, b.const, g.outputs)
+    nodes, chain, chain_float = focus_space_to_depth(nodes, model, b.fresh, b.const,
+                                                     g.outputs)
     b.nodes += [n for n in nodes if id(n) not in before]  # checked like the other emitted
     nodes = _dead_code(nodes, g.outputs)
     _chains_lowered(g, entries, chain, nodes)
+    _chains_lowered(g, entries, chain_float, nodes, float_rewrite=True)
     nodes = toposort(nodes, g.inputs)
     used = {t for n in nodes for t in n.input if t}
     inits = [t for t in list(model.graph.initializer) + b.inits if t.name in used]
@@ -113,32 +138,54 @@ def lower_model(model: onnx.ModelProto, mode: str,
         if not any(o.domain == "com.microsoft" for o in out.opset_import):
             out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     report = _report(g, entries, nodes, mode, b)
+    if fused["regions"] or mode == "ort":
+        from .fuse import _count
+
+        report["regions"] = {"form": tables if mode == "ort" else "table",
+                             "count": len(fused["regions"]),
+                             "by_form": _count(fused["regions"]),
+                             "per_region": [{k: v for k, v in r.items() if k != "tables"}
+                                            for r in fused["regions"]]}
     # a table composed into another (SiLU) leaves its own layer unused: not a layer
     produced = {t for n in nodes for t in n.output}
     params = [p for p in b.params if p["output"]["tensor"] in produced]
     return out, report, params
 
 
-def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list) -> None:
-    """Report the float Slice nodes a chain rewrite made dead as lowered."""
+def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list,
+                    float_rewrite: bool = False) -> None:
+    """Report the float Slice nodes a chain rewrite made dead as lowered (or, for a chain
+    left in float, as rewritten to SpaceToDepth + Gather: still float, said so)."""
     live = {id(n) for n in nodes}
     names = {g.node_name(i) for i, n in enumerate(g.nodes)
              if any(n is c for c in chain) and id(n) not in live}
     for e in entries:
         if e["node"] in names and e["status"] == "float":
+            if float_rewrite:
+                e["rewritten_as"] = ["SpaceToDepth", "Gather"]
+                e["reason"] += "; the Focus slices run as SpaceToDepth + Gather (exact)"
+                continue
             e.update(status="lowered", lowered_as=["QuantizeLinear", "SpaceToDepth", "Gather"])
             e.pop("category", None)
             e.pop("reason", None)
 
 
 def _rename(nodes, aliases: dict):
+    """Point readers of ``aliases`` keys at their values; nodes that change are copies,
+    so the source model (whose node protos these may be) is never modified."""
     if not aliases:
         return nodes
+    out = []
     for n in nodes:
-        for k, t in enumerate(n.input):
-            if t in aliases:
-                n.input[k] = aliases[t]
-    return nodes
+        if any(t in aliases for t in n.input):
+            c = onnx.NodeProto()
+            c.CopyFrom(n)
+            for k, t in enumerate(c.input):
+                if t in aliases:
+                    c.input[k] = aliases[t]
+            n = c
+        out.append(n)
+    return out
 
 
 def _dead_code(nodes, graph_outputs: set):

@@ -649,6 +649,19 @@ def global_average_pool(grp: Group, b: Builder):
     return ["Cast", "ReduceSum", "Cast", "Mul", *ops]
 
 
+def region_record(b: Builder, xqp, x: str, yqp, y: str, table, op_types: list,
+                  nodes: list) -> None:
+    """The parameter record of an element-wise chain lowered as one table (fuse.py)."""
+    def side(t, qp):
+        return {"tensor": t, "dtype": str(qp.dtype), "scale": float(qp.scale.ravel()[0]),
+                "zero_point": int(qp.zero_point.ravel()[0])}
+
+    b.params.append({"node": nodes[-1], "op_type": "+".join(op_types), "kind": "lookup_table",
+                     "inputs": [side(x, xqp)], "output": side(y, yqp),
+                     "clamp": list(fp.dtype_range(yqp.dtype)), "rounding": "table",
+                     "composed_of": nodes, "table": [int(v) for v in table]})
+
+
 def lut(grp: Group, b: Builder):
     ops = lower_lut(grp, b)
     table = b.luts[-1][0]

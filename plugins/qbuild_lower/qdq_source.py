@@ -66,6 +66,15 @@ def make_qdq(
     m = onnx.load(str(model))
     opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
     src = model
+    inits = {t.name for t in m.graph.initializer}
+    if any(i.name in inits for i in m.graph.input):
+        # Old exporters list weights as graph inputs; onnxruntime then treats them as
+        # overridable and folds nothing (UltraFace keeps its BatchNormalization in float).
+        keep = [i for i in m.graph.input if i.name not in inits]
+        del m.graph.input[:]
+        m.graph.input.extend(keep)
+        src = scratch / (out.stem + "_weights_not_inputs.onnx")
+        onnx.save(m, str(src))
     if opset < 13:  # per-channel DequantizeLinear needs `axis` (opset 13)
         m = version_converter.convert_version(m, 13)
         src = scratch / (out.stem + "_op13.onnx")

@@ -187,6 +187,11 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
             out = [np.clip(ins[0], ins[1], ins[2]).astype(ins[0].dtype)]
         elif op == "Gather":
             out = [np.take(ins[0], ins[1].astype(np.int64), axis=attr(n, "axis", 0))]
+        elif op == "GatherElements":
+            out = [np.take_along_axis(ins[0], ins[1].astype(np.int64),
+                                      axis=attr(n, "axis", 0))]
+        elif op == "Shape":
+            out = [np.array(ins[0].shape, np.int64)]
         elif op == "Concat":
             out = [np.concatenate(ins, axis=attr(n, "axis"))]
         elif op == "Reshape":

@@ -181,3 +181,29 @@ def median_latency_ms(session, feed: Mapping[str, Any], runs: int = 20, warmup: 
         session.run(None, dict(feed))
         times.append((time.perf_counter() - t0) * 1000.0)
     return statistics.median(times)
+
+
+def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
+                           runs: int = 20, warmup: int = 3) -> dict[str, dict[str, Any]]:
+    """Per session: median, quartiles and relative spread (IQR / median) of ``run`` wall
+    times in milliseconds, all sessions timed in turn, round after round (the order
+    rotated each round), after ``warmup`` untimed rounds. Load from other processes then
+    hits every model alike, which sequential medians do not guarantee."""
+    names = list(sessions)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + runs):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            t0 = time.perf_counter()
+            sessions[name].run(None, dict(feed))
+            if r >= warmup:
+                times[name].append((time.perf_counter() - t0) * 1000.0)
+    out = {}
+    for n in names:
+        t = times[n]
+        q = statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3
+        med = statistics.median(t)
+        spread = (q[2] - q[0]) / med if med else 0.0
+        out[n] = {"median_ms": round(med, 3), "q1_ms": round(q[0], 3), "q3_ms": round(q[2], 3),
+                  "spread": round(spread, 3), "noisy": spread > 0.10}
+    return out

@@ -73,13 +73,15 @@ class Evaluate(Rule):
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
-    version = 1
+    version = 2
     heavy = True
     doc = ("Compares candidate models with a reference model on a dataset and writes "
            "report.json: per output SQNR (dB), max abs error and cosine; with task = 'yolo' "
            "also YOLOX detection F1 against the reference's own detections (score >= "
-           "score_threshold, same class, IoU >= 0.5); with latency_runs > 0 the median "
-           "1-thread latency (timings make the report not byte-reproducible). Fails if a "
+           "score_threshold, same class, IoU >= 0.5); with latency_runs > 0 the 1-thread "
+           "latency of every model, timed interleaved in one process after warm-ups "
+           "(median, quartiles, spread; noisy runs and models slower than the reference "
+           "are flagged; timings make the report not byte-reproducible). Fails if a "
            "candidate in `models` is below min_f1 or min_sqnr_db; `baselines` are reported "
            "the same way but never fail the build.")
     attrs = {
@@ -106,7 +108,12 @@ class Evaluate(Rule):
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from . import accuracy_yolo as ay
-        from .accuracy_metrics import compare_outputs, make_session, median_latency_ms, run_model
+        from .accuracy_metrics import (
+            compare_outputs,
+            interleaved_latency_ms,
+            make_session,
+            run_model,
+        )
 
         a = ctx.attrs
         feeds = _feeds(ctx, a["dataset"], "dataset")
@@ -116,9 +123,7 @@ class Evaluate(Rule):
             ref = run_model(ref_sess, feeds)
             report: dict[str, Any] = {"reference": a["reference"].label, "samples": len(feeds),
                                       "models": {}}
-            if a["latency_runs"]:
-                report["reference_latency_ms"] = round(
-                    median_latency_ms(ref_sess, feeds[0], a["latency_runs"]), 3)
+            timed = {a["reference"].label: ref_sess}
             failures = []
             gated = {dep.label for dep in a["models"]}
             for dep in [*a["models"], *(a["baselines"] or [])]:
@@ -143,10 +148,18 @@ class Evaluate(Rule):
                     if s < a["min_sqnr_db"] and dep.label in gated:
                         failures.append(f"{dep.label}: output '{out}' SQNR {s:.2f} dB < "
                                         f"min_sqnr_db {a['min_sqnr_db']}")
-                if a["latency_runs"]:
-                    entry["latency_ms"] = round(
-                        median_latency_ms(sess, feeds[0], a["latency_runs"]), 3)
+                timed.setdefault(dep.label, sess)
                 report["models"][dep.label] = entry
+            if a["latency_runs"]:
+                _latency(report, timed, feeds[0], a["latency_runs"], a["reference"].label,
+                         interleaved_latency_ms)
+                for label in report["latency"]["slower_than_reference"]:
+                    ctx.warn(f"{label} is slower than the reference "
+                             f"({report['models'][label]['latency_ms']} vs "
+                             f"{report['reference_latency_ms']} ms, 1 thread)")
+                if report["latency"]["noisy"]:
+                    ctx.warn("latency measurement is noisy (interquartile range above 10 % "
+                             "of the median for some model): other load on the machine?")
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
         _write_json(ctx.output("report.json"), report)
@@ -154,6 +167,26 @@ class Evaluate(Rule):
             raise ctx.fail("; ".join(failures), attr="min_f1" if "F1" in failures[0]
                            else "min_sqnr_db")
         return {"models": sorted(report["models"])}
+
+
+def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -> None:
+    """Interleaved 1-thread timings of the reference and every model into ``report``."""
+    lat = measure(sessions, feed, runs=runs, warmup=3)
+    ref_ms = lat[ref]["median_ms"]
+    report["reference_latency_ms"] = ref_ms
+    report["latency"] = {"threads": 1, "runs": runs, "warmup": 3, "order": "interleaved",
+                         "reference": lat[ref],
+                         "noisy": any(v["noisy"] for v in lat.values())}
+    slower = []
+    for label, entry in report["models"].items():
+        m = lat[label]
+        entry["latency_ms"] = m["median_ms"]
+        entry["latency"] = {**m, "speedup": round(ref_ms / m["median_ms"], 3)
+                            if m["median_ms"] else None,
+                            "slower_than_reference": m["median_ms"] > ref_ms}
+        if m["median_ms"] > ref_ms:
+            slower.append(label)
+    report["latency"]["slower_than_reference"] = sorted(slower)
 
 
 class Sensitivity(Rule):

@@ -14,7 +14,7 @@ from qbuild_lower.driver import lower_model
 BIG = 9223372036854775807
 
 
-def _focus(scales=(0.02, 0.02, 0.02, 0.02)):
+def _focus(scales=(0.02, 0.02, 0.02, 0.02), quantized_leaves=True):
     nodes, inits = [], [
         nh.from_array(np.array([0], np.int64), "s0"),
         nh.from_array(np.array([1], np.int64), "s1"),
@@ -33,12 +33,13 @@ def _focus(scales=(0.02, 0.02, 0.02, 0.02)):
             t = f"h{hs}w{ws}"
             nodes.append(h.make_node("Slice", [f"h{hs}", ws, "end", "ax3", "two"], [t]))
             leaves.append(t)
-    for t, s in zip(leaves, scales):
+    for t, s in zip(leaves, scales if quantized_leaves else ()):
         inits += [nh.from_array(np.array(s, np.float32), f"{t}_s"),
                   nh.from_array(np.array(128, np.uint8), f"{t}_z")]
         nodes += [h.make_node("QuantizeLinear", [t, f"{t}_s", f"{t}_z"], [f"{t}_q"]),
                   h.make_node("DequantizeLinear", [f"{t}_q", f"{t}_s", f"{t}_z"], [f"{t}_d"])]
-    nodes += [h.make_node("Concat", [f"{t}_d" for t in leaves], ["cat"], axis=1),
+    cat_in = [f"{t}_d" for t in leaves] if quantized_leaves else leaves
+    nodes += [h.make_node("Concat", cat_in, ["cat"], axis=1),
               h.make_node("QuantizeLinear", ["cat", "cs", "cz"], ["cat_q"]),
               h.make_node("DequantizeLinear", ["cat_q", "cs", "cz"], ["y"])]
     g = h.make_graph(nodes, "focus", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 6])],
@@ -62,3 +63,26 @@ def test_focus_chain_with_different_parameters_stays_float():
     low, rep, _ = lower_model(_focus((0.02, 0.02, 0.03, 0.02)), "ort")
     assert rep["op_counts"]["Slice"] == 6 and "SpaceToDepth" not in rep["op_counts"]
     onnx.checker.check_model(low)
+
+
+def test_float_focus_becomes_space_to_depth():
+    """The same Focus left in float (a recipe keeping its stem in float): SpaceToDepth +
+    Gather on the float tensor, the same values bit for bit, still reported as float."""
+    src = _focus(quantized_leaves=False)
+    low, rep, _ = lower_model(src, "ort")
+    ops = rep["op_counts"]
+    assert ops.get("Slice", 0) == 0 and ops["SpaceToDepth"] == 1 and ops["Gather"] == 1
+    assert "QuantizeLinear" in ops and rep["quantize_nodes"] == 1
+    slices = [e for e in rep["per_node"] if e["op_type"] == "Slice"]
+    assert len(slices) == 6 and all(e["status"] == "float" and e["rewritten_as"]
+                                    for e in slices)
+    x = np.random.default_rng(0).normal(0, 1, (1, 3, 8, 6)).astype(np.float32)
+    a, b = session(src).run(None, {"x": x})[0], session(low).run(None, {"x": x})[0]
+    assert np.array_equal(a, b)
+
+
+def test_float_focus_with_a_slice_read_elsewhere_stays():
+    src = _focus(quantized_leaves=False)
+    src.graph.output.append(h.make_tensor_value_info("hs0", T.FLOAT, None))
+    low, rep, _ = lower_model(src, "ort")
+    assert rep["op_counts"]["Slice"] == 6 and "SpaceToDepth" not in rep["op_counts"]

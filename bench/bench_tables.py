@@ -1,0 +1,107 @@
+"""Per-element cost of the forms a 256-entry table of 8-bit codes can take in
+onnxruntime (CPU, one thread), against the QDQ forms they replace. Each model maps a
+[1, 52, 52, 64] uint8 tensor to uint8; all are timed interleaved in one process after
+warm-ups; prints median ns per element, minimum and relative spread (IQR / median).
+These figures are the ``COSTS`` in plugins/qbuild_lower/fuse.py.
+Run from the repository root: python bench/bench_tables.py [rounds]
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+SHAPE = [1, 52, 52, 64]
+
+
+def models():
+    import numpy as np
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    def mk(nodes, inits, itype=T.UINT8):
+        g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", itype, SHAPE)],
+                         [h.make_tensor_value_info("y", itype, None)], inits)
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 17),
+                                              h.make_opsetid("com.microsoft", 1)],
+                            ir_version=8)
+
+    tab = nh.from_array(np.arange(256, dtype=np.uint8)[::-1].copy(), "tab")
+    m1 = nh.from_array(np.array([-1], np.int64), "m1")
+    shp = nh.from_array(np.array(SHAPE, np.int64), "shp")
+    q = [nh.from_array(np.array(v, dt), n) for n, v, dt in (
+        ("s", 0.05, np.float32), ("z", 128, np.uint8), ("s2", 1 / 256, np.float32),
+        ("z2", 0, np.uint8))]
+
+    def dq(i, o, s="s", z="z"):
+        return h.make_node("DequantizeLinear", [i, s, z], [o])
+
+    def qn(i, o, s="s", z="z"):
+        return h.make_node("QuantizeLinear", [i, s, z], [o])
+
+    return {
+        "SiLU as QDQ (QLinearSigmoid + QLinearMul)": mk(
+            [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]), qn("g", "gq", "s2", "z2"),
+             dq("gq", "gd", "s2", "z2"), h.make_node("Mul", ["f", "gd"], ["m"]),
+             qn("m", "y")], q),
+        "Sigmoid as QDQ (QLinearSigmoid: onnxruntime's own lookup)": mk(
+            [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]), qn("g", "y", "s2", "z2")], q),
+        "Tanh as QDQ (DQ, float Tanh, Q)": mk(
+            [dq("x", "f"), h.make_node("Tanh", ["f"], ["g"]), qn("g", "y")], q),
+        "HardSwish as QDQ (DQ, float HardSwish, Q)": mk(
+            [dq("x", "f"), h.make_node("HardSwish", ["f"], ["g"]), qn("g", "y")], q),
+        "table: Cast int32 + GatherElements": mk(
+            [h.make_node("Cast", ["x"], ["i"], to=T.INT32),
+             h.make_node("Reshape", ["i", "m1"], ["r"]),
+             h.make_node("GatherElements", ["tab", "r"], ["g"], axis=0),
+             h.make_node("Reshape", ["g", "shp"], ["y"])], [tab, m1, shp]),
+        "table: Cast int64 + GatherElements": mk(
+            [h.make_node("Cast", ["x"], ["i"], to=T.INT64),
+             h.make_node("Reshape", ["i", "m1"], ["r"]),
+             h.make_node("GatherElements", ["tab", "r"], ["g"], axis=0),
+             h.make_node("Reshape", ["g", "shp"], ["y"])], [tab, m1, shp]),
+        "table: Cast int32 + Gather": mk(
+            [h.make_node("Cast", ["x"], ["i"], to=T.INT32),
+             h.make_node("Gather", ["tab", "i"], ["y"], axis=0)], [tab]),
+        "table: Cast int64 + Gather": mk(
+            [h.make_node("Cast", ["x"], ["i"], to=T.INT64),
+             h.make_node("Gather", ["tab", "i"], ["y"], axis=0)], [tab]),
+    }
+
+
+def main(rounds: int = 60) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = {k: ort.InferenceSession(m.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+            for k, m in models().items()}
+    x = np.random.default_rng(0).integers(0, 256, SHAPE).astype(np.uint8)
+    n = x.size
+    names = list(sess)
+    times = {k: [] for k in names}
+    for r in range(rounds + 5):
+        k0 = r % len(names)
+        for k in names[k0:] + names[:k0]:
+            t = time.perf_counter()
+            sess[k].run(None, {"x": x})
+            if r >= 5:
+                times[k].append(time.perf_counter() - t)
+    print(f"onnxruntime {ort.__version__}, 1 thread, {rounds} interleaved rounds, "
+          f"{SHAPE} uint8\n")
+    print("| form | median ns/element | min | spread |\n|---|---|---|---|")
+    for k in names:
+        v = times[k]
+        med = statistics.median(v)
+        q = statistics.quantiles(v, n=4)
+        print(f"| {k} | {med / n * 1e9:.2f} | {min(v) / n * 1e9:.2f} | "
+              f"{(q[2] - q[0]) / med:.0%} |")
+
+
+if __name__ == "__main__":
+    main(*(int(a) for a in sys.argv[1:]))

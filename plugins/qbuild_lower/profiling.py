@@ -1,0 +1,302 @@
+"""Where the time goes: honest latency figures and onnxruntime per-op profiles.
+
+Owns two measurements of onnxruntime CPU sessions, both with a stated thread count:
+
+* ``interleaved_latency``: several models timed in turn, run after run, in one process
+  after warm-ups, so that load from other processes hits every model alike. Reports per
+  model the median, the quartiles and the relative spread, flags noisy measurements, and
+  gives each model's speed-up against a reference model from the ratio of medians.
+* ``op_profile``: onnxruntime's own profiler (``enable_profiling``) over a few runs,
+  aggregated into time per op type and the most expensive nodes, per run (median).
+
+A profile names the kernels onnxruntime actually ran after its graph optimisations (e.g.
+``QLinearConv`` with ``channels_last``, the Transposes its layout pass inserted), which is
+what says what bounds a model; the MAC count of its Convs/MatMuls/Gemms (``macs``) is the
+other half of that argument.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+#: A measurement whose interquartile range exceeds this share of its median is "noisy".
+NOISY_SPREAD = 0.10
+
+
+def session(model, threads: int, profile_prefix: str | None = None):
+    """A CPU session with ``threads`` intra-op threads (inter-op 1, sequential)."""
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+
+
+def _summary(times_ms: list[float]) -> dict:
+    q = statistics.quantiles(times_ms, n=4) if len(times_ms) > 1 else [times_ms[0]] * 3
+    med = statistics.median(times_ms)
+    spread = (q[2] - q[0]) / med if med else 0.0
+    return {"median_ms": round(med, 4), "q1_ms": round(q[0], 4), "q3_ms": round(q[2], 4),
+            "min_ms": round(min(times_ms), 4), "runs": len(times_ms),
+            "spread": round(spread, 4), "noisy": spread > NOISY_SPREAD}
+
+
+def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 30,
+                        warmup: int = 3, reference: str | None = None) -> dict:
+    """Time ``models`` ({name: ModelProto or path}) in turn on one feed.
+
+    Every round runs each model once, in an order rotated from round to round; the first
+    ``warmup`` rounds are not counted. Returns {"threads", "runs", "warmup", "models":
+    {name: summary}} and, with a ``reference`` name, each model's ``speedup`` (reference
+    median / model median) and ``slower_than_reference``."""
+    sessions = {name: session(m, threads) for name, m in models.items()}
+    names = list(sessions)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + runs):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            s = sessions[name]
+            t0 = time.perf_counter()
+            s.run(None, feed)
+            dt = (time.perf_counter() - t0) * 1000.0
+            if r >= warmup:
+                times[name].append(dt)
+    out = {"threads": threads, "runs": runs, "warmup": warmup, "order": "interleaved",
+           "models": {n: _summary(times[n]) for n in names}}
+    if reference is not None:
+        ref = out["models"][reference]["median_ms"]
+        for n in names:
+            m = out["models"][n]
+            m["speedup"] = round(ref / m["median_ms"], 3) if m["median_ms"] else None
+            m["slower_than_reference"] = n != reference and m["median_ms"] > ref
+    out["noisy"] = any(m["noisy"] for m in out["models"].values())
+    return out
+
+
+def op_profile(model, feed: dict, threads: int = 1, runs: int = 10, warmup: int = 3,
+               top: int = 15, all_nodes: bool = False) -> dict:
+    """onnxruntime's profiler over ``runs`` runs (after ``warmup``): per op type the
+    median time per run and node count, and the ``top`` nodes by median time (with
+    ``all_nodes``, also ``node_ms``: every node's median time)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        s = session(model, threads, profile_prefix=os.path.join(tmp, "prof"))
+        for _ in range(warmup):
+            s.run(None, feed)
+        # the profile also records the warm-up runs: keep only the last ``runs``
+        for _ in range(runs):
+            s.run(None, feed)
+        path = Path(s.end_profiling())
+        events = json.loads(path.read_text())
+    return aggregate(events, runs, top, all_nodes)
+
+
+def op_profiles(models: dict, feed: dict, threads: int = 1, runs: int = 10,
+                warmup: int = 3, top: int = 15) -> dict:
+    """``op_profile`` of several models with their runs interleaved (one run of each model
+    in turn), so that load from other processes falls on all profiles alike."""
+    with tempfile.TemporaryDirectory() as tmp:
+        sessions = {name: session(m, threads, profile_prefix=os.path.join(tmp, f"p{k}"))
+                    for k, (name, m) in enumerate(models.items())}
+        names = list(sessions)
+        for r in range(warmup + runs):
+            k = r % len(names)
+            for name in names[k:] + names[:k]:
+                sessions[name].run(None, feed)
+        out = {}
+        for name, s in sessions.items():
+            events = json.loads(Path(s.end_profiling()).read_text())
+            out[name] = aggregate(events, runs, top)
+    return out
+
+
+def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -> dict:
+    """Reduce onnxruntime profiler events to per-run medians (the last ``runs`` runs)."""
+    run_starts = [e["ts"] for e in events if e.get("cat") == "Session"
+                  and e.get("name") == "model_run"]
+    run_starts = sorted(run_starts)[-runs:]
+    run_ends = []
+    for e in events:
+        if e.get("cat") == "Session" and e.get("name") == "model_run" and e["ts"] in run_starts:
+            run_ends.append((e["ts"], e["ts"] + e["dur"], e["dur"]))
+    run_ends.sort()
+
+    def run_of(ts):
+        for i, (a, b, _) in enumerate(run_ends):
+            if a <= ts <= b:
+                return i
+        return None
+
+    per_type = defaultdict(lambda: defaultdict(float))  # type -> run -> us
+    per_node = defaultdict(lambda: defaultdict(float))
+    node_type, type_nodes = {}, defaultdict(set)
+    for e in events:
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
+            continue
+        r = run_of(e["ts"])
+        if r is None:
+            continue
+        op = e.get("args", {}).get("op_name", "?")
+        node = e["name"][: -len("_kernel_time")]
+        per_type[op][r] += e["dur"]
+        per_node[node][r] += e["dur"]
+        node_type[node] = op
+        type_nodes[op].add(node)
+    n = len(run_ends)
+
+    def med(d):
+        return statistics.median([d.get(i, 0.0) for i in range(n)]) / 1000.0 if n else 0.0
+
+    total = statistics.median([d for _, _, d in run_ends]) / 1000.0 if n else 0.0
+    types = {op: {"ms": round(med(d), 4), "nodes": len(type_nodes[op])}
+             for op, d in per_type.items()}
+    kernels = sum(t["ms"] for t in types.values())
+    for t in types.values():
+        t["share"] = round(t["ms"] / kernels, 4) if kernels else 0.0
+    ranked = sorted(((med(d), k) for k, d in per_node.items()), reverse=True)
+    nodes = ranked[:top]
+    extra = {"node_ms": {k: round(v, 4) for v, k in ranked}} if all_nodes else {}
+    return {
+        **extra,
+        "runs": n,
+        "run_ms": round(total, 4),
+        "kernel_ms": round(kernels, 4),
+        "op_types": dict(sorted(types.items(), key=lambda kv: -kv[1]["ms"])),
+        "top_nodes": [{"node": k, "op_type": node_type[k], "ms": round(v, 4)}
+                      for v, k in nodes],
+    }
+
+
+def macs(model) -> dict:
+    """Multiply-accumulates of Conv, ConvInteger, QLinearConv, MatMul-like and Gemm nodes
+    (shapes from onnx shape inference), total and by kind (dense/depthwise/grouped conv,
+    matmul)."""
+    import numpy as np
+    import onnx
+    from onnx import numpy_helper, shape_inference
+
+    m = shape_inference.infer_shapes(model if isinstance(model, onnx.ModelProto)
+                                     else onnx.load(str(model)))
+    shapes = {}
+    for vi in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
+        dims = [d.dim_value if d.HasField("dim_value") else 1
+                for d in vi.type.tensor_type.shape.dim]
+        shapes[vi.name] = dims
+    inits = {t.name: numpy_helper.to_array(t).shape for t in m.graph.initializer}
+    producer = {o: n for n in m.graph.node for o in n.output}
+
+    def shape(t):
+        if t in inits:
+            return list(inits[t])
+        if t in shapes:
+            return shapes[t]
+        p = producer.get(t)  # a DequantizeLinear of a weight: the weight's shape
+        if p is not None and p.op_type == "DequantizeLinear":
+            return shape(p.input[0])
+        return None
+
+    by = defaultdict(int)
+    unresolved = 0
+    for n in m.graph.node:
+        if n.op_type in ("Conv", "ConvInteger", "QLinearConv"):
+            w = shape(n.input[3] if n.op_type == "QLinearConv" else n.input[1])
+            y = shape(n.output[0])
+            if not w or not y:
+                unresolved += 1
+                continue
+            group = next((a.i for a in n.attribute if a.name == "group"), 1)
+            k = int(np.prod(w[1:]))
+            kind = "conv_depthwise" if group > 1 and w[1] == 1 else (
+                "conv_grouped" if group > 1 else "conv")
+            by[kind] += int(np.prod(y)) * k
+        elif n.op_type in ("MatMul", "MatMulInteger", "QLinearMatMul", "Gemm", "QGemm"):
+            a = shape(n.input[0])
+            y = shape(n.output[0])
+            if not a or not y:
+                unresolved += 1
+                continue
+            k = a[-1] if not (n.op_type in ("Gemm", "QGemm") and any(
+                x.name == "transA" and x.i for x in n.attribute)) else a[0]
+            by["matmul"] += int(np.prod(y)) * int(k)
+    # shape inference stops at com.microsoft operators: then the count is a lower bound
+    return {"total": sum(by.values()), **dict(sorted(by.items())),
+            "unresolved_nodes": unresolved}
+
+
+def conditions() -> dict:
+    """The measurement conditions: machine, versions, load from other processes."""
+    import platform
+
+    import onnxruntime as ort
+
+    try:
+        load = [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        load = None
+    return {"cpus": os.cpu_count(), "machine": platform.machine(),
+            "processor": platform.processor() or None, "python": platform.python_version(),
+            "onnxruntime": ort.__version__, "load_average_1_5_15min": load}
+
+
+def _macs(m: dict) -> str:
+    return (f">= {m['total']:,} ({m['unresolved_nodes']} nodes without shapes)"
+            if m.get("unresolved_nodes") else f"{m['total']:,}")
+
+
+def render(report: dict) -> str:
+    """report.md of the ``profile`` rule: latency table, then op types side by side."""
+    lat = report["latency"]
+    labels = list(report["models"])
+    lines = [f"# Profile ({lat['threads']} thread(s), {lat['runs']} interleaved rounds after "
+             f"{lat['warmup']} warm-ups)", ""]
+    c = report.get("conditions", {}).get("before", {})
+    if c:
+        lines += [f"Machine: {c.get('cpus')} CPUs {c.get('machine')}, Python {c.get('python')}, "
+                  f"onnxruntime {c.get('onnxruntime')}; load average before "
+                  f"{c.get('load_average_1_5_15min')}, after "
+                  f"{report['conditions']['after'].get('load_average_1_5_15min')}.", ""]
+    lines += ["| model | median ms | q1-q3 ms | spread | speed-up vs reference | MACs |",
+              "|---|---|---|---|---|---|"]
+    for lab in labels:
+        m = lat["models"][lab]
+        flag = " (noisy)" if m["noisy"] else ""
+        slow = " **slower than the reference**" if m.get("slower_than_reference") else ""
+        lines.append(f"| {lab} | {m['median_ms']:.3f} | {m['q1_ms']:.3f}-{m['q3_ms']:.3f} | "
+                     f"{m['spread']:.1%}{flag} | {m.get('speedup', 1.0)}x{slow} | "
+                     f"{_macs(report['models'][lab]['macs'])} |")
+    profs = {lab: report["models"][lab].get("profile") for lab in labels}
+    if any(profs.values()):
+        types = []
+        for p in profs.values():
+            for op in (p or {}).get("op_types", {}):
+                if op not in types:
+                    types.append(op)
+        lines += ["", "## Time per op type (ms per run, median of the profiled runs; nodes)",
+                  "", "| op type | " + " | ".join(labels) + " |",
+                  "|---|" + "---|" * len(labels)]
+        for op in types:
+            cells = []
+            for lab in labels:
+                t = (profs[lab] or {}).get("op_types", {}).get(op)
+                cells.append(f"{t['ms']:.3f} ({t['nodes']})" if t else "")
+            lines.append(f"| {op} | " + " | ".join(cells) + " |")
+        for lab in labels:
+            p = profs[lab]
+            if not p:
+                continue
+            lines += ["", f"### Top nodes: {lab}", "", "| node | op type | ms |", "|---|---|---|"]
+            lines += [f"| {n['node']} | {n['op_type']} | {n['ms']:.3f} |" for n in p["top_nodes"]]
+    return "\n".join(lines) + "\n"

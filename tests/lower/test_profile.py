@@ -1,0 +1,109 @@
+"""Honest figures: interleaved timings with spread, onnxruntime per-op profiles side by
+side (the profile rule), the evaluate rule's interleaved latency, and the unfused-op cost
+in the lowering report. Structure and consistency only: never timed assertions."""
+
+from __future__ import annotations
+
+import json
+
+import onnx
+from qbuild_lower.check import random_feeds
+from qbuild_lower.driver import lower_model
+from qbuild_lower.profiling import interleaved_latency, macs, op_profile
+from test_lower_tables import cnn_qdq, small_cnn  # noqa: F401  (fixture)
+
+
+def test_interleaved_latency_and_profile(cnn_qdq, tmp_path):  # noqa: F811
+    onnx.save(small_cnn(), str(tmp_path / "f.onnx"))
+    models = {"float": tmp_path / "f.onnx", "qdq": cnn_qdq}
+    feed = random_feeds(small_cnn(), 1)[0]
+    lat = interleaved_latency(models, feed, threads=1, runs=5, warmup=1, reference="float")
+    assert lat["order"] == "interleaved" and lat["threads"] == 1
+    for name, m in lat["models"].items():
+        assert m["runs"] == 5 and m["q1_ms"] <= m["median_ms"] <= m["q3_ms"]
+        assert isinstance(m["noisy"], bool)
+        assert m["slower_than_reference"] == (name != "float"
+                                              and m["median_ms"] > lat["models"]["float"]
+                                              ["median_ms"])
+    prof = op_profile(cnn_qdq, feed, threads=1, runs=3, warmup=1, top=5)
+    assert prof["runs"] == 3 and "QLinearConv" in prof["op_types"]
+    assert len(prof["top_nodes"]) == 5
+    assert abs(sum(t["share"] for t in prof["op_types"].values()) - 1) < 0.01
+    # the QDQ model counts the same multiply-accumulates as its float source
+    assert macs(onnx.load(str(cnn_qdq)))["total"] == macs(small_cnn())["total"] == (
+        9 * 16 * 16 * 8 * 9 * 8 - 16 * 16 * 8 * 9 * 5)
+
+
+def test_profile_rule_and_unfused_cost(qbuild_workspace, cnn_qdq, tmp_path):  # noqa: F811
+    ws = qbuild_workspace
+    onnx.save(small_cnn(), str(tmp_path / "f.onnx"))
+    ws.copy(tmp_path / "f.onnx", "m/f.onnx")
+    ws.copy(cnn_qdq, "m/qdq.onnx")
+    ws.write("m/BUILD.toml", """
+[f]
+rule = "onnx_model"
+src = "f.onnx"
+
+[qdq]
+rule = "onnx_model"
+src = "qdq.onnx"
+
+[low]
+rule = "lower_integer"
+model = ":qdq"
+max_samples = 1
+profile_runs = 2
+
+[prof]
+rule = "profile"
+models = [":qdq", ":low"]
+reference = ":f"
+runs = 3
+warmup = 1
+profile_runs = 2
+""")
+    r = ws.build("//m:prof", "//m:low")
+    assert r.ok, r.error
+    outs = {p.name: p for p in r.outputs("//m:prof")}
+    rep = json.loads(outs["report.json"].read_text())
+    assert rep["reference"] == "//m:f" and set(rep["models"]) == {"//m:f", "//m:qdq", "//m:low"}
+    assert rep["latency"]["threads"] == 1 and rep["latency"]["runs"] == 3
+    assert set(rep["conditions"]) == {"before", "after"}
+    md = outs["report.md"].read_text()
+    assert "| QLinearConv |" in md and "//m:low" in md
+    low = json.loads(next(p for p in r.outputs("//m:low") if p.name == "report.json")
+                      .read_text())
+    assert low["profile"]["threads"] == 1 and low["profile"]["unfused"] == []
+    assert "GatherElements" in low["profile"]["op_types"]  # the GELU table
+
+
+def test_lowering_report_lists_float_nodes_with_cost(cnn_qdq):  # noqa: F811
+    from qbuild_lower.rules import _unfused_cost
+
+    src = onnx.load(str(cnn_qdq))
+    # a float consumer of the last Conv's output keeps that Conv in float
+    last = next(n for n in reversed(src.graph.node) if n.op_type == "Conv")
+    src.graph.output.append(onnx.helper.make_tensor_value_info(last.output[0], 1, None))
+    low, rep, _ = lower_model(src, "ort")
+    prof = _unfused_cost(low, rep, random_feeds(src, 1)[0], 2)
+    names = {u["node"]: u for u in prof["unfused"]}
+    assert last.name in names and names[last.name]["ms"] is not None
+    assert prof["unfused_ms"] >= names[last.name]["ms"]
+
+
+def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  # noqa: F811
+    from qbuild_onnx.accuracy_metrics import interleaved_latency_ms, make_session
+    from qbuild_onnx.rules_accuracy import _latency
+
+    onnx.save(small_cnn(), str(tmp_path / "f.onnx"))
+    sessions = {"//ref": make_session(tmp_path / "f.onnx"), "//q": make_session(cnn_qdq)}
+    report = {"models": {"//q": {}}}
+    feed = random_feeds(small_cnn(), 1)[0]
+    _latency(report, sessions, feed, 4, "//ref", interleaved_latency_ms)
+    lat = report["latency"]
+    assert lat["order"] == "interleaved" and lat["threads"] == 1 and lat["runs"] == 4
+    q = report["models"]["//q"]
+    assert q["latency_ms"] == q["latency"]["median_ms"]
+    slower = q["latency_ms"] > report["reference_latency_ms"]
+    assert q["latency"]["slower_than_reference"] == slower
+    assert lat["slower_than_reference"] == (["//q"] if slower else [])
