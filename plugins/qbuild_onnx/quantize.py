@@ -20,6 +20,7 @@ from typing import Any
 import onnx
 
 from .quantize_errors import QuantizeError
+from .quantize_joins import DEFAULT_RATIO, find_mixed_joins, name_nodes
 from .quantize_opset import ai_onnx_opset, bump_ir_version, required_opset, upgrade
 from .quantize_options import (
     DYNAMIC_OP_TYPES,
@@ -168,11 +169,14 @@ def quantize_static_model(
     report_path: Path | None = None,
     log: Log | None = None,
     warn: Log | None = None,
+    float_joins_ratio: float = DEFAULT_RATIO,
 ) -> dict[str, Any]:
     """Quantize ``model_path`` statically with the ranges saved in ``calibration_path``.
 
     Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
-    returns the info for dependents. Raises ``QuantizeError`` for bad input.
+    returns the info for dependents. Raises ``QuantizeError`` for bad input. Concats whose
+    inputs' calibrated ranges differ by ``float_joins_ratio`` or more (boxes in pixels
+    beside probabilities) are kept float with the data movement after them (0: never).
     """
     log = log or (lambda _msg: None)
     warn = warn or log
@@ -200,6 +204,15 @@ def quantize_static_model(
 
     names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
     ranges = tensors_data(calibration, names)
+    joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
+    if any(not name for j in joins for name in j.float_nodes):
+        name_nodes(model)
+        joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
+    excluded = list(options.nodes_to_exclude)
+    for j in joins:
+        excluded += [n for n in j.float_nodes if n not in excluded]
+        log(f"kept float: Concat '{j.node}' joins ranges {list(j.widths)} (ratio {j.ratio:g} "
+            f">= {float_joins_ratio:g}); with {', '.join(j.float_nodes[1:]) or 'nothing else'}")
     extra: dict[str, Any] = dict(options.extra_options)
     extra["ActivationSymmetric"] = options.activation_symmetric
     if options.weight_symmetric is not None:
@@ -218,13 +231,11 @@ def quantize_static_model(
 
             return ONNXQuantizer(model, options.per_channel, options.reduce_range,
                                  QuantizationMode.QLinearOps, True, wtype, atype, ranges,
-                                 list(options.nodes_to_quantize), list(options.nodes_to_exclude),
-                                 op_types, extra)
+                                 list(options.nodes_to_quantize), excluded, op_types, extra)
         from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 
         return QDQQuantizer(model, options.per_channel, options.reduce_range, wtype, atype,
-                            ranges, list(options.nodes_to_quantize),
-                            list(options.nodes_to_exclude), op_types, extra)
+                            ranges, list(options.nodes_to_quantize), excluded, op_types, extra)
 
     quantized = _run_quantizer(build, warn)
     settings = {
@@ -237,6 +248,10 @@ def quantize_static_model(
         "calibration_method": calibration.method,
         "input_model_sha256": calibration.model_sha256,
     }
+    if joins:
+        settings["float_joins"] = [{"node": j.node, "ratio": j.ratio, "input_widths":
+                                    list(j.widths), "float_nodes": list(j.float_nodes),
+                                    "reaches_output": j.reaches_output} for j in joins]
     info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
                            had_infer_key)
     if options.per_channel:

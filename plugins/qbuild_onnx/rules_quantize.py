@@ -140,7 +140,7 @@ class Quantize(Rule):
     """Static quantization from a calibration artifact."""
 
     kind = "quantize"
-    version = 2
+    version = 3
     heavy = True
     doc = ("Static quantization with onnxruntime's QDQ or QOperator quantizer, from the "
            "tensor ranges of a `calibrate` target (never recalibrates). The calibration must "
@@ -169,6 +169,14 @@ class Quantize(Rule):
                                          "a list of tables, the first with axis."),
         "node_overrides": attr.mapping(default={}, doc="Node name -> table applied to every "
                                        "output tensor of that node (as tensor_overrides)."),
+        "per_channel": attr.bool(default=True, doc="Quantize Conv/Gemm/MatMul weights per "
+                                 "output channel (the default: per-tensor weights wreck most "
+                                 "CNNs)."),
+        "float_joins_ratio": attr.float(default=32.0, doc="Keep in float every Concat whose "
+                                        "inputs' calibrated ranges differ by this factor or "
+                                        "more (pixel boxes beside scores), with the Reshape/"
+                                        "Transpose after it; each input keeps its own scale. "
+                                        "0 disables."),
         "overrides": attr.label(doc="A mixed_precision target: its overrides.json 'tensors' "
                                 "are merged into tensor_overrides (an inline entry for the "
                                 "same tensor wins whole) and its 'nodes_to_exclude' into "
@@ -208,7 +216,8 @@ class Quantize(Rule):
                                attr="overrides") from None
         info = _run(ctx, lambda: quantize_static_model(
             model, calibration, ctx.output("{name}.onnx"), options,
-            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn), inputs)
+            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn,
+            float_joins_ratio=a["float_joins_ratio"]), inputs)
         if promoted is not None:
             info = {**info, "overrides": a["overrides"].label, "promoted": promoted}
         return info
