@@ -227,7 +227,7 @@ class QuantizeDynamic(Rule):
     """Dynamic quantization: int8 weights now, uint8 activations computed at run time."""
 
     kind = "quantize_dynamic"
-    version = 1
+    version = 2
     heavy = True
     doc = ("Dynamic quantization with onnxruntime's integer-ops quantizer: weights are "
            "quantized now, activations at run time (DynamicQuantizeLinear), so no calibration "
@@ -238,6 +238,10 @@ class QuantizeDynamic(Rule):
         **_COMMON,
         "weight_type": attr.enum(list(DYNAMIC_WEIGHT_TYPES), default="int8",
                                  doc="Weight type."),
+        "latency_check": attr.bool(default=False, doc="Record in report.json when the result "
+                                   "is slower than the float model (1 thread, synthetic "
+                                   "input; makes the report machine-dependent). A warning "
+                                   "says so in any case."),
     }
     outputs = ["{name}.onnx", "report.json"]
 
@@ -254,7 +258,8 @@ class QuantizeDynamic(Rule):
         options = _dynamic_options(ctx.attrs)
         return _run(ctx, lambda: quantize_dynamic_model(
             model, ctx.output("{name}.onnx"), options, report_path=ctx.output("report.json"),
-            log=ctx.log, warn=ctx.warn), {model: ctx.attrs["model"]})
+            log=ctx.log, warn=ctx.warn, latency_in_report=ctx.attrs["latency_check"]),
+            {model: ctx.attrs["model"]})
 
 
 @hookimpl

@@ -64,7 +64,7 @@ def _finish_dataset(ctx: ActionContext, out: Path, model: Dep | None) -> dict[st
 
 class OnnxModel(Rule):
     kind = "onnx_model"
-    version = 1
+    version = 2
     heavy = True
     doc = ("A source ONNX model: checked with onnx.checker (full_check, by path), external "
            "data kept inside the model's folder, then passed on with its opsets, IR version, "
@@ -95,7 +95,25 @@ class OnnxModel(Rule):
         except ModelError as e:
             raise _located(ctx, e, "src") from None
         info["model_file"] = f"{ctx.name}.onnx"
+        _note_model_shape(ctx, info)
         return info
+
+
+def _note_model_shape(ctx: ActionContext, info: dict[str, Any]) -> None:
+    """Tell the user now about shapes later rules refuse or fix (already quantized,
+    compute inside If/Loop, initializers listed as inputs); record them in the info."""
+    import onnx
+
+    from .model_checks import summary
+
+    shape = summary(onnx.load(str(ctx.output("{name}.onnx")), load_external_data=False))
+    info["model_checks"] = shape
+    if shape["already_quantized"]:
+        ctx.warn(f"the model is already quantized ({shape['already_quantized']}): quantize, "
+                 "quantize_dynamic and quant_preprocess refuse it")
+    if shape["control_flow_compute"]:
+        ctx.warn("compute inside If/Loop/Scan subgraphs: "
+                 + ", ".join(f"{op} '{n}'" for n, op, _ in shape["control_flow_compute"]))
 
 
 # Attributes every dataset rule shares.
@@ -263,7 +281,7 @@ class CustomDataset(_DatasetRule):
 
 class QuantPreprocess(Rule):
     kind = "quant_preprocess"
-    version = 1
+    version = 2
     heavy = True
     doc = ("onnxruntime's quantization pre-processing (symbolic shape inference, graph "
            "optimisation, ONNX shape inference) as its own cached step.")
