@@ -11,9 +11,7 @@ thin wrappers over ``quantize_static_model`` and ``quantize_dynamic_model``.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ from .model_checks import (
     grouped_conv_transposes_with_bias,
     top_level_compute,
 )
+from .ort_logs import ort_output_to_log
 from .quantize_errors import QuantizeError
 from .quantize_joins import DEFAULT_RATIO, find_mixed_joins, name_nodes
 from .quantize_opset import ai_onnx_opset, bump_ir_version, required_opset, upgrade
@@ -115,25 +114,8 @@ def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelP
     return model
 
 
-@contextmanager
-def _ort_warnings(warn: Log) -> Iterator[None]:
-    """Route onnxruntime quantizer warnings (root logger) to ``warn``."""
-
-    class _Handler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warn(f"onnxruntime: {record.getMessage()}")
-
-    handler = _Handler(level=logging.WARNING)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-
-
-def _run_quantizer(build: Callable[[], Any], warn: Log) -> onnx.ModelProto:
-    with _ort_warnings(warn):
+def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelProto:
+    with ort_output_to_log(log, warn):
         try:
             quantizer = build()
             quantizer.quantize_model()
@@ -271,7 +253,7 @@ def quantize_static_model(
         return QDQQuantizer(model, options.per_channel, options.reduce_range, wtype, atype,
                             ranges, list(options.nodes_to_quantize), excluded, op_types, extra)
 
-    quantized = _run_quantizer(build, warn)
+    quantized = _run_quantizer(build, log, warn)
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -363,7 +345,7 @@ def quantize_dynamic_model(
                              list(options.nodes_to_quantize), list(options.nodes_to_exclude),
                              op_types, extra)
 
-    quantized = _run_quantizer(build, warn)
+    quantized = _run_quantizer(build, log, warn)
     settings = {
         "mode": "dynamic",
         "format": "dynamic",

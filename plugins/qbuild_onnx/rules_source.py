@@ -316,10 +316,13 @@ class QuantPreprocess(Rule):
             skip_optimization=a["skip_optimization"], skip_onnx_shape=a["skip_onnx_shape"],
             skip_symbolic_shape=a["skip_symbolic_shape"], auto_merge=a["auto_merge"],
             int_max=a["int_max"], guess_output_rank=a["guess_output_rank"])
+        from .ort_logs import ort_output_to_log
+
         try:
-            info = preprocess_model(_model_file(ctx, a["model"], "model"),
-                                    ctx.output("{name}.onnx"), opts,
-                                    external_data=a["external_data"], log=ctx.log)
+            with ort_output_to_log(ctx.log, ctx.warn):
+                info = preprocess_model(_model_file(ctx, a["model"], "model"),
+                                        ctx.output("{name}.onnx"), opts,
+                                        external_data=a["external_data"], log=ctx.log)
         except ModelError as e:
             raise _located(ctx, e, "model") from None
         info["model_file"] = f"{ctx.name}.onnx"
@@ -371,11 +374,14 @@ class Calibrate(Rule):
             num_quantized_bins=a["num_quantized_bins"], percentile=a["percentile"],
             scenario=a["scenario"], op_types=tuple(a["op_types"]),
             batch_size=a["batch_size"] or None, threads=a["threads"])
+        from .ort_logs import ort_output_to_log
+
         try:
-            return calibrate(_model_file(ctx, a["model"], "model"),
-                             _dataset_dir(ctx, a["dataset"], "dataset"),
-                             ctx.output("calibration.json").parent, opts, log=ctx.log,
-                             scratch=ctx.scratch)
+            with ort_output_to_log(ctx.log, ctx.warn):
+                return calibrate(_model_file(ctx, a["model"], "model"),
+                                 _dataset_dir(ctx, a["dataset"], "dataset"),
+                                 ctx.output("calibration.json").parent, opts, log=ctx.log,
+                                 scratch=ctx.scratch)
         except RuleError as e:
             raise _located(ctx, e, "dataset") from None
 
