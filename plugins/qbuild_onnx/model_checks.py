@@ -5,7 +5,8 @@ Owns: telling already-quantized models apart (QDQ, QOperator, dynamic integer op
 finding compute hidden in control-flow subgraphs (If/Loop/Scan), initializers also
 listed as graph inputs (IR < 4 exports), and the nodes onnxruntime's quantizer is known
 to fail on (per-channel grouped ConvTranspose with a bias: "operands could not be
-broadcast together", onnxruntime 1.31).
+broadcast together"; per-channel Gemm with a [1, N] bias: "The truth value of an array
+with more than one element is ambiguous", onnxruntime 1.31).
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def drop_initializer_inputs(model) -> int:
     if dropped:
         del model.graph.input[:]
         model.graph.input.extend(kept)
+        # IR < 4 requires every initializer to be a graph input; 4 is the first IR that
+        # allows constants, and it changes nothing else a model of that age uses.
+        model.ir_version = max(model.ir_version, 4)
     return dropped
 
 
@@ -118,3 +122,23 @@ def summary(model) -> dict[str, Any]:
     return {"already_quantized": q[0] if q else None,
             "initializer_inputs": len(initializer_inputs(model)),
             "control_flow_compute": [list(c) for c in control_flow_compute(model)]}
+
+
+def flatten_gemm_biases(model) -> list[str]:
+    """Reshape [1, N] Gemm biases (what onnxruntime's MatMul+Add fusion leaves) to [N]:
+    the same broadcast, and the shape onnxruntime's per-channel int32-bias adjustment
+    handles. Only initializers read by that one node are changed; returns the nodes."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in model.graph.initializer}
+    readers = Counter(i for n in model.graph.node for i in n.input)
+    changed = []
+    for n in model.graph.node:
+        if n.op_type != "Gemm" or len(n.input) < 3 or n.input[2] not in inits:
+            continue
+        b = inits[n.input[2]]
+        if len(b.dims) == 2 and b.dims[0] == 1 and readers[b.name] == 1:
+            arr = numpy_helper.to_array(b).reshape(-1)
+            b.CopyFrom(numpy_helper.from_array(arr, b.name))
+            changed.append(n.name or n.output[0])
+    return changed

@@ -20,6 +20,7 @@ import onnx
 from .model_checks import (
     control_flow_compute,
     describe_quantized,
+    flatten_gemm_biases,
     grouped_conv_transposes_with_bias,
     top_level_compute,
 )
@@ -218,6 +219,10 @@ def quantize_static_model(
         joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
     excluded = list(options.nodes_to_exclude)
     if options.per_channel:
+        flat = flatten_gemm_biases(model)
+        if flat:
+            log(f"Gemm biases of shape [1, N] reshaped to [N] (onnxruntime's per-channel "
+                f"bias adjustment fails on them): {', '.join(flat)}")
         broken = [n for n in grouped_conv_transposes_with_bias(model) if n not in excluded]
         if broken:
             excluded += broken

@@ -158,3 +158,48 @@ def evaluate_html(report: Mapping[str, Any]) -> str:
         _table(rows, cols, None),
         scatter_svg(rows, x_key, y_key, x_key, y_key),
     ])
+
+
+def auto_html(label: str, result: Mapping[str, Any],
+              sensitivity: Mapping[str, Any] | None = None) -> str:
+    """report.html of an ``auto_quantize`` selection: every trial, the chart, the
+    sensitivity ranking and what was kept float or promoted."""
+    rows = [dict(result["float"]), *[dict(r) for r in result["trials"]]]
+    bar_keys = list(result["bar"])
+    cost_key = "latency_ms" if result["objective"] == "latency" else "bytes"
+    acc_key = bar_keys[0] if bar_keys else "score"
+    cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
+            *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
+            ("float_nodes", "float/promoted"), ("passes", "meets bar")]
+    for r in rows:
+        if r["name"] == "float":
+            for k in bar_keys:
+                r.setdefault(k, None)
+    sections = [
+        f"<p>Objective: <b>{escape(result['objective'])}</b>; bar: "
+        f"{escape(', '.join(f'{k} = {v}' for k, v in result['bar'].items()))}.</p>",
+        f"<p>Chosen: <b id=\"chosen\">{escape(result['chosen'])}</b> — "
+        f"{escape(result['note'])}</p>",
+        _table(rows, cols, result["chosen"]),
+        "<h2>Accuracy vs cost</h2>",
+        scatter_svg(rows, cost_key, acc_key, cost_key, acc_key, result["chosen"]),
+    ]
+    notes = []
+    for r in result["trials"]:
+        if r.get("misses"):
+            notes.append(f"<li>{escape(r['name'])}: misses {escape('; '.join(r['misses']))}"
+                         "</li>")
+        if r.get("float_joins"):
+            notes.append(f"<li>{escape(r['name'])}: joins kept float (very different input "
+                         f"ranges): {escape(', '.join(r['float_joins']))}</li>")
+    if notes:
+        sections += ["<h2>Why</h2>", "<ul>" + "".join(notes) + "</ul>"]
+    if sensitivity and sensitivity.get("ranking"):
+        items = []
+        for r in sensitivity["ranking"][:30]:
+            v = _num(r.get("score"))
+            if v is not None:
+                items.append((r["site"], v))
+        sections += ["<h2>Sensitivity (score with only this site quantized; low = "
+                     "sensitive)</h2>", bars_svg(items, f"task: {sensitivity.get('task', '')}")]
+    return page(f"auto_quantize {label}", sections)

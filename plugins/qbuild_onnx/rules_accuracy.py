@@ -415,4 +415,7 @@ class BiasCorrection(Rule):
 
 @hookimpl
 def qbuild_rule_types():
-    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection, SelectBest]
+    from .rules_auto import AutoQuantize, SensitiveRegion
+
+    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection, SelectBest, AutoQuantize,
+            SensitiveRegion]

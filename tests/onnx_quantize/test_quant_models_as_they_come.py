@@ -135,3 +135,23 @@ def test_grouped_conv_transpose_workaround_by_default(tmp_path):
     assert producers.get(up.input[1]) != "DequantizeLinear"  # kept float
     proj = next(n for n in q.graph.node if n.name == "proj")
     assert producers[proj.input[1]] == "DequantizeLinear"  # the rest is quantized
+
+
+def test_per_channel_gemm_with_a_row_bias_is_quantized(tmp_path):
+    """onnxruntime's MatMul+Add fusion leaves [1, N] Gemm biases, on which its per-channel
+    int32-bias adjustment fails ("truth value of an array ... is ambiguous")."""
+    rng = np.random.default_rng(0)
+    g = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc")], "gemm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        [numpy_helper.from_array(rng.normal(size=(16, 10)).astype(np.float32), "w"),
+         numpy_helper.from_array(rng.normal(size=(1, 10)).astype(np.float32), "b")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    path = lib.save(m, tmp_path / "gemm.onnx")
+    feeds = lib.random_inputs(path, 4)
+    cal = lib.write_calibration(path, feeds, tmp_path / "c.json")
+    quantize_static_model(path, cal, tmp_path / "q.onnx", StaticOptions(per_channel=True))
+    got = lib.run(tmp_path / "q.onnx", feeds[0])["y"]
+    assert lib.sqnr_db(lib.run(path, feeds[0])["y"], got) > 25
