@@ -171,10 +171,6 @@ def auto_html(label: str, result: Mapping[str, Any],
     cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
             *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
             ("float_nodes", "float/promoted"), ("passes", "meets bar")]
-    for r in rows:
-        if r["name"] == "float":
-            for k in bar_keys:
-                r.setdefault(k, None)
     sections = [
         f"<p>Objective: <b>{escape(result['objective'])}</b>; bar: "
         f"{escape(', '.join(f'{k} = {v}' for k, v in result['bar'].items()))}.</p>",
