@@ -410,7 +410,12 @@ class BiasCorrection(Rule):
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
         _write_json(ctx.output("report.json"), rep)
-        return {"corrected_nodes": rep["corrected_nodes"]}
+        # The corrected model keeps its source's precision choices: pass them on, so that
+        # select_best does not count a bias-corrected trial as having no promoted tensors.
+        kept = {k: v for k, v in a["model"].info.items()
+                if k in ("promoted", "overrides", "float_joins", "per_channel",
+                         "activation_type", "weight_type")}
+        return {**kept, "corrected_nodes": rep["corrected_nodes"]}
 
 
 @hookimpl

@@ -110,6 +110,8 @@ def test_stateful_scalar_model_through_every_rule(qbuild_workspace):
     assert sens["sites"] >= 2
     bc = json.loads(next(p for p in r.outputs("//s:bc") if p.name == "report.json").read_text())
     assert bc["corrected_nodes"] == 1
+    # the corrected model passes its source's precision choices on (select_best's cost)
+    assert r.info("//s:bc")["per_channel"] is True
 
 
 def test_write_dataset_rejects_bare_scalar(tmp_path):
