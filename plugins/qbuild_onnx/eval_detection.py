@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .accuracy_metrics import AccuracyError
-from .accuracy_yolo import Detection, match, nms
+from .accuracy_yolo import Detection
 
 Decoder = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[Any, Any]]
 
@@ -120,40 +120,78 @@ DECODERS: dict[str, Decoder] = {
 }
 
 
-def detections(boxes, scores, score_threshold: float, nms_threshold: float) -> list[Detection]:
-    """Class-wise NMS'd detections with score ≥ threshold, best first (deterministic)."""
+# As in common YOLO post-processing: at most this many candidates enter NMS and this many
+# detections leave it per image. A badly quantized model can push every anchor over the
+# threshold; without the cap NMS would cost (anchors²) per class.
+MAX_CANDIDATES = 3000
+MAX_DETECTIONS = 300
+
+
+def _greedy_nms(boxes, scores, threshold: float) -> list[int]:
+    """Greedy NMS computing one IoU row per kept box (memory O(n)); ties in score are
+    broken by index, as in ``accuracy_yolo.nms``."""
     import numpy as np
 
-    dets: list[Detection] = []
-    for c in range(scores.shape[1]):
-        idx = np.nonzero(scores[:, c] >= score_threshold)[0]
-        if idx.size == 0:
+    order = np.lexsort((np.arange(len(scores)), -np.asarray(scores, np.float64)))
+    b = np.asarray(boxes, np.float64)
+    area = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
+    alive = np.ones(len(scores), dtype=bool)
+    keep = []
+    for i in order:
+        if not alive[i]:
             continue
-        for k in nms(boxes[idx], scores[idx, c], nms_threshold):
+        keep.append(int(i))
+        tl = np.maximum(b[i, :2], b[:, :2])
+        br = np.minimum(b[i, 2:], b[:, 2:])
+        inter = np.prod(np.clip(br - tl, 0, None), axis=1)
+        union = area[i] + area - inter
+        iou_row = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+        alive &= ~(iou_row > threshold)
+    return keep
+
+
+def detections(boxes, scores, score_threshold: float, nms_threshold: float) -> list[Detection]:
+    """Class-wise NMS'd detections with score ≥ threshold, best first (deterministic),
+    at most MAX_CANDIDATES into NMS and MAX_DETECTIONS out."""
+    import numpy as np
+
+    rows, cols = np.nonzero(scores >= score_threshold)
+    if rows.size > MAX_CANDIDATES:
+        vals = scores[rows, cols]
+        top = np.lexsort((rows, -vals))[:MAX_CANDIDATES]
+        rows, cols = rows[top], cols[top]
+    dets: list[Detection] = []
+    for c in np.unique(cols):
+        idx = rows[cols == c]
+        for k in _greedy_nms(boxes[idx], scores[idx, c], nms_threshold):
             i = idx[k]
-            dets.append(Detection(tuple(float(v) for v in boxes[i]), float(scores[i, c]), c))
+            dets.append(Detection(tuple(float(v) for v in boxes[i]), float(scores[i, c]),
+                                  int(c)))
     dets.sort(key=lambda d: (-d.score, d.cls, d.box))
-    return dets
+    return dets[:MAX_DETECTIONS]
 
 
 def _matched_flags(ref: Sequence[Detection], cand: Sequence[Detection],
                    iou_threshold: float) -> list[bool]:
-    flags = []
-    used: set[int] = set()
+    """Per candidate (best first): matched one-to-one to an unused reference detection of
+    the same class with IoU >= threshold (the best such IoU, lowest index on ties)."""
+    import numpy as np
+
     from .accuracy_yolo import iou
 
-    if not ref:
+    if not ref or not cand:
         return [False] * len(cand)
-    m = iou([c.box for c in cand], [r.box for r in ref]) if cand else None
-    for i, c in enumerate(cand):
-        best, best_j = iou_threshold, -1
-        for j, r in enumerate(ref):
-            if j not in used and r.cls == c.cls and m[i, j] >= best:
-                if best_j < 0 or m[i, j] > best:
-                    best, best_j = m[i, j], j
-        if best_j >= 0:
-            used.add(best_j)
-        flags.append(best_j >= 0)
+    m = iou([c.box for c in cand], [r.box for r in ref])
+    same = np.array([[r.cls == c.cls for r in ref] for c in cand])
+    m = np.where(same & (m >= iou_threshold), m, -1.0)
+    flags = []
+    for i in range(len(cand)):
+        j = int(np.argmax(m[i]))
+        if m[i, j] < 0:
+            flags.append(False)
+            continue
+        flags.append(True)
+        m[:, j] = -1.0
     return flags
 
 
@@ -195,9 +233,9 @@ def detection_metrics(ref_outputs: Sequence[Mapping[str, Any]],
     for r, c in zip(ref_outputs, cand_outputs, strict=True):
         dr = detections(*decoder(r, options), thr, nms_thr)
         dc = detections(*decoder(c, options), thr, nms_thr)
-        t = match(dr, dc, iou_thr)
-        tp, n_ref, n_cand = tp + t, n_ref + len(dr), n_cand + len(dc)
-        scored.extend(zip((d.score for d in dc), _matched_flags(dr, dc, iou_thr)))
+        flags = _matched_flags(dr, dc, iou_thr)  # the same greedy matching as match()
+        tp, n_ref, n_cand = tp + sum(flags), n_ref + len(dr), n_cand + len(dc)
+        scored.extend(zip((d.score for d in dc), flags))
     denom = n_ref + n_cand
     return {
         "score": 1.0 if denom == 0 else 2.0 * tp / denom,
