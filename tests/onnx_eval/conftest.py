@@ -1,4 +1,5 @@
-"""Fixtures for the evaluation-task and auto-quantization tests."""
+"""Shared set-up for the evaluation-task and auto-quantization tests: the plugins folder
+on sys.path (as the other plugin test folders do)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,5 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-for p in (ROOT / "plugins", ROOT / "testdata" / "generators"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+if str(ROOT / "plugins") not in sys.path:
+    sys.path.insert(0, str(ROOT / "plugins"))
