@@ -50,8 +50,12 @@ class Graph:
     def __init__(self, workspace: Workspace, registry: Registry) -> None:
         self.workspace = workspace
         self.registry = registry
-        self.loader = PackageLoader(workspace)
+        self.loader = PackageLoader(workspace, self._macro)
         self.targets: dict[Label, Target] = {}
+
+    def _macro(self, kind: str):
+        entry = self.registry.get(kind)
+        return getattr(entry.cls, "expand_targets", None) if entry is not None else None
 
     # -- patterns -----------------------------------------------------------------------
     def expand(self, patterns: Iterable[str], current_package: str | None, *,

@@ -12,6 +12,12 @@ A ``matrix`` expands the table into one ordinary target per combination, labelle
 makes ``yolo_int8`` itself a group of all variants. In a variant, ``{key}`` inside string
 values is replaced by that variant's value, so dependent matrices can pair up. A matrix
 key the rule declares becomes that attribute; any other key is only such a variable.
+
+A *macro* rule (one whose class defines ``expand_targets``) adds ordinary targets to its
+package when the package loads: ``expand_targets(name, raw)`` returns the extra tables
+(named ``<name>.<suffix>``, each with its ``rule``) and the macro target's own raw
+attributes, which may now refer to them. The extra targets are cached like any other, so
+changing only an attribute the expansion does not pass on reruns only the macro target.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -173,11 +179,32 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
     return [group, *specs]
 
 
+MacroLookup = Callable[[str], Callable[[str, dict[str, Any]], Any] | None]
+
+
+def _expand_macro(package: str, spec: TargetSpec, expander, shown: str,
+                  targets: dict[str, TargetSpec]) -> list[TargetSpec]:
+    where = {"file": shown, "target": str(spec.label)}
+    try:
+        extra, own = expander(spec.label.name, dict(spec.raw))
+    except ConfigError as exc:
+        raise exc.located(**where) from None
+    spec.raw = own
+    out = []
+    for name, table in extra.items():
+        if not name.startswith(spec.label.name + ".") or name in targets:
+            raise ConfigError(f"macro generated a bad or clashing target name '{name}'",
+                              **where)
+        out.extend(_expand(package, name, table, shown))
+    return out
+
+
 class PackageLoader:
     """Loads packages lazily and remembers them for the rest of the command."""
 
-    def __init__(self, workspace: Workspace) -> None:
+    def __init__(self, workspace: Workspace, macros: MacroLookup | None = None) -> None:
         self.workspace = workspace
+        self.macros = macros
         self._packages: dict[str, dict[str, TargetSpec]] = {}
         self.reads = Reads(workspace.root)  # what was read, for the no-op fast path
 
@@ -219,6 +246,12 @@ class PackageLoader:
                                   file=shown)
             for spec in _expand(package, name, table, shown):
                 targets[spec.label.name] = spec
+        if self.macros is not None:
+            for spec in list(targets.values()):
+                expander = self.macros(spec.kind) if spec.kind != MATRIX_KIND else None
+                if expander is not None:
+                    for extra in _expand_macro(package, spec, expander, shown, targets):
+                        targets[extra.label.name] = extra
         self._packages[package] = targets
         return targets
 

@@ -383,7 +383,9 @@ def iter_counted_feeds(ds: Dataset, plan: FeedPlan) -> Iterator[tuple[int, dict[
         if n < plan.batch_size and plan.fixed:
             return
         if plan.unbatched:
-            batch = {k: (v[0] if k in plan.unbatched else v) for k, v in batch.items()}
+            # ``v[0, ...]`` keeps a 0-d array for a scalar input (``v[0]`` would be a numpy
+            # scalar, which onnxruntime refuses).
+            batch = {k: (v[0, ...] if k in plan.unbatched else v) for k, v in batch.items()}
         yield n, batch
 
 

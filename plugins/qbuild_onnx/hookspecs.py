@@ -1,5 +1,5 @@
 """Hook specifications the qbuild_onnx plugin adds for other plugins: custom dataset
-readers.
+readers and evaluation tasks.
 
 A plugin registered under the ``qbuild`` entry-point group implements::
 
@@ -27,3 +27,11 @@ hookspec = pluggy.HookspecMarker("qbuild")
 def qbuild_dataset_readers() -> dict[str, Callable[..., Any]]:
     """Return dataset readers keyed by name (all plugins' dicts are merged; a name
     provided twice is an error)."""
+
+
+@hookspec
+def qbuild_eval_tasks() -> dict[str, Callable[..., Any]]:
+    """Return evaluation tasks keyed by name (``evaluate``/``sensitivity``/``auto_quantize``
+    with ``task = "<name>"``). A task is ``task(ref_outputs, cand_outputs, options) ->
+    dict`` with a numeric ``score`` (higher is better); see ``qbuild_onnx.eval_tasks``.
+    Implement it with ``@qbuild.hookimpl(optionalhook=True)``."""

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .model import ModelError, model_info, sha256_file
+from .model_checks import describe_quantized, drop_initializer_inputs, initializer_inputs
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,29 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     if external_data:
         kwargs.update(save_as_external_data=True, all_tensors_to_one_file=True,
                       external_data_location=data_name, external_data_size_threshold=1024)
+    notes = []
+    proto = onnx.load(str(src), load_external_data=False)
+    refusal = describe_quantized(proto, "quantization pre-processing")
+    if refusal:
+        raise ModelError(refusal, file=src)
+    fixed = None
+    if initializer_inputs(proto) and not _uses_external_data(proto):
+        count = drop_initializer_inputs(proto)
+        fixed = out.parent / f".{out.name}.inputs-fixed.onnx"
+        onnx.save(proto, str(fixed))
+        src_for_ort = fixed
+        notes.append(f"{count} initializers were also listed as graph inputs; they are "
+                     "treated as constants (so BatchNormalization folds and per-channel "
+                     "axes are known)")
+        if log is not None:
+            log(notes[-1])
+    else:
+        src_for_ort = src
+    del proto
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-            quant_pre_process(str(src), str(out), **kwargs)
+            quant_pre_process(str(src_for_ort), str(out), **kwargs)
     except Exception as e:
         text = " ".join(str(e).split())[:500] or type(e).__name__
         hint = ""
@@ -63,6 +83,8 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
         raise ModelError(f"quantization pre-processing failed: {type(e).__name__}: {text}{hint}",
                          file=src) from None
     finally:
+        if fixed is not None:
+            fixed.unlink(missing_ok=True)
         if log is not None and chatter.getvalue().strip():
             for line in chatter.getvalue().splitlines():
                 log(line)
@@ -84,7 +106,16 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     info["external_data"] = [data_name] if external_data else []
     info["model_sha256"] = sha256_file(out)
     info["preprocess"] = asdict(opts)
+    if notes:
+        info["notes"] = notes
     return info
+
+
+def _uses_external_data(proto) -> bool:
+    from onnx import external_data_helper
+
+    return any(external_data_helper.uses_external_data(t)
+               for t in external_data_helper._get_all_tensors(proto))
 
 
 def normalise_model_file(path: Path) -> None:

@@ -11,16 +11,23 @@ thin wrappers over ``quantize_static_model`` and ``quantize_dynamic_model``.
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import onnx
 
+from .model_checks import (
+    control_flow_compute,
+    describe_quantized,
+    flatten_gemm_biases,
+    grouped_conv_transposes_with_bias,
+    top_level_compute,
+)
+from .ort_logs import ort_output_to_log
 from .quantize_errors import QuantizeError
+from .quantize_joins import DEFAULT_RATIO, find_mixed_joins, name_nodes
 from .quantize_opset import ai_onnx_opset, bump_ir_version, required_opset, upgrade
 from .quantize_options import (
     DYNAMIC_OP_TYPES,
@@ -77,6 +84,25 @@ def _drop_initializer_inputs(model: onnx.ModelProto, log: Log) -> None:
         log(f"initializers listed as graph inputs are treated as constants: {len(dropped)}")
 
 
+def _check_quantizable(model: onnx.ModelProto, action: str, warn: Log) -> None:
+    """Refuse already-quantized models and models whose compute sits only in If/Loop/Scan
+    subgraphs (onnxruntime quantizes the main graph only: nothing would change)."""
+    refusal = describe_quantized(model, action)
+    if refusal:
+        raise QuantizeError(refusal, attr="model")
+    hidden = control_flow_compute(model)
+    if not hidden:
+        return
+    where = ", ".join(f"{op} '{name}' ({k} compute nodes)" for name, op, k in hidden)
+    if top_level_compute(model) == 0:
+        raise QuantizeError(f"the model's compute is inside control-flow subgraphs ({where}); "
+                            "onnxruntime's quantizer only quantizes the main graph, so the "
+                            "result would be the float model: export the model without If/"
+                            "Loop branches or quantize the branch as its own model",
+                            attr="model")
+    warn(f"compute inside control-flow subgraphs stays float: {where}")
+
+
 def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelProto:
     from onnxruntime.quantization.quant_utils import add_infer_metadata
 
@@ -91,25 +117,8 @@ def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelP
     return model
 
 
-@contextmanager
-def _ort_warnings(warn: Log) -> Iterator[None]:
-    """Route onnxruntime quantizer warnings (root logger) to ``warn``."""
-
-    class _Handler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            warn(f"onnxruntime: {record.getMessage()}")
-
-    handler = _Handler(level=logging.WARNING)
-    root = logging.getLogger()
-    root.addHandler(handler)
-    try:
-        yield
-    finally:
-        root.removeHandler(handler)
-
-
-def _run_quantizer(build: Callable[[], Any], warn: Log) -> onnx.ModelProto:
-    with _ort_warnings(warn):
+def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelProto:
+    with ort_output_to_log(log, warn):
         try:
             quantizer = build()
             quantizer.quantize_model()
@@ -171,18 +180,22 @@ def quantize_static_model(
     log: Log | None = None,
     warn: Log | None = None,
     rewrites: Mapping[str, Any] | None = None,
+    float_joins_ratio: float = DEFAULT_RATIO,
 ) -> dict[str, Any]:
     """Quantize ``model_path`` statically with the ranges saved in ``calibration_path``.
 
     Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
     returns the info for dependents. Node and tensor names in ``options`` may be selectors
     (see :mod:`.selectors`); ``rewrites`` (from ``quant_preprocess``) explains names that
-    pre-processing removed. Raises ``QuantizeError`` for bad input.
+    pre-processing removed. Raises ``QuantizeError`` for bad input. Concats whose
+    inputs' calibrated ranges differ by ``float_joins_ratio`` or more (boxes in pixels
+    beside probabilities) are kept float with the data movement after them (0: never).
     """
     log = log or (lambda _msg: None)
     warn = warn or log
     check_static_options(options)
     data, model = _load(model_path)
+    _check_quantizable(model, "static quantization", warn)
     calibration = load_calibration(calibration_path)
     check_calibration_matches(calibration, Path(model_path), sha256_bytes(data))
     options = _resolve_selectors(options, model, rewrites, log)
@@ -204,6 +217,27 @@ def quantize_static_model(
 
     names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
     ranges = tensors_data(calibration, names)
+    joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
+    if any(not name for j in joins for name in j.float_nodes):
+        name_nodes(model)
+        joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
+    excluded = list(options.nodes_to_exclude)
+    if options.per_channel:
+        flat = flatten_gemm_biases(model)
+        if flat:
+            log(f"Gemm biases of shape [1, N] reshaped to [N] (onnxruntime's per-channel "
+                f"bias adjustment fails on them): {', '.join(flat)}")
+        broken = [n for n in grouped_conv_transposes_with_bias(model) if n not in excluded]
+        if broken:
+            excluded += broken
+            warn(f"kept float (workaround): grouped ConvTranspose with a bias fails in "
+                 f"onnxruntime's per-channel quantizer ('operands could not be broadcast "
+                 f"together'): {', '.join(broken)}; set per_channel = false to quantize them "
+                 f"per-tensor instead")
+    for j in joins:
+        excluded += [n for n in j.float_nodes if n not in excluded]
+        log(f"kept float: Concat '{j.node}' joins ranges {list(j.widths)} (ratio {j.ratio:g} "
+            f">= {float_joins_ratio:g}); with {', '.join(j.float_nodes[1:]) or 'nothing else'}")
     extra: dict[str, Any] = dict(options.extra_options)
     extra["ActivationSymmetric"] = options.activation_symmetric
     if options.weight_symmetric is not None:
@@ -222,15 +256,13 @@ def quantize_static_model(
 
             return ONNXQuantizer(model, options.per_channel, options.reduce_range,
                                  QuantizationMode.QLinearOps, True, wtype, atype, ranges,
-                                 list(options.nodes_to_quantize), list(options.nodes_to_exclude),
-                                 op_types, extra)
+                                 list(options.nodes_to_quantize), excluded, op_types, extra)
         from onnxruntime.quantization.qdq_quantizer import QDQQuantizer
 
         return QDQQuantizer(model, options.per_channel, options.reduce_range, wtype, atype,
-                            ranges, list(options.nodes_to_quantize),
-                            list(options.nodes_to_exclude), op_types, extra)
+                            ranges, list(options.nodes_to_quantize), excluded, op_types, extra)
 
-    quantized = _run_quantizer(build, warn)
+    quantized = _run_quantizer(build, log, warn)
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -241,6 +273,10 @@ def quantize_static_model(
         "calibration_method": calibration.method,
         "input_model_sha256": calibration.model_sha256,
     }
+    if joins:
+        settings["float_joins"] = [{"node": j.node, "ratio": j.ratio, "input_widths":
+                                    list(j.widths), "float_nodes": list(j.float_nodes),
+                                    "reaches_output": j.reaches_output} for j in joins]
     info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
                            had_infer_key)
     if options.per_channel:
@@ -304,16 +340,21 @@ def quantize_dynamic_model(
     log: Log | None = None,
     warn: Log | None = None,
     rewrites: Mapping[str, Any] | None = None,
+    latency_in_report: bool = False,
 ) -> dict[str, Any]:
     """Quantize ``model_path`` dynamically (weights now, activations at run time).
 
     Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
-    returns the info for dependents. Raises ``QuantizeError`` for bad input.
+    returns the info for dependents. Raises ``QuantizeError`` for bad input. A result
+    clearly slower than the float model is always warned about; ``latency_in_report``
+    also records it as ``slower_than_float`` in the report (which then depends on the
+    machine, like any timing).
     """
     log = log or (lambda _msg: None)
     warn = warn or log
     check_dynamic_options(options)
     data, model = _load(model_path)
+    _check_quantizable(model, "dynamic quantization", warn)
     options = _resolve_selectors(options, model, rewrites, log)
     target = required_opset(ai_onnx_opset(model), per_axis=options.per_channel,
                             types={options.weight_type})
@@ -333,7 +374,7 @@ def quantize_dynamic_model(
                              list(options.nodes_to_quantize), list(options.nodes_to_exclude),
                              op_types, extra)
 
-    quantized = _run_quantizer(build, warn)
+    quantized = _run_quantizer(build, log, warn)
     settings = {
         "mode": "dynamic",
         "format": "dynamic",
@@ -349,4 +390,56 @@ def quantize_dynamic_model(
         # onnxruntime's dynamic Conv (ConvInteger) always takes per-tensor weights.
         convs = {n.name for n in quantized.graph.node if n.op_type == "ConvInteger"}
         _warn_lost_per_channel(report, convs, warn)
+    slower = _slower_than_float(Path(model_path), Path(output_path), log)
+    if slower is not None:
+        if latency_in_report and report_path is not None:
+            report["slower_than_float"] = slower
+            Path(report_path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n",
+                                         encoding="utf-8")
+        warn(f"the dynamically quantized model is slower than the float model on this "
+             f"machine ({slower['quantized_ms']} ms vs {slower['float_ms']} ms, 1 thread): "
+             "use static quantization or keep the float model")
     return info
+
+
+_SLOWER_RATIO = 1.25  # below this, run-to-run noise on a shared CPU could flip the verdict
+
+
+def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
+                       ) -> dict[str, float] | None:
+    """Latency of both models on one synthetic input (1 thread, median of 15 runs); a dict
+    when the quantized model is clearly slower, else None. Uses evaluate's latency
+    measurement (issue 16 replaces it with interleaved runs)."""
+    import numpy as np
+    from onnx import helper
+
+    from .accuracy_metrics import AccuracyError, make_session, median_latency_ms
+
+    try:
+        fs, qs = make_session(float_path), make_session(quantized_path)
+    except AccuracyError as exc:
+        log(f"latency check skipped: {exc}")
+        return None
+    rng = np.random.default_rng(0)
+    feed = {}
+    for i in fs.get_inputs():
+        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        if "float" in i.type:
+            dtype = np.float16 if "float16" in i.type else np.float32
+            feed[i.name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            name = i.type[len("tensor("):-1]
+            dtype = helper.tensor_dtype_to_np_dtype(
+                getattr(onnx.TensorProto, name.upper(), onnx.TensorProto.INT64))
+            feed[i.name] = np.zeros(shape, dtype)
+    try:
+        f_ms = median_latency_ms(fs, feed, 15)
+        q_ms = median_latency_ms(qs, feed, 15)
+    except Exception as exc:  # onnxruntime raises several unrelated types on bad feeds
+        log(f"latency check skipped: {type(exc).__name__}: {exc}")
+        return None
+    log(f"latency (1 thread, median of 15): float {f_ms:.3f} ms, quantized {q_ms:.3f} ms")
+    if q_ms < f_ms * _SLOWER_RATIO:
+        return None
+    return {"float_ms": round(f_ms, 3), "quantized_ms": round(q_ms, 3),
+            "ratio": round(q_ms / f_ms, 2)}

@@ -33,27 +33,46 @@ def _onnx_file(ctx: ActionContext, dep: Dep, attr_name: str) -> Path:
     return files[0]
 
 
-def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, limit: int = 0) -> list[dict]:
-    """Samples of a qbuild dataset directory (dataset.json + one .npy per input), one feed
-    per sample with a batch axis of 1."""
-    import json
+def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path,
+           limit: int = 0) -> list[dict]:
+    """Samples of a qbuild dataset fed to ``model`` as ``calibrate`` feeds them (arrays one
+    rank higher are whole inputs: streaming models; scalar inputs work)."""
+    from .datasets import DatasetError
+    from .eval_feeds import model_feeds
 
-    import numpy as np
-
-    manifests = [f for f in dep.files if f.name == "dataset.json"]
-    if not manifests:
-        found = [f / "dataset.json" for f in dep.files if (f / "dataset.json").is_file()]
-        manifests = found
-    if len(manifests) != 1:
+    roots = [f for f in dep.files if f.name == "dataset.json"]
+    roots = [r.parent for r in roots] or [f for f in dep.files if (f / "dataset.json").is_file()]
+    if len(roots) != 1:
         raise ctx.fail(f"{dep.label} is not a dataset (no dataset.json)", attr=attr_name)
-    root = manifests[0].parent
-    spec = json.loads(manifests[0].read_text())
-    arrays = {name: np.load(root / s["file"], mmap_mode="r")
-              for name, s in sorted(spec["inputs"].items())}
-    n = int(spec["count"])
-    if limit:
-        n = min(n, limit)
-    return [{k: np.ascontiguousarray(a[i:i + 1]) for k, a in arrays.items()} for i in range(n)]
+    try:
+        return model_feeds(roots[0], model, limit)
+    except DatasetError as e:
+        raise ctx.fail(f"{dep.label}: {e}", attr=attr_name) from None
+
+
+_TASK_ATTRS = {
+    "task": attr.string(default="sqnr", doc="Evaluation task: sqnr, classification, "
+                        "detection (task_options.decoder = yolox | yolov8 | ssd | "
+                        "fastestdet), yolo (= detection with the yolox decoder), psnr, "
+                        "custom (task_options.metric = 'module:function' from metric_srcs), "
+                        "or a plugin's qbuild_eval_tasks task."),
+    "task_options": attr.mapping(default={}, doc="Options handed to the task (decoder, "
+                                 "score_threshold, output, input_size, metric, ...)."),
+    "metric_srcs": attr.files(doc="Python files of a custom metric (their code is part of "
+                              "the action key)."),
+}
+
+
+def _task(ctx: ActionContext, extra: dict[str, Any] | None = None):
+    """(task function, options) from the rule's task attributes."""
+    from .eval_tasks import get_task
+
+    a = ctx.attrs
+    options = {**(extra or {}), **(a["task_options"] or {})}
+    try:
+        return get_task(a["task"], options, a["metric_srcs"] or []), options
+    except _accuracy_errors() as e:
+        raise ctx.fail(str(e), attr="task") from None
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -73,32 +92,35 @@ class Evaluate(Rule):
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
-    version = 2
+    version = 3
     heavy = True
     doc = ("Compares candidate models with a reference model on a dataset and writes "
-           "report.json: per output SQNR (dB), max abs error and cosine; with task = 'yolo' "
-           "also YOLOX detection F1 against the reference's own detections (score >= "
-           "score_threshold, same class, IoU >= 0.5); with latency_runs > 0 the 1-thread "
-           "latency of every model, timed interleaved in one process after warm-ups "
-           "(median, quartiles, spread; noisy runs and models slower than the reference "
-           "are flagged; timings make the report not byte-reproducible). Fails if a "
-           "candidate in `models` is below min_f1 or min_sqnr_db; `baselines` are reported "
-           "the same way but never fail the build.")
+           "report.json and report.html: per output SQNR (dB), max abs error and cosine, and "
+           "the `task` result (classification agreement, detection F1/AP50 against the "
+           "reference's own detections, PSNR, a custom metric...); with latency_runs > 0 the "
+           "1-thread latency of every model, timed interleaved in one process after warm-ups "
+           "(median, quartiles, spread; noisy runs and models slower than the reference are "
+           "flagged; timings make the report not byte-reproducible). Fails if a candidate in "
+           "`models` misses a bar (min_f1, min_sqnr_db, max_top1_drop, min_psnr_db, "
+           "min_score); `baselines` are reported but never fail the build.")
     attrs = {
         "models": attr.label_list(doc="Candidate model targets (one .onnx output each).",
                                   required=True),
         "reference": attr.label(doc="The reference (float) model target.", required=True),
         "baselines": attr.label_list(doc="Models reported like `models` (marked gated = "
-                                         "false) but exempt from min_f1 and min_sqnr_db."),
+                                         "false) but exempt from the bars."),
         "dataset": attr.label(doc="A dataset target (dataset.json + .npy).", required=True),
-        "task": attr.enum(["sqnr", "yolo"], default="sqnr", doc="Extra task metric."),
-        "input_size": attr.int(default=416, doc="YOLO square input size."),
-        "score_threshold": attr.float(default=0.3, doc="YOLO detection score threshold."),
+        **_TASK_ATTRS,
+        "input_size": attr.int(default=416, doc="YOLOX square input size (task 'yolo')."),
+        "score_threshold": attr.float(default=0.3, doc="Detection score threshold."),
         "min_f1": attr.float(default=0.0, doc="Fail if a candidate's F1 is below this."),
         "min_sqnr_db": attr.float(default=-1000.0, doc="Fail if an output SQNR is below."),
+        "max_top1_drop": attr.float(default=1.0, doc="Fail if 1 - top-1 agreement is above."),
+        "min_psnr_db": attr.float(default=-1000.0, doc="Fail if the PSNR is below."),
+        "min_score": attr.float(default=-1e30, doc="Fail if the task score is below."),
         "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
     }
-    outputs = ["report.json"]
+    outputs = ["report.json", "report.html"]
 
     def is_reproducible(self, attrs: Any) -> bool:
         return not attrs["latency_runs"]  # measured timings differ run to run
@@ -107,47 +129,43 @@ class Evaluate(Rule):
         return _env()
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from . import accuracy_yolo as ay
         from .accuracy_metrics import (
             compare_outputs,
             interleaved_latency_ms,
             make_session,
             run_model,
         )
+        from .eval_tasks import run_task
+        from .report_html import evaluate_html
 
         a = ctx.attrs
-        feeds = _feeds(ctx, a["dataset"], "dataset")
         ref_path = _onnx_file(ctx, a["reference"], "reference")
+        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
+        task, options = _task(ctx, {"input_size": a["input_size"],
+                                    "score_threshold": a["score_threshold"]})
         try:
             ref_sess = make_session(ref_path)
             ref = run_model(ref_sess, feeds)
             report: dict[str, Any] = {"reference": a["reference"].label, "samples": len(feeds),
-                                      "models": {}}
+                                      "task": a["task"], "models": {}}
+            report["reference_bytes"] = ref_path.stat().st_size
             timed = {a["reference"].label: ref_sess}
-            failures = []
+            failures: list[tuple[str, str]] = []
             gated = {dep.label for dep in a["models"]}
             for dep in [*a["models"], *(a["baselines"] or [])]:
-                sess = make_session(_onnx_file(ctx, dep, "models" if dep.label in gated
-                                               else "baselines"))
+                path = _onnx_file(ctx, dep, "models" if dep.label in gated else "baselines")
+                sess = make_session(path)
                 outs = run_model(sess, feeds)
-                entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs)}
+                entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
+                                         "bytes": path.stat().st_size}
                 if a["baselines"]:
                     entry["gated"] = dep.label in gated
-                if a["task"] == "yolo":
-                    name = next(iter(ref[0]))
-                    f1 = ay.detection_f1([r[name] for r in ref], [o[name] for o in outs],
-                                         a["score_threshold"], size=a["input_size"])
-                    f1.pop("per_sample")
-                    entry["detection"] = {k: round(v, 6) if isinstance(v, float) else v
-                                          for k, v in f1.items()}
-                    if f1["f1"] < a["min_f1"] and dep.label in gated:
-                        failures.append(f"{dep.label}: F1 {f1['f1']:.4f} < min_f1 {a['min_f1']}")
-                for out, m in entry["outputs"].items():
-                    s = m["sqnr_db"]
-                    s = float("inf") if s == "inf" else float(s)
-                    if s < a["min_sqnr_db"] and dep.label in gated:
-                        failures.append(f"{dep.label}: output '{out}' SQNR {s:.2f} dB < "
-                                        f"min_sqnr_db {a['min_sqnr_db']}")
+                if a["task"] != "sqnr":
+                    entry["task"] = run_task(task, ref, outs, options)
+                    if "f1" in entry["task"]:
+                        entry["detection"] = entry["task"]  # select_best's metric = "f1"
+                if dep.label in gated:
+                    failures += [(m, f"{dep.label}: {m}") for m in _bar_failures(a, entry)]
                 timed.setdefault(dep.label, sess)
                 report["models"][dep.label] = entry
             if a["latency_runs"]:
@@ -163,9 +181,10 @@ class Evaluate(Rule):
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
         _write_json(ctx.output("report.json"), report)
+        ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
         if failures:
-            raise ctx.fail("; ".join(failures), attr="min_f1" if "F1" in failures[0]
-                           else "min_sqnr_db")
+            raise ctx.fail("; ".join(f for _, f in failures),
+                           attr=failures[0][0].split(":")[0])
         return {"models": sorted(report["models"])}
 
 
@@ -187,6 +206,27 @@ def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -
         if m["median_ms"] > ref_ms:
             slower.append(label)
     report["latency"]["slower_than_reference"] = sorted(slower)
+def _bar_failures(a: dict[str, Any], entry: dict[str, Any]) -> list[str]:
+    """The bars an evaluated entry misses, each as 'attr_name: detail'."""
+    out = []
+    for name, m in entry["outputs"].items():
+        s = m["sqnr_db"]
+        s = float("inf") if s == "inf" else float(s)
+        if s < a["min_sqnr_db"]:
+            out.append(f"min_sqnr_db: output '{name}' SQNR {s:.2f} dB < {a['min_sqnr_db']}")
+    t = entry.get("task", {})
+    checks = [("min_f1", "f1", True), ("max_top1_drop", "top1_drop", False),
+              ("min_score", "score", True)]
+    if a["task"] == "psnr":
+        checks.append(("min_psnr_db", "score", True))
+    for bar, key, higher in checks:
+        if key not in t:
+            continue
+        v = float(t[key]) if t[key] not in ("inf", "-inf", "nan") else float(t[key])
+        if (v < a[bar]) if higher else (v > a[bar]):
+            what = "F1" if key == "f1" else key
+            out.append(f"{bar}: {what} {v:.4f} {'<' if higher else '>'} {a[bar]}")
+    return out
 
 
 class Sensitivity(Rule):
@@ -194,12 +234,14 @@ class Sensitivity(Rule):
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
-    version = 1
+    version = 2
     heavy = True
     doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
            "effect on the output SQNR against the float model, turning sites back to float "
            "by graph surgery (no re-calibration). mode = 'only': one site quantized at a "
-           "time; 'leave_out': one site float at a time. Writes sensitivity.json.")
+           "time; 'leave_out': one site float at a time. With a `task` (e.g. detection) sites "
+           "are scored by the task's score instead of the worst output SQNR, so the sites "
+           "that break the task rank first. Writes sensitivity.json.")
     attrs = {
         "model": attr.label(doc="The QDQ model.", required=True),
         "reference": attr.label(doc="The float model it was quantized from.", required=True),
@@ -208,6 +250,7 @@ class Sensitivity(Rule):
         "mode": attr.enum(["only", "leave_out"], default="only", doc="Trial kind."),
         "kinds": attr.string_list(default=["activation", "weight"], doc="Site kinds."),
         "max_samples": attr.int(default=8, doc="Use at most this many samples (0: all)."),
+        **_TASK_ATTRS,
     }
     outputs = ["sensitivity.json"]
 
@@ -224,11 +267,23 @@ class Sensitivity(Rule):
         from .accuracy_sensitivity import analyze
 
         a = ctx.attrs
-        feeds = _feeds(ctx, a["dataset"], "dataset", a["max_samples"])
+        bad = sorted(set(a["kinds"]) - {"activation", "weight"})
+        if bad:
+            raise ctx.fail(f"unknown site kind(s) {bad}", attr="kinds")
+        ref_path = _onnx_file(ctx, a["reference"], "reference")
+        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path, a["max_samples"])
+        metric = None
+        if a["task"] != "sqnr":
+            from .eval_tasks import run_task, score_of
+
+            task, options = _task(ctx)
+
+            def metric(ref, outs):
+                return score_of(run_task(task, ref, outs, options))
         try:
-            rep = analyze(_onnx_file(ctx, a["model"], "model"),
-                          _onnx_file(ctx, a["reference"], "reference"), feeds,
-                          mode=a["mode"], kinds=tuple(a["kinds"]), log=ctx.log)
+            rep = analyze(_onnx_file(ctx, a["model"], "model"), ref_path, feeds,
+                          mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
+            rep["task"] = a["task"]
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
         _write_json(ctx.output("sensitivity.json"), rep)
@@ -402,7 +457,7 @@ class BiasCorrection(Rule):
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
-    version = 1
+    version = 2
     heavy = True
     doc = ("Corrects the Conv/Gemm biases of a QDQ model for the mean output error of weight "
            "quantization measured on a dataset against the float model (empirical bias "
@@ -421,17 +476,25 @@ class BiasCorrection(Rule):
         from .accuracy_bias_correction import bias_correct
 
         a = ctx.attrs
-        feeds = _feeds(ctx, a["dataset"], "dataset")
+        ref_path = _onnx_file(ctx, a["reference"], "reference")
+        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
         try:
-            _, rep = bias_correct(_onnx_file(ctx, a["model"], "model"),
-                                  _onnx_file(ctx, a["reference"], "reference"), feeds,
+            _, rep = bias_correct(_onnx_file(ctx, a["model"], "model"), ref_path, feeds,
                                   ctx.output("{name}.onnx"))
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
         _write_json(ctx.output("report.json"), rep)
-        return {"corrected_nodes": rep["corrected_nodes"]}
+        # The corrected model keeps its source's precision choices: pass them on, so that
+        # select_best does not count a bias-corrected trial as having no promoted tensors.
+        kept = {k: v for k, v in a["model"].info.items()
+                if k in ("promoted", "overrides", "float_joins", "per_channel",
+                         "activation_type", "weight_type")}
+        return {**kept, "corrected_nodes": rep["corrected_nodes"]}
 
 
 @hookimpl
 def qbuild_rule_types():
-    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection, SelectBest]
+    from .rules_auto import AutoQuantize, SensitiveRegion
+
+    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection, SelectBest, AutoQuantize,
+            SensitiveRegion]

@@ -155,7 +155,7 @@ class Quantize(Rule):
     kind = "quantize"
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
-    version = 2
+    version = 3
     heavy = True
     doc = ("Static quantization with onnxruntime's QDQ or QOperator quantizer, from the "
            "tensor ranges of a `calibrate` target (never recalibrates). The calibration must "
@@ -184,6 +184,14 @@ class Quantize(Rule):
                                          "a list of tables, the first with axis."),
         "node_overrides": attr.mapping(default={}, doc="Node name -> table applied to every "
                                        "output tensor of that node (as tensor_overrides)."),
+        "per_channel": attr.bool(default=True, doc="Quantize Conv/Gemm/MatMul weights per "
+                                 "output channel (the default: per-tensor weights wreck most "
+                                 "CNNs)."),
+        "float_joins_ratio": attr.float(default=32.0, doc="Keep in float every Concat whose "
+                                        "inputs' calibrated ranges differ by this factor or "
+                                        "more (pixel boxes beside scores), with the Reshape/"
+                                        "Transpose after it; each input keeps its own scale. "
+                                        "0 disables."),
         "overrides": attr.label(doc="A mixed_precision target: its overrides.json 'tensors' "
                                 "are merged into tensor_overrides (an inline entry for the "
                                 "same tensor wins whole) and its 'nodes_to_exclude' into "
@@ -224,7 +232,8 @@ class Quantize(Rule):
         info = _run(ctx, lambda: quantize_static_model(
             model, calibration, ctx.output("{name}.onnx"), options,
             report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn,
-            rewrites=_rewrites(a["model"])), inputs)
+            rewrites=_rewrites(a["model"]),
+            float_joins_ratio=a["float_joins_ratio"]), inputs)
         if promoted is not None:
             info = {**info, "overrides": a["overrides"].label, "promoted": promoted}
         return info
@@ -236,7 +245,7 @@ class QuantizeDynamic(Rule):
     kind = "quantize_dynamic"
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
-    version = 1
+    version = 2
     heavy = True
     doc = ("Dynamic quantization with onnxruntime's integer-ops quantizer: weights are "
            "quantized now, activations at run time (DynamicQuantizeLinear), so no calibration "
@@ -247,6 +256,10 @@ class QuantizeDynamic(Rule):
         **_COMMON,
         "weight_type": attr.enum(list(DYNAMIC_WEIGHT_TYPES), default="int8",
                                  doc="Weight type."),
+        "latency_check": attr.bool(default=False, doc="Record in report.json when the result "
+                                   "is slower than the float model (1 thread, synthetic "
+                                   "input; makes the report machine-dependent). A warning "
+                                   "says so in any case."),
     }
     outputs = ["{name}.onnx", "report.json"]
 
@@ -263,7 +276,8 @@ class QuantizeDynamic(Rule):
         options = _dynamic_options(ctx.attrs)
         return _run(ctx, lambda: quantize_dynamic_model(
             model, ctx.output("{name}.onnx"), options, report_path=ctx.output("report.json"),
-            log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.attrs["model"])),
+            log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.attrs["model"]),
+            latency_in_report=ctx.attrs["latency_check"]),
             {model: ctx.attrs["model"]})
 
 

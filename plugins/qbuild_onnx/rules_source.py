@@ -83,7 +83,7 @@ class OnnxModel(Rule):
     kind = "onnx_model"
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
-    version = 1
+    version = 2
     heavy = True
     doc = ("A source ONNX model: checked with onnx.checker (full_check, by path), external "
            "data kept inside the model's folder, then passed on with its opsets, IR version, "
@@ -114,7 +114,25 @@ class OnnxModel(Rule):
         except ModelError as e:
             raise _located(ctx, e, "src") from None
         info["model_file"] = f"{ctx.name}.onnx"
+        _note_model_shape(ctx, info)
         return info
+
+
+def _note_model_shape(ctx: ActionContext, info: dict[str, Any]) -> None:
+    """Tell the user now about shapes later rules refuse or fix (already quantized,
+    compute inside If/Loop, initializers listed as inputs); record them in the info."""
+    import onnx
+
+    from .model_checks import summary
+
+    shape = summary(onnx.load(str(ctx.output("{name}.onnx")), load_external_data=False))
+    info["model_checks"] = shape
+    if shape["already_quantized"]:
+        ctx.warn(f"the model is already quantized ({shape['already_quantized']}): quantize, "
+                 "quantize_dynamic and quant_preprocess refuse it")
+    if shape["control_flow_compute"]:
+        ctx.warn("compute inside If/Loop/Scan subgraphs: "
+                 + ", ".join(f"{op} '{n}'" for n, op, _ in shape["control_flow_compute"]))
 
 
 # Attributes every dataset rule shares.
@@ -313,7 +331,7 @@ class QuantPreprocess(Rule):
     kind = "quant_preprocess"
     requires = ONNX_REQUIRES
     install_hint = ONNX_INSTALL
-    version = 2
+    version = 3
     heavy = True
     doc = ("onnxruntime's quantization pre-processing (symbolic shape inference, graph "
            "optimisation, ONNX shape inference) as its own cached step.")
@@ -348,10 +366,13 @@ class QuantPreprocess(Rule):
             skip_optimization=a["skip_optimization"], skip_onnx_shape=a["skip_onnx_shape"],
             skip_symbolic_shape=a["skip_symbolic_shape"], auto_merge=a["auto_merge"],
             int_max=a["int_max"], guess_output_rank=a["guess_output_rank"])
+        from .ort_logs import ort_output_to_log
+
         try:
-            info = preprocess_model(_model_file(ctx, a["model"], "model"),
-                                    ctx.output("{name}.onnx"), opts,
-                                    external_data=a["external_data"], log=ctx.log)
+            with ort_output_to_log(ctx.log, ctx.warn):
+                info = preprocess_model(_model_file(ctx, a["model"], "model"),
+                                        ctx.output("{name}.onnx"), opts,
+                                        external_data=a["external_data"], log=ctx.log)
         except ModelError as e:
             raise _located(ctx, e, "model") from None
         info["model_file"] = f"{ctx.name}.onnx"
@@ -416,11 +437,14 @@ class Calibrate(Rule):
             num_quantized_bins=a["num_quantized_bins"], percentile=a["percentile"],
             scenario=a["scenario"], op_types=tuple(a["op_types"]),
             batch_size=a["batch_size"] or None, threads=ctx.threads)
+        from .ort_logs import ort_output_to_log
+
         try:
-            return calibrate(_model_file(ctx, a["model"], "model"),
-                             _dataset_dir(ctx, a["dataset"], "dataset"),
-                             ctx.output("calibration.json").parent, opts, log=ctx.log,
-                             scratch=ctx.scratch)
+            with ort_output_to_log(ctx.log, ctx.warn):
+                return calibrate(_model_file(ctx, a["model"], "model"),
+                                 _dataset_dir(ctx, a["dataset"], "dataset"),
+                                 ctx.output("calibration.json").parent, opts, log=ctx.log,
+                                 scratch=ctx.scratch)
         except RuleError as e:
             raise _located(ctx, e, "dataset") from None
 

@@ -262,7 +262,38 @@ def check_error_type() -> type[RuleError]:
     return RuleError
 
 
+class Twice(Rule):
+    """A macro: expands to <name>.first and <name>.second (concat targets of `srcs`, the
+    second upper-cased) and itself joins them with `sep`."""
+
+    kind = "twice"
+    version = 1
+    doc = "Concatenate two generated targets."
+    attrs = {
+        "srcs": attr.files(doc="Text files."),
+        "sep": attr.string(default="|", doc="Separator."),
+        "parts": attr.label_list(doc="(generated)"),
+    }
+    outputs = ["out.txt"]
+
+    @staticmethod
+    def expand_targets(name: str, raw: dict[str, Any]):
+        from qbuild import ConfigError
+
+        if "parts" in raw:
+            raise ConfigError("is generated", attr="parts")
+        extra = {f"{name}.first": {"rule": "concat", "srcs": raw.get("srcs", [])},
+                 f"{name}.second": {"rule": "concat", "srcs": raw.get("srcs", []),
+                                    "upper": True}}
+        return extra, {**raw, "parts": [f":{name}.first", f":{name}.second"]}
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        text = ctx.attrs["sep"].join(d.output("out.txt").read_text() for d in ctx.attrs["parts"])
+        ctx.output("out.txt").write_text(text)
+        return {}
+
+
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
     return [Concat, Heavy, Length, Fail, Slow, Tree, Undeclared, Exit, Noisy, Worker, FloatEcho,
-            Names, Vandal, Random, Span, Warn]
+            Names, Vandal, Random, Span, Warn, Twice]

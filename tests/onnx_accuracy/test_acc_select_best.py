@@ -34,6 +34,7 @@ dataset = ":ds"
 rule = "quantize"
 model = ":fp"
 calibration = ":calib"
+per_channel = false  # the documented per-tensor scenario (per-channel is the default)
 
 [sens]
 rule = "sensitivity"
@@ -53,6 +54,7 @@ rule = "quantize"
 model = ":fp"
 calibration = ":calib"
 overrides = ":mp@top_k={{trial}}"
+per_channel = false
 matrix = {{ trial = {trials} }}
 
 [ev]

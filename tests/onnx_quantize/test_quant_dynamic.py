@@ -17,6 +17,9 @@ def _quantize(case, tmp_path, **options):
     warnings: list[str] = []
     info = quantize_dynamic_model(case.model, out, DynamicOptions(**options),
                                   report_path=tmp_path / "report.json", warn=warnings.append)
+    # The latency verdict ("slower than the float model") depends on the machine: the
+    # assertions below are about the quantizer's own warnings.
+    warnings = [w for w in warnings if "slower than the float model" not in w]
     return onnx.load(str(out)), info, json.loads((tmp_path / "report.json").read_text()), warnings
 
 

@@ -1,0 +1,59 @@
+"""Whole-region exclusion from a sensitivity ranking: the stem or the head of a network.
+
+Keeping single tensors float scatters float islands through the graph (each one costs a
+DequantizeLinear/QuantizeLinear pair and breaks fusion). Keeping a contiguous region float
+costs one boundary. Given the most sensitive activation, the region is every node from
+the graph's start to that tensor's consumers when it sits in the first half of the graph
+(the stem), else every node from its producer to the end (the head).
+
+The region is written as an override document (``nodes_to_exclude``, computed from the
+model being quantized, so names are always current) plus ``selectors``: the same region as
+a stable string (``region:stem:<tensor>`` / ``region:head:<tensor>``) for the selector
+support being added to ``quantize``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .accuracy_metrics import AccuracyError
+from .accuracy_mixed_precision import ranked_tensors
+from .accuracy_stats import load_model
+
+
+def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
+    """('stem' | 'head', node names in graph order) kept float for ``tensor``."""
+    m = load_model(model)
+    nodes = list(m.graph.node)
+    producer = next((i for i, n in enumerate(nodes) if tensor in n.output), None)
+    users = [i for i, n in enumerate(nodes) if tensor in n.input]
+    if producer is None and not users:
+        raise AccuracyError(f"no tensor named '{tensor}' in the model")
+    if any(not n.name for n in nodes):
+        raise AccuracyError("the model has unnamed nodes; pre-process it (quant_preprocess "
+                            "names every node) before excluding regions")
+    first = producer if producer is not None else min(users)
+    if first < len(nodes) / 2:
+        last = max(users) if users else first
+        chosen = nodes[: last + 1]
+        where = "stem"
+    else:
+        chosen = nodes[first:]
+        where = "head"
+    return where, [n.name for n in chosen]
+
+
+def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0
+                     ) -> dict[str, Any]:
+    """The override document keeping the region of the ``rank``-th most sensitive
+    activation float."""
+    ranked = ranked_tensors(sensitivity)
+    if len(ranked) <= rank:
+        raise AccuracyError(f"the sensitivity report ranks {len(ranked)} activation(s); "
+                            f"no rank {rank}")
+    tensor = ranked[rank]
+    where, nodes = region_for(model, tensor)
+    return {"tensors": {}, "nodes_to_exclude": nodes, "promoted": nodes,
+            "region": {"where": where, "tensor": tensor, "nodes": len(nodes)},
+            "selectors": [f"region:{where}:{tensor}"]}

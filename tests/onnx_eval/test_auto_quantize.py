@@ -1,0 +1,112 @@
+"""auto_quantize as a macro on MNIST: every trial an ordinary cached target, the report
+lists every trial and the chosen one, changing the bar reruns only the selection, and an
+unreachable bar keeps the float model and says so."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from eval_paths import IMAGES, MODELS
+from qbuild_onnx import rules_accuracy, rules_quantize, rules_source
+
+BUILD = """
+[fp]
+rule = "onnx_model"
+src = "mnist.onnx"
+
+[pre]
+rule = "quant_preprocess"
+model = ":fp"
+
+[calib_data]
+rule = "numpy_dataset"
+files = ["calib.npy"]
+mapping = {{ Input3 = "calib.npy" }}
+
+[eval_data]
+rule = "numpy_dataset"
+files = ["eval.npy"]
+mapping = {{ Input3 = "eval.npy" }}
+
+[auto]
+rule = "auto_quantize"
+model = ":pre"
+calibration_data = ":calib_data"
+evaluation_data = ":eval_data"
+task = "classification"
+bar = {{ {bar} }}
+objective = "size"
+latency_runs = 0
+steps = ["per_channel", "bias_correction", "float_top_k"]
+top_k = [1]
+sensitivity_samples = 3
+"""
+
+
+def _digits(seed: int, n: int) -> np.ndarray:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    out = []
+    paths = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
+    for i in range(n):
+        with Image.open(paths[i % len(paths)]) as im:
+            g = im.convert("L")
+            w, h = g.size
+            x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
+            a = np.asarray(g.crop((x0, y0, x0 + w // 2, y0 + h // 2)).resize((28, 28)),
+                           np.float32)
+        out.append((a / 255.0)[None])
+    return np.stack(out).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory):
+    from qbuild.testing import Workspace
+
+    root = tmp_path_factory.mktemp("auto")
+    w = Workspace(root / "ws", root / "cache")
+    for plugin in (rules_source, rules_quantize, rules_accuracy):
+        w.register(plugin)
+    w.copy(MODELS / "mnist.onnx", "m/mnist.onnx")
+    np.save(w.path("m/calib.npy"), _digits(0, 12))
+    np.save(w.path("m/eval.npy"), _digits(1, 16))
+    return w
+
+
+def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
+    ws.write("m/BUILD.toml", BUILD.format(bar="max_top1_drop = 0.2"))
+    r = ws.build("//m:auto")
+    assert r.ok, r.error
+    outs = {p.name: p for p in r.outputs("//m:auto")}
+    rep = json.loads(outs["report.json"].read_text())
+    names = [t["name"] for t in rep["trials"]]
+    assert names == ["u8", "u8_per_tensor", "u8_bc", "float_k1"]
+    for trial in names:  # every trial and its evaluation ran as its own target
+        assert f"//m:auto.{trial}" in r.ran and f"//m:auto.ev_{trial}" in r.ran
+    assert rep["chosen"] in names and rep["trials"][names.index(rep["chosen"])]["passes"]
+    passing = [t for t in rep["trials"] if t["passes"]]
+    assert rep["chosen"] == min(passing, key=lambda t: (t["bytes"], t["order"]))["name"]
+    assert outs["auto.onnx"].stat().st_size < rep["float"]["bytes"]
+    html = outs["report.html"].read_text()
+    assert all(n in html for n in names) and "<svg" in html and "<script" not in html
+
+    ws.write("m/BUILD.toml", BUILD.format(bar="min_sqnr_db = 200"))
+    again = ws.build("//m:auto")
+    assert again.ok, again.error
+    assert again.ran == ["//m:auto"]  # only the selection
+    rep2 = json.loads(next(p for p in again.outputs("//m:auto")
+                           if p.name == "report.json").read_text())
+    assert rep2["chosen"] == "float" and "no quantized trial meets the bar" in rep2["note"]
+    assert not any(t["passes"] for t in rep2["trials"])
+
+
+def test_bad_bar_and_generated_attributes_are_config_errors(ws):
+    ws.write("m/BUILD.toml", BUILD.format(bar="min_speed = 3"))
+    r = ws.build("//m:auto")
+    assert r.exit_code == 2 and "unknown bar 'min_speed'" in r.error and "'bar'" in r.error
+    ws.write("m/BUILD.toml", BUILD.format(bar="min_score = 0.5") + 'candidates = [":fp"]\n')
+    r = ws.build("//m:auto")
+    assert r.exit_code == 2 and "candidates" in r.error

@@ -1,0 +1,31 @@
+"""Whole-region exclusion: the stem or the head around the most sensitive activation."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+from eval_paths import MODELS
+from qbuild_onnx.accuracy_metrics import AccuracyError
+from qbuild_onnx.auto_regions import region_for, region_overrides
+
+Y8 = MODELS / "yolov8_tiny.onnx"
+
+
+def test_head_region_runs_from_the_producer_to_the_end():
+    nodes = [n.name for n in onnx.load(Y8).graph.node]
+    where, region = region_for(Y8, "output0")
+    assert where == "head" and region == nodes[nodes.index("/model.22/Concat_out"):]
+
+
+def test_stem_region_runs_from_the_start_to_the_consumers():
+    nodes = [n.name for n in onnx.load(Y8).graph.node]
+    where, region = region_for(Y8, "stem.out")
+    assert where == "stem" and region == nodes[: nodes.index("stage1/Conv") + 1]
+
+
+def test_overrides_carry_a_stable_selector():
+    doc = region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]})
+    assert doc["selectors"] == ["region:stem:stem.out"]
+    assert doc["nodes_to_exclude"][0] == "stem/Conv" and doc["region"]["nodes"] == 4
+    with pytest.raises(AccuracyError, match="no rank 1"):
+        region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]}, 1)
