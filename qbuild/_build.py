@@ -671,12 +671,21 @@ def _real_dir(top: Path, rel: str) -> Path:
         try:
             st = os.lstat(here)
         except FileNotFoundError:
-            here.mkdir()
+            _mkdir_shared(here)
             continue
         if not stat.S_ISDIR(st.st_mode):
-            here.unlink()
-            here.mkdir()
+            here.unlink(missing_ok=True)
+            _mkdir_shared(here)
     return here
+
+
+def _mkdir_shared(path: Path) -> None:
+    """Make a folder another qbuild process may be making at the same moment."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            raise
 
 
 def _remove_owned(top: Path, rel: str) -> None:
