@@ -336,8 +336,7 @@ class Build:
             result = {"outputs": outcome.outputs, "declared": action.outputs,
                       "info": outcome.info, "warnings": outcome.warnings}
             # Blobs are durable (stored and fsync'ed by the executor) before this commits.
-            self.store.put_components(action.key, parts)
-            self.store.put_action(action.key, result)
+            self.store.put_result(action.key, parts, result)
         self.results[label] = result
         self.state.set_last_key(str(label), action.key)
         self.result.infos[str(label)] = outcome.info
