@@ -265,6 +265,19 @@ class LocalStore:
             return None
         return value if isinstance(value, dict) else None
 
+    def put_result(self, key: str, components: dict[str, Any], result: dict[str, Any]
+                   ) -> None:
+        """The key's parts and its action result, in one transaction."""
+        parts_text = json.dumps(components, sort_keys=True)
+        result_text = json.dumps(result, sort_keys=True)
+
+        def write(cache: diskcache.Cache) -> None:
+            with cache.transact():
+                cache.set("components:" + key, parts_text)
+                cache.set(key, result_text)
+
+        self._write("ac", write)
+
     def put_components(self, key: str, components: dict[str, Any]) -> None:
         self._write("ac", lambda c: c.set("components:" + key,
                                           json.dumps(components, sort_keys=True)))
