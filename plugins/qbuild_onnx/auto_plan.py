@@ -10,7 +10,9 @@ first), every one an ordinary cached target:
   (int8 activations), ``u8_per_tensor``, ``u8_<method>`` (other calibration methods),
   ``u8_bc`` (``bias_correction`` of ``u8``), ``region`` / ``region_bc`` (the stem or head
   around the most sensitive activation kept float, from ``aq.sens`` (task-aware
-  ``sensitivity`` of ``u8``) and ``aq.region`` (``sensitive_region``)), ``float_k<k>``
+  ``sensitivity`` of ``u8``) and ``aq.region_overrides`` (``sensitive_region``)),
+  ``region3`` / ``region3_bc`` (the union of the three most sensitive ones' regions),
+  ``float_k<k>``
   (the k most sensitive activations float) and ``u16_k<k>`` (16-bit).
 
 The ``aq`` target itself only selects, so changing the bar or the objective reruns the
@@ -92,6 +94,14 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
         tables[f"{name}.region_bc"] = {"rule": "bias_correction", "model": f"{me}.region",
                                        "reference": model, "dataset": raw["calibration_data"]}
         trials.append("region_bc")
+        # the next step out: the regions of the three most sensitive activations together
+        tables[f"{name}.region3_overrides"] = {"rule": "sensitive_region", "model": model,
+                                               "sensitivity": f"{me}.sens", "count": 3}
+        quantize("region3", overrides=f"{me}.region3_overrides")
+        tables[f"{name}.region3_bc"] = {"rule": "bias_correction", "model": f"{me}.region3",
+                                        "reference": model,
+                                        "dataset": raw["calibration_data"]}
+        trials.append("region3_bc")
     for step, action, prefix in (("float_top_k", "float", "float"),
                                  ("uint16_top_k", "uint16", "u16")):
         if step not in steps:

@@ -44,16 +44,24 @@ def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
     return where, [n.name for n in chosen]
 
 
-def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0
-                     ) -> dict[str, Any]:
-    """The override document keeping the region of the ``rank``-th most sensitive
-    activation float."""
+def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0,
+                     count: int = 1) -> dict[str, Any]:
+    """The override document keeping float the union of the regions of the ``count``
+    activations ranked from ``rank`` on (most sensitive first)."""
     ranked = ranked_tensors(sensitivity)
     if len(ranked) <= rank:
         raise AccuracyError(f"the sensitivity report ranks {len(ranked)} activation(s); "
                             f"no rank {rank}")
-    tensor = ranked[rank]
-    where, nodes = region_for(model, tensor)
+    order = {n.name: i for i, n in enumerate(load_model(model).graph.node)}
+    chosen: set[str] = set()
+    selectors, wheres = [], []
+    for tensor in ranked[rank: rank + max(1, count)]:
+        where, nodes = region_for(model, tensor)
+        chosen.update(nodes)
+        selectors.append(f"region:{where}:{tensor}")
+        wheres.append(where)
+    nodes = sorted(chosen, key=order.__getitem__)
     return {"tensors": {}, "nodes_to_exclude": nodes, "promoted": nodes,
-            "region": {"where": where, "tensor": tensor, "nodes": len(nodes)},
-            "selectors": [f"region:{where}:{tensor}"]}
+            "region": {"where": "+".join(dict.fromkeys(wheres)), "tensor": ranked[rank],
+                       "nodes": len(nodes)},
+            "selectors": selectors}

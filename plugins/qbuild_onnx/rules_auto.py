@@ -45,6 +45,8 @@ class SensitiveRegion(Rule):
                             required=True),
         "sensitivity": attr.label(doc="A sensitivity target.", required=True),
         "rank": attr.int(default=0, doc="Which ranked activation (0: the most sensitive)."),
+        "count": attr.int(default=1, doc="Union of the regions of this many activations "
+                          "ranked from `rank` on."),
     }
     outputs = ["overrides.json"]
 
@@ -59,7 +61,7 @@ class SensitiveRegion(Rule):
         model = next(f for f in a["model"].files if f.suffix == ".onnx")
         rep = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
         try:
-            doc = region_overrides(model, rep, a["rank"])
+            doc = region_overrides(model, rep, a["rank"], a["count"])
         except AccuracyError as e:
             raise ctx.fail(str(e), attr="sensitivity") from None
         ctx.output("overrides.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")

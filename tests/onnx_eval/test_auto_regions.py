@@ -29,3 +29,15 @@ def test_overrides_carry_a_stable_selector():
     assert doc["nodes_to_exclude"][0] == "stem/Conv" and doc["region"]["nodes"] == 4
     with pytest.raises(AccuracyError, match="no rank 1"):
         region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]}, 1)
+
+
+def test_union_of_several_regions():
+    ranking = {"ranking": [{"site": "stem.out", "kind": "activation"},
+                           {"site": "output0", "kind": "activation"}]}
+    doc = region_overrides(Y8, ranking, count=2)
+    nodes = [n.name for n in onnx.load(Y8).graph.node]
+    assert doc["nodes_to_exclude"] == [n for n in nodes if n in set(doc["nodes_to_exclude"])]
+    assert "stem/Conv" in doc["nodes_to_exclude"] and "/model.22/Concat_out" in \
+        doc["nodes_to_exclude"]
+    assert doc["selectors"] == ["region:stem:stem.out", "region:head:output0"]
+    assert doc["region"]["where"] == "stem+head"
