@@ -16,18 +16,11 @@ from pathlib import Path
 
 from . import __version__, dist_version
 from ._machine import machine_facts
+from ._progress import human_size
 from ._toolchain import matches
 
 # Distributions whose versions change ONNX artifacts (always shown).
 TOOLCHAIN = ("onnx", "onnxruntime", "numpy", "sympy", "ml_dtypes", "protobuf", "Pillow")
-
-
-def human_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def folder_size(path: Path) -> tuple[int, int]:

@@ -174,10 +174,6 @@ class ConsoleReporter(Reporter):
             self.stream.flush()
 
 
-def _mb(count: int) -> str:
-    return f"{count / 1e6:.1f} MB" if count >= 100_000 else f"{count / 1e3:.1f} kB"
-
-
 def summary_line(summary: dict[str, Any]) -> str:
     """``Build OK: 3 targets, 2 actions run, 1 cache hits, 0.52s; cache ~/.cache/qbuild
     (70.0 MB)``: failed actions that ran count among the actions run."""
@@ -193,8 +189,8 @@ def summary_line(summary: dict[str, Any]) -> str:
         line += f" ({summary['remote_cache_hits']} from the remote cache)"
     remote = summary.get("remote")
     if remote and (remote["bytes_downloaded"] or remote["bytes_uploaded"]):
-        line += (f", remote {_mb(remote['bytes_downloaded'])} down / "
-                 f"{_mb(remote['bytes_uploaded'])} up")
+        line += (f", remote {human_size(remote['bytes_downloaded'])} down / "
+                 f"{human_size(remote['bytes_uploaded'])} up")
     not_run = summary["failed"] - summary.get("failed_ran", 0)
     if not_run > 0:
         line += f", {not_run} failed before running"

@@ -123,20 +123,7 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
     nodes = _dead_code(nodes, g.outputs)
     _chains_lowered(g, entries, chain, nodes)
     _chains_lowered(g, entries, chain_float, nodes, float_rewrite=True)
-    nodes = toposort(nodes, g.inputs)
-    used = {t for n in nodes for t in n.input if t}
-    inits = [t for t in list(model.graph.initializer) + b.inits if t.name in used]
-
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(sorted(inits, key=lambda t: t.name))
-    del out.graph.value_info[:]
-    if any(n.domain == "com.microsoft" for n in nodes):
-        if not any(o.domain == "com.microsoft" for o in out.opset_import):
-            out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    out, nodes = assemble(model, nodes, b.inits, g.inputs)
     report = _report(g, entries, nodes, mode, b)
     if fused["regions"] or mode == "ort":
         from .fuse import _count
@@ -150,6 +137,26 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
     produced = {t for n in nodes for t in n.output}
     params = [p for p in b.params if p["output"]["tensor"] in produced]
     return out, report, params
+
+
+def assemble(model: onnx.ModelProto, nodes: list, new_inits: list, graph_inputs: set
+             ) -> tuple[onnx.ModelProto, list]:
+    """A copy of ``model`` holding ``nodes`` (sorted topologically, which is also returned)
+    and only the initializers they use, with com.microsoft imported when used."""
+    nodes = toposort(nodes, graph_inputs)
+    used = {t for n in nodes for t in n.input if t}
+    inits = [t for t in list(model.graph.initializer) + new_inits if t.name in used]
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    del out.graph.node[:]
+    out.graph.node.extend(nodes)
+    del out.graph.initializer[:]
+    out.graph.initializer.extend(sorted(inits, key=lambda t: t.name))
+    del out.graph.value_info[:]
+    if any(n.domain == "com.microsoft" for n in nodes) and not any(
+            o.domain == "com.microsoft" for o in out.opset_import):
+        out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return out, nodes
 
 
 def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list,

@@ -28,7 +28,7 @@ import onnx
 from onnx import numpy_helper
 
 from .emit import Builder, gather_codes
-from .graph import Graph, LowerError, toposort
+from .graph import Graph, LowerError
 from .groups import is_dq, is_q
 from .regions import Region, find_regions
 
@@ -201,9 +201,8 @@ def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
 def fuse_model(model: onnx.ModelProto, form: str = "fastest") -> tuple[onnx.ModelProto, dict]:
     """The pass on its own: a QDQ model with its element-wise regions in ``form``; the
     rest of the graph is untouched. Returns (model, report)."""
-    from onnx import helper
 
-    from .driver import _dead_code, _rename
+    from .driver import _dead_code, _rename, assemble
 
     g = Graph.from_model(model)
     b = Builder(g, "ort")
@@ -212,19 +211,7 @@ def fuse_model(model: onnx.ModelProto, form: str = "fastest") -> tuple[onnx.Mode
             if i not in res["absorbed_q"] and i not in res["replaced"]]
     # replaced DQ/compute nodes other regions' exports no longer need are dead code
     nodes = _dead_code(_rename(keep + b.nodes, res["aliases"]), g.outputs)
-    nodes = toposort(nodes, g.inputs)
-    used = {t for n in nodes for t in n.input if t}
-    inits = [t for t in list(model.graph.initializer) + b.inits if t.name in used]
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(sorted(inits, key=lambda t: t.name))
-    del out.graph.value_info[:]
-    if any(n.domain == "com.microsoft" for n in nodes) and not any(
-            o.domain == "com.microsoft" for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    out, nodes = assemble(model, nodes, b.inits, g.inputs)
     regions = res["regions"]
     report = {
         "form": form,
