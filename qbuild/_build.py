@@ -169,7 +169,9 @@ class Session:
                 deps[str(dep)]["providers"] = result["providers"]
         parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
                            self.code_parts(target), executable)
-        key = action_key(parts)
+        single = len(target.actions) == 1 and list(target.actions[0].outputs) == target.outputs
+        # (A single action's own key replaces the target's below: no need to hash it.)
+        key = "" if single else action_key(parts)
         assert target.entry is not None and target.rule is not None
         action = Action(
             label=str(target.label), build_file=target.build_file, rule_ref=target.entry.ref,
@@ -188,7 +190,7 @@ class Session:
                 "provides": sorted(provider_name(p) for p in target.rule.provides)}
             action.step_code = [self.step_code(target, spec.function)
                                 for spec in target.actions]
-            if len(target.actions) == 1 and list(target.actions[0].outputs) == target.outputs:
+            if single:
                 # One action making every output: the target's key is the action's own
                 # (label-free) key, so it costs one lookup and one entry, as a v1 target.
                 from ._steps import step_components, step_key
