@@ -195,8 +195,7 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
             for entry in made[name]:
                 dest = sandbox / "made" / entry["path"]
                 if not executor.store.restore_blob(entry["digest"], dest, bool(entry.get("x"))):
-                    raise RuleError(f"the output {name} of an earlier action could not be "
-                                    "restored from the cache; run the build again")
+                    raise _MadeMissing(name)
                 staged[dest] = (entry["digest"], stat_key(os.lstat(dest)))
             inputs[name] = sandbox / "made" / name.rstrip("/")
             continue
@@ -271,12 +270,34 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
         box.close()
 
 
+class _MadeMissing(Exception):
+    """An earlier action's cached output could not be restored (its blob is gone)."""
+
+
 def execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
     """Run a v2 target: each declared action in order, served from the cache when its
     own key hits (with every blob present), run otherwise."""
-    from ._executor import ActionFailed, Outcome
+    from ._executor import ActionFailed
 
     started = time.monotonic()
+    # A blob found missing while staging is dropped from the store's index, so going
+    # through the actions again runs the one that made it.
+    for _attempt in range(len(action.steps)):
+        try:
+            outcome = _execute_steps(executor, action)
+            break
+        except _MadeMissing:
+            continue
+    else:
+        raise ActionFailed(RuleError("the outputs of its earlier actions could not be "
+                                     "restored from the cache", target=action.label))
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def _execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
+    from ._executor import ActionFailed, Outcome
+
     store = executor.store
     made: dict[str, list[dict[str, Any]]] = {}
     outcome = Outcome()
@@ -290,8 +311,12 @@ def execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
             parts = step_components(action, index, made)
             key, status = step_key(parts), "cached"
             result = store.get_action(key)
-            if result is None or not all(store.has_blob(e["digest"])
-                                         for e in result["outputs"]):
+            # A hit counts if its blobs can be had: here, or on the remote cache (which
+            # answered it only after checking they are there).
+            remote = result is not None and result.get("origin") == "remote" and getattr(
+                store, "usable", False)
+            if result is None or (not remote and not all(
+                    store.has_blob(e["digest"]) for e in result["outputs"])):
                 result = _run_step(executor, action, spec, made)
                 store.put_components(key, parts)
                 store.put_action(key, result)
@@ -312,5 +337,4 @@ def execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
                                      f"{', '.join(n.rsplit('.', 1)[-1] for n in missing)}",
                                      file=action.build_file, target=action.label))
     outcome.outputs = [e for name in action.outputs for e in made[name]]
-    outcome.seconds = time.monotonic() - started
     return outcome

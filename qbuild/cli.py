@@ -504,6 +504,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print("machine-dependent: " + ("yes (keyed by CPU architecture and instruction sets; "
                                    "not shared with other machine classes)"
                                    if cls.machine_dependent else "no (shareable across machines)"))
+    print("provides: " + ", ".join(["DefaultInfo", *(p.__qualname__ for p in cls.provides)])
+          + ("" if cls.is_v2() or cls.provides else " (v1 rule: not checked at analysis)"))
     if cls.requires:
         missing = cls.missing_requirements()
         print(f"requires: {', '.join(cls.requires)}" + (
@@ -511,6 +513,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print("attributes:")
     for name, schema in cls.attrs.items():
         when = f"; {schema.describe_when()}" if schema.when else ""
+        if schema.providers:
+            when += "; must provide " + ", ".join(p.__qualname__ for p in schema.providers)
         print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()}{when})")
         if schema.doc:
             print(f"      {schema.doc}")

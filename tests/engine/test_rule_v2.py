@@ -152,3 +152,29 @@ def test_aquery_lists_actions_inputs_outputs_and_keys(ws):
     changed = ws.aquery("//p:words")
     assert changed[0]["key"] == transform["key"] and changed[0]["cached"]
     assert changed[1]["key"] != after[1]["key"] and not changed[1]["cached"]
+
+
+def test_an_action_whose_cached_blobs_are_gone_runs_again(ws):
+    """A step hit is used only with its blobs: an evicted output makes that action run
+    (and only it), never a failure or a stale file."""
+    import hashlib
+    import os
+
+    from qbuild._store import LocalStore
+
+    setup(ws)
+    first = ws.build("//p:words")
+    assert first.ok, first.error
+    text = first.outputs("//p:words")[0].read_bytes()
+    store = LocalStore(ws.cache_dir)
+    try:
+        blob = store._blob_path(hashlib.sha256(text).hexdigest())
+    finally:
+        store.close()
+    os.chmod(blob, 0o644)
+    os.unlink(blob)
+    setup(ws, title="again")
+    second = ws.build("//p:words")
+    assert second.ok, second.error
+    assert second.steps["//p:words"] == {"Transform": "ran", "Report": "ran"}
+    assert second.outputs("//p:words")[0].read_bytes() == text

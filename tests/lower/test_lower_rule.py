@@ -38,6 +38,9 @@ def test_rule_builds_caches_and_reports(qbuild_workspace, qdq_models):
     assert r.ok, r.error
     outs = {p.name: p for p in r.outputs("//m:int_fixed")}
     assert {"int_fixed.onnx", "report.json", "fixed_point_params.json"} <= set(outs)
+    rules = ws.cli("rules", "lower_integer").stdout
+    assert "provides: DefaultInfo, OnnxModelInfo" in rules
+    assert "model: label (default: required; must provide OnnxModelInfo)" in rules
     rep = json.loads(outs["report.json"].read_text())
     assert rep["check"]["passed"] and rep["check"]["inputs"] == "synthetic"
     assert len(rep["per_node"]) == rep["nodes"]["compute"]
