@@ -100,7 +100,7 @@ def encode(provider: Provider, out_root: Path) -> tuple[str, dict[str, Any]]:
     check_provider_class(cls, "returned provider")
     data = {f.name: _encode(getattr(provider, f.name), out_root,
                             f"{cls.__qualname__}.{f.name}")
-            for f in dataclasses.fields(provider)}
+            for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     return provider_name(cls), data
 
 

@@ -310,13 +310,15 @@ def _execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
         else:
             parts = step_components(action, index, made)
             key, status = step_key(parts), "cached"
-            result = store.get_action(key)
+            hit: dict[str, Any] | None = store.get_action(key)
             # A hit counts if its blobs can be had: here, or on the remote cache (which
             # answered it only after checking they are there).
-            remote = result is not None and result.get("origin") == "remote" and getattr(
+            remote = hit is not None and hit.get("origin") == "remote" and getattr(
                 store, "usable", False)
-            if result is None or (not remote and not all(
-                    store.has_blob(e["digest"]) for e in result["outputs"])):
+            if hit is not None and (remote or all(store.has_blob(e["digest"])
+                                                  for e in hit["outputs"])):
+                result = hit
+            else:
                 result = _run_step(executor, action, spec, made)
                 store.put_components(key, parts)
                 store.put_action(key, result)
