@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
 from ._errors import QbuildError, RuleError
 from ._label import OUT_PREFIX, output_folder
-from ._providers import returned_providers
+from ._providers import provider_name, returned_providers
 from ._rule import ActionContext, Dep
 from ._store import LocalStore
 
@@ -119,6 +119,10 @@ def _invoke(rule_ref: str, ctx: ActionContext
     out_root = ctx.workdir / OUT_PREFIX / label_dir(ctx.label)
     try:
         info, providers = returned_providers(value, out_root, tuple(obj.provides))
+        missing = [p.__qualname__ for p in obj.provides if provider_name(p) not in providers]
+        if missing:
+            raise RuleError(f"run() did not return the declared provider(s) "
+                            f"{', '.join(missing)}")
     except RuleError as exc:
         raise exc.located(file=ctx.build_file, target=ctx.label) from None
     return info or {}, providers, ctx.warnings

@@ -178,3 +178,12 @@ def test_an_action_whose_cached_blobs_are_gone_runs_again(ws):
     assert second.ok, second.error
     assert second.steps["//p:words"] == {"Transform": "ran", "Report": "ran"}
     assert second.outputs("//p:words")[0].read_bytes() == text
+
+
+def test_a_declared_provider_must_be_returned(ws):
+    setup(ws)
+    ws.write("f/BUILD.toml", '[v1]\nrule = "forgetful_v1"\n[v2]\nrule = "forgetful_v2"\n')
+    result = ws.build("//f:v1", "//f:v2", keep_going=True)
+    assert result.exit_code == 1
+    assert "did not return the declared provider(s) TextInfo" in result.failed["//f:v1"]
+    assert "no action returned the declared provider(s) TextInfo" in result.failed["//f:v2"]

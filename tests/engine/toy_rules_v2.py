@@ -96,6 +96,35 @@ class LegacyText(Rule):
         return [TextInfo(ctx.output("t.txt"), len(text.split())), {"legacy": True}]
 
 
+
+
+class Forgetful(Rule):
+    """Declares a provider its run() does not return."""
+
+    kind = "forgetful_v1"
+    attrs = {}
+    outputs = ["f.txt"]
+    provides = (TextInfo,)
+
+    def run(self, ctx: ActionContext):
+        ctx.output("f.txt").write_text("x")
+        return {"no": "provider"}
+
+
+class ForgetfulV2(Rule):
+    kind = "forgetful_v2"
+    attrs = {}
+    outputs = ["f.txt"]
+    provides = (TextInfo,)
+
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(write_x, outputs=["f.txt"])
+
+
+def write_x(ctx: RunContext) -> None:
+    ctx.output("f.txt").write_text("x")
+
+
 @hookimpl
 def qbuild_rule_types():
-    return [Summarize, Consume, LegacyText]
+    return [Summarize, Consume, LegacyText, Forgetful, ForgetfulV2]
