@@ -52,8 +52,9 @@ def actions(session: Any, roots: list[Label]) -> list[dict[str, Any]]:
         if cached is not None:
             results[label] = cached
     records: list[dict[str, Any]] = []
-    wanted = [x for x in roots if not graph.targets[x].is_group]
-    for label in dict.fromkeys(wanted):
+    from ._build import _expand_groups
+
+    for label in _expand_groups(graph, roots):  # a matrix group: its variants
         target = graph.targets[label]
         assert target.rule is not None and target.entry is not None
         key, action = built.get(label, (None, None))
