@@ -209,8 +209,11 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
                             for i, v in enumerate(value)]
         elif kind == "file":
             origins[name] = []
-            inputs[name] = _stage_item(executor, action, value, base, 0, staged,
-                                       origins[name])[0]
+            files = _stage_item(executor, action, value, base, 0, staged, origins[name])
+            if len(files) != 1:  # as Dep.file: a file attribute names one file
+                raise RuleError(f"the target given as '{name}' has {len(files)} outputs; "
+                                "expected exactly one", attr=name)
+            inputs[name] = files[0]
         else:
             origins[name] = []
             inputs[name] = [path for i, item in enumerate(value)
