@@ -154,9 +154,11 @@ class RunContext:
 
     def __init__(self, *, inputs: dict[str, Any], params: dict[str, Any],
                  outputs: dict[str, Path], scratch: Path, log_path: Path, workdir: Path,
-                 threads: int = 1, origins: dict[str, list[tuple[int, str]]] | None = None
-                 ) -> None:
+                 threads: int = 1, origins: dict[str, list[tuple[int, str]]] | None = None,
+                 hooks: Mapping[str, tuple[str, ...]] | None = None) -> None:
         self.inputs = inputs
+        self._hooks = dict(hooks or {})
+        self._resolved: Any = None
         self.origins = origins or {}
         """For ``file``/``files`` inputs: for each path in ``inputs[name]``, the index of
         the attribute item it comes from and its path inside that item (the output's
@@ -169,6 +171,17 @@ class RunContext:
         """Cores this action was granted (give onnxruntime sessions this many threads)."""
         self.log_path = log_path
         self.warnings: list[str] = []
+
+    @property
+    def hooks(self) -> Any:
+        """The plugin hooks the rule declared in ``code()`` (``"hook:<name>"``), with the
+        implementations the main process resolved: ``ctx.hooks.<name>(...)``, or
+        ``ctx.hooks.pluginmanager`` for code that takes a pluggy plugin manager."""
+        from ._hooks import ResolvedHooks
+
+        if self._resolved is None:
+            self._resolved = ResolvedHooks(self._hooks)
+        return self._resolved
 
     @property
     def outputs(self) -> dict[str, Path]:

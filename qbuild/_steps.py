@@ -19,22 +19,19 @@ from typing import TYPE_CHECKING, Any
 
 from ._actions import ActionSpec, RunContext, resolve_function
 from ._errors import QbuildError, RuleError
+from ._keys import dep_part as _dep_part
 from ._providers import returned_providers
+from ._records import Action, ActionResult, Outcome, OutputEntry
 from ._rule import Dep
 
 if TYPE_CHECKING:
-    from ._executor import Action, LocalExecutor, Outcome
+    from ._executor import LocalExecutor
 
-
-def _dep_part(dep: dict[str, Any]) -> dict[str, Any]:
-    return {"outputs": {e["path"]: e["digest"] for e in dep["outputs"]},
-            "executable": sorted(e["path"] for e in dep["outputs"] if e.get("x")),
-            "declared": list(dep["declared"]), "info": dep["info"],
-            "providers": dep.get("providers") or {}}
+Made = dict[str, list[OutputEntry]]  # outputs of earlier actions, by output name
 
 
 def _package_path(action: Action, rel: str) -> str:
-    package = action.label[2:].rsplit(":", 1)[0]
+    package = action.label.package
     return rel[len(package) + 1:] if package else rel
 
 
@@ -45,12 +42,12 @@ def _item_part(action: Action, item: str) -> dict[str, Any]:
             "x": item in action.executable}
 
 
-def _input_part(action: Action, name: str, made: dict[str, list[dict[str, Any]]]) -> Any:
+def _input_part(action: Action, name: str, made: Made) -> Any:
     kind = action.attr_types.get(name)
     if kind is None:
         entries = made[name]
-        return {"made": {e["path"]: e["digest"] for e in entries},
-                "executable": sorted(e["path"] for e in entries if e.get("x"))}
+        return {"made": {e.path: e.digest for e in entries},
+                "executable": sorted(e.path for e in entries if e.executable)}
     value = action.attrs[name]
     if value is None:
         return None
@@ -63,8 +60,7 @@ def _input_part(action: Action, name: str, made: dict[str, list[dict[str, Any]]]
     return [_item_part(action, item) for item in value]
 
 
-def step_components(action: Action, index: int, made: dict[str, list[dict[str, Any]]]
-                    ) -> dict[str, Any]:
+def step_components(action: Action, index: int, made: Made) -> dict[str, Any]:
     """The key parts of declared action ``index`` (``made``: outputs of earlier ones)."""
     spec: ActionSpec = action.steps[index]
     return {**action.step_base, "action": spec.mnemonic, "function": spec.function,
@@ -78,16 +74,16 @@ def step_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
-def _entries_of(name: str, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _entries_of(name: str, entries: tuple[OutputEntry, ...]) -> list[OutputEntry]:
     if name.endswith("/"):
-        return [e for e in entries if e["path"].startswith(name)]
-    return [e for e in entries if e["path"] == name]
+        return [e for e in entries if e.path.startswith(name)]
+    return [e for e in entries if e.path == name]
 
 
 def plan_steps(store: Any, action: Action) -> list[dict[str, Any]]:
     """Each declared action's key as far as it can be known without running anything
     (an action after one that is not cached has no key yet), and whether it is cached."""
-    made: dict[str, list[dict[str, Any]]] = {}
+    made: Made = {}
     out = []
     for index, spec in enumerate(action.steps):
         if any(name not in action.attr_types and name not in made for name in spec.inputs):
@@ -97,7 +93,7 @@ def plan_steps(store: Any, action: Action) -> list[dict[str, Any]]:
         cached = store.get_action(key)
         if cached is not None:
             for name in spec.outputs:
-                made[name] = _entries_of(name, cached["outputs"])
+                made[name] = _entries_of(name, cached.outputs)
         out.append({"spec": spec, "key": key, "cached": cached is not None})
     return out
 
@@ -147,20 +143,19 @@ class _Sandbox:
             os.close(self.lock)
 
 
-def _stage_dep(executor: LocalExecutor, label: str, dep: dict[str, Any], base: Path,
+def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Path,
                staged: dict[Path, tuple[str, str]]) -> Dep:
     from ._digest import stat_key
     from ._executor import MissingBlob
 
-    for entry in dep["outputs"]:
-        dest = base / entry["path"]
-        if not executor.store.restore_blob(entry["digest"], dest, bool(entry.get("x"))):
+    for entry in dep.outputs:
+        dest = base / entry.path
+        if not executor.store.restore_blob(entry.digest, dest, entry.executable):
             raise MissingBlob(label)
-        staged[dest] = (entry["digest"], stat_key(os.lstat(dest)))
+        staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
     base.mkdir(parents=True, exist_ok=True)
-    files = [base / name.rstrip("/") for name in dep["declared"]]
-    digests = {e["path"]: e["digest"] for e in dep["outputs"]}
-    return Dep("", files, dict(dep["info"]), base, digests, dict(dep.get("providers") or {}))
+    files = [base / name.rstrip("/") for name in dep.declared]
+    return Dep("", files, dict(dep.info), base, dep.digests(), dict(dep.providers))
 
 
 def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, index: int,
@@ -169,7 +164,7 @@ def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, 
     if item.startswith("//"):
         dep = action.deps[item]
         files = _stage_dep(executor, item, dep, base / f"dep{index}", staged).files
-        origins.extend((index, name.rstrip("/")) for name in dep["declared"])
+        origins.extend((index, name.rstrip("/")) for name in dep.declared)
         return files
     rel = _package_path(action, item)
     dest = base / "src" / rel
@@ -181,7 +176,7 @@ def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, 
 
 
 def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: Path,
-           made: dict[str, list[dict[str, Any]]], log_path: Path
+           made: Made, log_path: Path
            ) -> tuple[RunContext, dict[Path, tuple[str, str]]]:
     from ._digest import stat_key
 
@@ -193,10 +188,10 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
         base = sandbox / "in" / name
         if kind is None:
             for entry in made[name]:
-                dest = sandbox / "made" / entry["path"]
-                if not executor.store.restore_blob(entry["digest"], dest, bool(entry.get("x"))):
+                dest = sandbox / "made" / entry.path
+                if not executor.store.restore_blob(entry.digest, dest, entry.executable):
                     raise _MadeMissing(name)
-                staged[dest] = (entry["digest"], stat_key(os.lstat(dest)))
+                staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
             inputs[name] = sandbox / "made" / name.rstrip("/")
             continue
         value = action.attrs[name]
@@ -233,12 +228,12 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
     scratch.mkdir()
     ctx = RunContext(inputs=inputs, params=json.loads(json.dumps(spec.params)),
                      outputs=outputs, scratch=scratch, log_path=log_path, workdir=sandbox,
-                     threads=action.threads, origins=origins)
+                     threads=action.threads, origins=origins, hooks=action.hooks)
     return ctx, staged
 
 
 def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
-              made: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+              made: Made) -> ActionResult:
     from ._executor import ActionFailed, _tail
 
     box = _Sandbox(executor.store.tmp)
@@ -256,19 +251,19 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
                 providers, warnings = _invoke_step(action.rule_ref, spec.function, ctx,
                                                    out_root)
         except QbuildError as exc:
-            located = exc.located(file=action.build_file, target=action.label)
+            located = exc.located(file=action.build_file, target=str(action.label))
             if len(action.steps) > 1:  # say which one
                 located.message = f"action {spec.mnemonic}: {located.message}"
             raise ActionFailed(located, _tail(log_path)) from None
         executor._check_inputs(action, box.path, staged)
-        entries = executor._collect(action, out_root, log_path, list(spec.outputs))
+        entries = executor._collect(action, out_root, log_path, tuple(spec.outputs))
         for path, (digest, key) in action.sources.items():
             if not executor.digests.still(executor.root / path, digest, key):
                 raise ActionFailed(RuleError(
                     f"input {path} changed while the action ran; its result was not "
-                    "cached. Run the build again.", target=action.label))
-        return {"outputs": entries, "declared": list(spec.outputs), "info": {},
-                "providers": providers, "warnings": list(warnings)}
+                    "cached. Run the build again.", target=str(action.label)))
+        return ActionResult(tuple(entries), tuple(spec.outputs), {}, tuple(warnings),
+                            providers=providers)
     finally:
         box.close()
 
@@ -293,17 +288,18 @@ def execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
             continue
     else:
         raise ActionFailed(RuleError("the outputs of its earlier actions could not be "
-                                     "restored from the cache", target=action.label))
-    outcome.seconds = time.monotonic() - started
-    return outcome
+                                     "restored from the cache", target=str(action.label)))
+    return Outcome(outcome.result, time.monotonic() - started, steps=outcome.steps)
 
 
 def _execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
-    from ._executor import ActionFailed, Outcome
+    from ._executor import ActionFailed
 
     store = executor.store
-    made: dict[str, list[dict[str, Any]]] = {}
-    outcome = Outcome()
+    made: Made = {}
+    providers: dict[str, Any] = {}
+    warnings: list[str] = []
+    steps: list[tuple[str, str, str]] = []
     for index, spec in enumerate(action.steps):
         if action.keyed_by_step:
             # The target's key is this action's: the caller looked it up (a miss) and
@@ -313,13 +309,13 @@ def _execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
         else:
             parts = step_components(action, index, made)
             key, status = step_key(parts), "cached"
-            hit: dict[str, Any] | None = store.get_action(key)
+            hit = store.get_action(key)
             # A hit counts if its blobs can be had: here, or on the remote cache (which
             # answered it only after checking they are there).
-            remote = hit is not None and hit.get("origin") == "remote" and getattr(
+            remote = hit is not None and hit.origin == "remote" and getattr(
                 store, "usable", False)
-            if hit is not None and (remote or all(store.has_blob(e["digest"])
-                                                  for e in hit["outputs"])):
+            if hit is not None and (remote or all(store.has_blob(e.digest)
+                                                  for e in hit.outputs)):
                 result = hit
             else:
                 result = _run_step(executor, action, spec, made)
@@ -327,19 +323,20 @@ def _execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
                 store.put_action(key, result)
                 status = "ran"
         for name in spec.outputs:
-            made[name] = _entries_of(name, result["outputs"])
-        for name, data in (result.get("providers") or {}).items():
-            if name in outcome.providers:
+            made[name] = _entries_of(name, result.outputs)
+        for name, data in result.providers.items():
+            if name in providers:
                 raise ActionFailed(RuleError(f"two actions returned the provider "
                                              f"{name.rsplit('.', 1)[-1]}",
-                                             target=action.label))
-            outcome.providers[name] = data
-        outcome.warnings.extend(result.get("warnings", []))
-        outcome.steps.append({"mnemonic": spec.mnemonic, "key": key, "status": status})
-    missing = [n for n in action.step_base.get("provides", []) if n not in outcome.providers]
+                                             target=str(action.label)))
+            providers[name] = data
+        warnings.extend(result.warnings)
+        steps.append((spec.mnemonic, key, status))
+    missing = [n for n in action.step_base.get("provides", []) if n not in providers]
     if missing:
         raise ActionFailed(RuleError(f"no action returned the declared provider(s) "
                                      f"{', '.join(n.rsplit('.', 1)[-1] for n in missing)}",
-                                     file=action.build_file, target=action.label))
-    outcome.outputs = [e for name in action.outputs for e in made[name]]
-    return outcome
+                                     file=action.build_file, target=str(action.label)))
+    outputs = tuple(e for name in action.outputs for e in made[name])
+    return Outcome(ActionResult(outputs, action.outputs, {}, tuple(warnings),
+                                providers=providers), steps=tuple(steps))
