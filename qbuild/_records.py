@@ -49,6 +49,8 @@ class ActionResult:
     info: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     origin: Literal["local", "remote"] = "local"
+    providers: Mapping[str, Any] = field(default_factory=dict)
+    """Encoded providers by class name (v2 rules and v1 rules declaring ``provides``)."""
 
     def digests(self) -> dict[str, str]:
         """Digest of each output file by its path."""
@@ -60,6 +62,8 @@ class ActionResult:
                                   "warnings": list(self.warnings)}
         if self.origin == "remote":
             record["origin"] = "remote"
+        if self.providers:  # absent for v1 results: their records stay as they were
+            record["providers"] = dict(self.providers)
         return record
 
     @classmethod
@@ -68,7 +72,8 @@ class ActionResult:
         return cls(tuple(OutputEntry.from_json(e) for e in record["outputs"]),
                    tuple(record["declared"]), dict(record["info"]),
                    tuple(str(w) for w in record.get("warnings", [])),
-                   "remote" if record.get("origin") == "remote" else "local")
+                   "remote" if record.get("origin") == "remote" else "local",
+                   dict(record.get("providers") or {}))
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,22 @@ class Action:
     hooks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Plugin hooks the rule calls, resolved in the main process: hook name -> the
     importable modules implementing it (see ``_hooks``)."""
+    # v2 rules: the declared actions (each cached on its own key, see ``_steps``), the
+    # key parts they share, and each one's code digests.
+    steps: tuple[Any, ...] = ()
+    step_base: Mapping[str, Any] = field(default_factory=dict)
+    step_code: tuple[dict[str, str], ...] = ()
+    executable: tuple[str, ...] = ()  # executable sources
+    keyed_by_step: bool = False  # one action: ``key`` is that action's own key
+
+
+@dataclass(frozen=True)
+class StepStatus:
+    """How one declared action of a v2 target went: served from its key or run."""
+
+    mnemonic: str
+    key: str
+    status: Literal["ran", "cached"]
 
 
 @dataclass(frozen=True)
@@ -104,3 +125,4 @@ class Outcome:
     result: ActionResult
     seconds: float = 0.0
     status: Literal["ran", "cached"] = "ran"
+    steps: tuple[StepStatus, ...] = ()  # v2 targets: each declared action
