@@ -110,46 +110,6 @@ def find_sites(qdq_model: str | Path | Any,
     return sites
 
 
-class _FloatSources:
-    """Where each DequantizeLinear output of a site gets its float value: the activation's
-    own float tensor (through a Relu where onnxruntime folded one into the Q), or the float
-    model's weight (copied in as a new initializer)."""
-
-    def __init__(self, g: Any, float_model: Any | None) -> None:
-        self.producer = {o: n for n in g.node for o in n.output}
-        self.inits = {t.name: t for t in g.initializer}
-        self.nodes = {n.name: n for n in g.node if n.name}
-        self.f_inits, self.f_nodes = {}, {}
-        if float_model is not None:
-            fm = load_model(float_model)
-            self.f_inits = {i.name: i for i in fm.graph.initializer}
-            self.f_nodes = {n.name: n for n in fm.graph.node if n.name}
-
-    def __call__(self, s: Site, dq_out: str) -> tuple[Any, str, str, Any]:
-        """(the DequantizeLinear, op "Identity"/"Relu", float source tensor, new
-        initializer or None)."""
-        import onnx
-
-        dq = self.producer.get(dq_out)
-        if dq is None or dq.op_type != "DequantizeLinear":
-            raise AccuracyError(f"site '{s.name}': '{dq_out}' is not a DequantizeLinear output")
-        if s.kind == "activation":
-            q = self.producer[dq.input[0]]
-            op = "Relu" if _clamps_at_zero(q, self.inits) else "Identity"
-            return dq, op, q.input[0], None
-        fn = next((self.f_nodes[c] for c in s.consumers if c in self.f_nodes), None)
-        if fn is None:
-            raise AccuracyError(f"weight site '{s.name}': no float node to copy it from")
-        idx = list(self.nodes[fn.name].input).index(dq_out)
-        w = self.f_inits.get(fn.input[idx]) if idx < len(fn.input) else None
-        if w is None:
-            raise AccuracyError(f"weight site '{s.name}': float weight is not an initializer")
-        t = onnx.TensorProto()
-        t.CopyFrom(w)
-        t.name = f"{dq_out}_float_weight"
-        return dq, "Identity", t.name, t
-
-
 def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | None = None):
     """A copy of the QDQ model with the given sites turned back to float. Weight sites need
     ``float_model`` (their float weights are copied from it by consuming-node name)."""
@@ -159,15 +119,42 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
     m = onnx.ModelProto()
     m.CopyFrom(load_model(qdq_model))
     g = m.graph
-    source = _FloatSources(g, float_model)
-    init_names = set(source.inits)
+    producer = {o: n for n in g.node for o in n.output}
+    f_inits, f_nodes = {}, {}
+    if float_model is not None:
+        fm = load_model(float_model)
+        f_inits = {i.name: i for i in fm.graph.initializer}
+        f_nodes = {n.name: n for n in fm.graph.node if n.name}
+    init_names = {t.name for t in g.initializer}
+    inits_by_name = {t.name: t for t in g.initializer}
     replace: dict[str, Any] = {}  # DQ output name -> Identity node
     new_inits = []
     for s in sites:
         for dq_out in s.dq_nodes:
-            dq, op, src, init = source(s, dq_out)
-            if init is not None:
-                new_inits.append(init)
+            dq = producer.get(dq_out)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                raise AccuracyError(f"site '{s.name}': '{dq_out}' is not a DequantizeLinear output")
+            op = "Identity"
+            if s.kind == "activation":
+                q = producer[dq.input[0]]
+                src = q.input[0]
+                if _clamps_at_zero(q, inits_by_name):
+                    op = "Relu"  # onnxruntime folded a Relu into this Q (zero point = qmin)
+            else:
+                fn = next((f_nodes[c] for c in s.consumers if c in f_nodes), None)
+                if fn is None:
+                    raise AccuracyError(f"weight site '{s.name}': no float node to copy it from")
+                qn = next(n for n in g.node if n.name == fn.name)
+                idx = list(qn.input).index(dq_out)
+                w = f_inits.get(fn.input[idx]) if idx < len(fn.input) else None
+                if w is None:
+                    raise AccuracyError(
+                        f"weight site '{s.name}': float weight is not an initializer")
+                src = f"{dq_out}_float_weight"
+                t = onnx.TensorProto()
+                t.CopyFrom(w)
+                t.name = src
+                new_inits.append(t)
             replace[dq_out] = helper.make_node(op, [src], [dq_out], name=f"{dq.name}_float")
     nodes = [replace.get(n.output[0], n) if n.op_type == "DequantizeLinear" else n for n in g.node]
     used = {i for n in nodes for i in n.input} | {o.name for o in g.output}
@@ -183,73 +170,6 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
     graph_inputs = [i for i in g.input if i.name in used or i.name not in init_names]
     del g.input[:]
     g.input.extend(graph_inputs)
-    return m
-
-
-def switchable_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | None = None):
-    """One model in which every site can be quantized or float per run: each of a site's
-    DequantizeLinear outputs becomes ``Where(flag, dequantized, float source)`` with the
-    site's flag a boolean scalar graph input. Returns (model, {site name: flag input}).
-
-    With a site's flag false the value is exactly what ``dequantize_sites`` computes for
-    it (the same float source), so a ranking needs one session instead of one per site:
-    creating a session for a model of hundreds of nodes costs far more than running it.
-    """
-    import onnx
-    from onnx import TensorProto, helper
-
-    m = onnx.ModelProto()
-    m.CopyFrom(load_model(qdq_model))
-    g = m.graph
-    source = _FloatSources(g, float_model)
-    flags: dict[str, str] = {}
-    extra, new_inits, renamed = [], [], {}
-    for i, s in enumerate(sites):
-        flag = flags.setdefault(s.name, f"__qbuild_site_{i}")
-        for dq_out in s.dq_nodes:
-            dq, op, src, init = source(s, dq_out)
-            if init is not None:
-                new_inits.append(init)
-            renamed[dq_out] = f"{dq_out}__quantized"
-            extra.append(helper.make_node(op, [src], [f"{dq_out}__float"],
-                                          name=f"{dq.name}_float"))
-            extra.append(helper.make_node("Where", [flag, f"{dq_out}__quantized",
-                                                    f"{dq_out}__float"], [dq_out],
-                                          name=f"{dq.name}_switch"))
-    for n in g.node:
-        if n.op_type == "DequantizeLinear" and n.output[0] in renamed:
-            n.output[0] = renamed[n.output[0]]
-    g.node.extend(extra)
-    g.initializer.extend(new_inits)
-    g.input.extend(helper.make_tensor_value_info(f, TensorProto.BOOL, [])
-                   for f in dict.fromkeys(flags.values()))
-    if not any(o.domain in ("", "ai.onnx") and o.version >= 9 for o in m.opset_import):
-        raise AccuracyError("sensitivity needs a model of opset 9 or later (Where)")
-    return _toposorted(m), flags
-
-
-def _toposorted(m: Any) -> Any:
-    """The graph's nodes in an order where every input is computed before it is read."""
-    g = m.graph
-    ready = {i.name for i in g.input} | {t.name for t in g.initializer} | {""}
-    pending, order = list(g.node), []
-    while pending:
-        rest = []
-        for n in pending:
-            if all(i in ready for i in n.input):
-                order.append(n)
-                ready.update(n.output)
-            else:
-                rest.append(n)
-        if len(rest) == len(pending):
-            order.extend(rest)  # a subgraph-captured name: leave the rest as it was
-            break
-        pending = rest
-    nodes = [type(n)() for n in order]
-    for dst, src in zip(nodes, order):
-        dst.CopyFrom(src)
-    del g.node[:]
-    g.node.extend(nodes)
     return m
 
 
@@ -300,26 +220,21 @@ def analyze(
         raise AccuracyError("the model has no quantization sites (is it a QDQ model?)")
     all_sites = find_sites(qm, fm)
     ref = run_model(make_session(fm.SerializeToString(), optimize=False), feeds)
-    switch, flags = switchable_sites(qm, all_sites, fm)
-    session = make_session(switch.SerializeToString(), optimize=False)
 
-    def evaluate(quantized: set[str]) -> tuple[float, dict[str, float]]:
-        import numpy as np
-
-        on = {flag: np.array(name in quantized) for name, flag in flags.items()}
-        outs = run_model(session, [{**f, **on} for f in feeds])
+    def evaluate(model) -> tuple[float, dict[str, float]]:
+        outs = run_model(make_session(model.SerializeToString(), optimize=False), feeds)
         s, per = _score(ref, outs)
         return (metric(ref, outs) if metric else s), per
 
-    everything = {s.name for s in all_sites}
-    base_q, base_q_per = evaluate(everything)
+    base_q, base_q_per = evaluate(qm)
     rows = []
     for i, s in enumerate(sites):
         if mode == "only":
-            score, per = evaluate({s.name})
+            others = [o for o in all_sites if o != s]
+            score, per = evaluate(dequantize_sites(qm, others, fm))
             effect = score
         else:
-            score, per = evaluate(everything - {s.name})
+            score, per = evaluate(dequantize_sites(qm, [s], fm))
             effect = score - base_q
         rows.append({"site": s.name, "kind": s.kind, "consumers": list(s.consumers),
                      "quant_type": s.quant_type, "score": score, "effect": effect,
