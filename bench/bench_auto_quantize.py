@@ -229,8 +229,8 @@ def _metric(entry: dict, metric: str):
 def bench(name: str, tmp: Path) -> dict:
     spec = MODELS[name]
     ws = tmp / name
-    (ws / "m" / "cal").mkdir(parents=True)
-    (ws / "m" / "ev").mkdir()
+    (ws / "m" / "cal").mkdir(parents=True, exist_ok=True)
+    (ws / "m" / "ev").mkdir(exist_ok=True)
     (ws / "qbuild.toml").write_text(f'[settings]\ncache_dir = "{tmp / "cache"}"\n')
     shutil.copyfile(spec["src"], ws / "m" / "model.onnx")
     if "audio" in spec:
@@ -251,8 +251,8 @@ def bench(name: str, tmp: Path) -> dict:
     out = ws / "qbuild-out" / "m"
     (ws / "m" / "BUILD.toml").write_text(build)
     _qbuild(ws, "build", "//m:auto", "//m:final", "-j", "1")
-    auto = json.loads((out / "auto" / "report.json").read_text())
-    final = json.loads((out / "final" / "report.json").read_text())
+    auto = json.loads((out / "@auto" / "report.json").read_text())
+    final = json.loads((out / "@final" / "report.json").read_text())
     a, p = final["models"]["//m:auto"], final["models"]["//m:plain"]
     return {"model": name, "bar": spec["bar"], "float_ms": final["reference_latency_ms"],
             "float_bytes": final.get("reference_bytes"),
@@ -270,14 +270,15 @@ def bench(name: str, tmp: Path) -> dict:
 def main(names: list[str]) -> None:
     import onnxruntime
 
-    tmp = Path(tempfile.mkdtemp(prefix="qbuild-bench-auto-"))
+    # BENCH_DIR reuses a folder (and its cache) of an earlier run
+    tmp = Path(os.environ.get("BENCH_DIR") or tempfile.mkdtemp(prefix="qbuild-bench-auto-"))
     rows = []
     try:
         for name in names:
             rows.append(bench(name, tmp))
             print(json.dumps(rows[-1]), file=sys.stderr)
     finally:
-        if not os.environ.get("KEEP"):
+        if not os.environ.get("KEEP") and not os.environ.get("BENCH_DIR"):
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"onnxruntime {onnxruntime.__version__}, Python {sys.version.split()[0]}\n")
     print("| model | bar | float ms | plain ORT: metric / ms (speed-up) / KB | "
