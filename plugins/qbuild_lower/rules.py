@@ -101,7 +101,7 @@ class LowerInteger(Rule):
             if ctx.attrs.get("dataset") is not None:
                 feeds = load_dataset(ctx.attrs["dataset"].files[0].parent
                                      if ctx.attrs["dataset"].files[0].is_file()
-                                     else ctx.attrs["dataset"].files[0], n)
+                                     else ctx.attrs["dataset"].files[0], n, source)
                 inputs = "dataset"
             else:
                 feeds, inputs = synthetic_feeds(source, n or 8), "synthetic"
@@ -295,13 +295,16 @@ def _one_onnx(ctx: ActionContext, dep=None, attr_name: str = "model"):
 
 
 def _feeds(ctx: ActionContext, model, count: int | None = None):
+    import onnx
+
     from .check import load_dataset, random_feeds
 
     n = count or ctx.attrs.get("max_samples") or None
     ds = ctx.attrs.get("dataset")
     if ds is not None:
         f = ds.files[0]
-        return load_dataset(f.parent if f.is_file() else f, n), "dataset"
+        m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        return load_dataset(f.parent if f.is_file() else f, n, m), "dataset"
     return random_feeds(model, n or 4), "synthetic"
 
 
