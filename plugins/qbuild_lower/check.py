@@ -30,8 +30,11 @@ def session(model, threads: int = 1):
     return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
-def load_dataset(path: Path, max_samples: int | None = None) -> list[dict]:
-    """Read a qbuild dataset directory into a list of feeds (batch of 1 each)."""
+def load_dataset(path: Path, max_samples: int | None = None,
+                 model: onnx.ModelProto | None = None) -> list[dict]:
+    """Read a qbuild dataset directory into a list of feeds (batch of 1 each). With the
+    ``model``, an array one rank higher than its input holds whole inputs (streaming
+    states, scalars), as ``calibrate`` feeds it."""
     meta_path = Path(path) / "dataset.json"
     try:
         meta = json.loads(meta_path.read_text())
@@ -45,7 +48,11 @@ def load_dataset(path: Path, max_samples: int | None = None) -> list[dict]:
     n = int(meta.get("count", min(len(a) for a in arrays.values())))
     if max_samples:
         n = min(n, max_samples)
-    return [{k: np.ascontiguousarray(a[i:i + 1]) for k, a in arrays.items()} for i in range(n)]
+    ranks = {} if model is None else {
+        vi.name: len(vi.type.tensor_type.shape.dim) for vi in model.graph.input}
+    whole = {k for k, a in arrays.items() if k in ranks and a.ndim == ranks[k] + 1}
+    return [{k: np.array(a[i]) if k in whole else np.ascontiguousarray(a[i:i + 1])
+             for k, a in arrays.items()} for i in range(n)]
 
 
 def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict]:

@@ -150,6 +150,7 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
 
     nodes, inputs, outputs, inits, feeds, seen = [], [], [], [], {}, set()
     probes: dict = {}
+    added: set[int] = set()
 
     def init(name):
         if name and name in g.inits and name not in seen:
@@ -163,6 +164,9 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
         feeds[reg.root] = _codes(xqp.dtype)
         inputs.append(helper.make_tensor_value_info(reg.root, _NP_TO_ONNX[xqp.dtype], [256]))
         for i in reg.members:
+            if i in added:  # a constant's DequantizeLinear can sit in two regions
+                continue
+            added.add(i)
             n = g.nodes[i]
             for t in n.input:
                 init(t)

@@ -160,7 +160,7 @@ def check_lowered(ctx: RunContext) -> None:
         lowered = onnx.load(str(ctx.inputs[p["model_out"]]))
         n = p["max_samples"] or None
         if ctx.inputs["dataset"] is not None:
-            feeds = load_dataset(_dataset_dir(ctx), n)
+            feeds = load_dataset(_dataset_dir(ctx), n, source)
             inputs = "dataset"
         else:
             feeds, inputs = synthetic_feeds(source, n or 8), "synthetic"
@@ -375,11 +375,14 @@ def _dataset_dir(ctx: RunContext):
 
 
 def _feeds(ctx: RunContext, model, count: int | None = None):
+    import onnx
+
     from .check import load_dataset, random_feeds
 
     n = count or ctx.params.get("max_samples") or None
     if ctx.inputs.get("dataset") is not None:
-        return load_dataset(_dataset_dir(ctx), n), "dataset"
+        m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        return load_dataset(_dataset_dir(ctx), n, m), "dataset"
     return random_feeds(model, n or 4), "synthetic"
 
 

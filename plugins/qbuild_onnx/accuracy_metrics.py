@@ -184,7 +184,8 @@ def median_latency_ms(session, feed: Mapping[str, Any], runs: int = 20, warmup: 
 
 
 def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
-                           runs: int = 20, warmup: int = 3) -> dict[str, dict[str, Any]]:
+                           runs: int = 20, warmup: int = 3,
+                           reference: str | None = None) -> dict[str, dict[str, Any]]:
     """Per session: median, quartiles and relative spread (IQR / median) of ``run`` wall
     times in milliseconds, all sessions timed in turn, round after round (the order
     rotated each round), after ``warmup`` untimed rounds. Load from other processes then
@@ -206,4 +207,9 @@ def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
         spread = (q[2] - q[0]) / med if med else 0.0
         out[n] = {"median_ms": round(med, 3), "q1_ms": round(q[0], 3), "q3_ms": round(q[2], 3),
                   "spread": round(spread, 3), "noisy": spread > 0.10}
+        if reference is not None:
+            # each round's ratio to the reference timed in the same round: a burst of load
+            # hits both, so the median ratio is steadier than the ratio of the medians
+            ratios = [a / b for a, b in zip(t, times[reference]) if b > 0]
+            out[n]["ratio_to_reference"] = round(statistics.median(ratios), 4) if ratios else None
     return out

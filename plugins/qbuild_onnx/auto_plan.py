@@ -13,7 +13,11 @@ first), every one an ordinary cached target:
   ``sensitivity`` of ``u8``) and ``aq.region_overrides`` (``sensitive_region``)),
   ``region3`` / ``region3_bc`` (the union of the three most sensitive ones' regions),
   ``float_k<k>``
-  (the k most sensitive activations float) and ``u16_k<k>`` (16-bit).
+  (the k most sensitive activations float), ``u16_k<k>`` (16-bit), ``region_u16_k<k>`` /
+  ``region_u16_k<k>_bc`` (the stem or head region float and the next k ranked activations
+  at uint16); with step ``lower``, ``region_bc_int`` and ``region_u16_k<k>_bc_int``: the
+  same models lowered to onnxruntime's integer operators (``lower_integer`` mode ort,
+  bit-exact with their QDQ source, so only their latency differs).
 
 The ``aq`` target itself only selects, so changing the bar or the objective reruns the
 selection alone; adding a top-k value or a step adds only its own targets.
@@ -26,7 +30,7 @@ from typing import Any
 from qbuild import ConfigError
 
 STEPS = ("activation_type", "per_channel", "calibration", "bias_correction", "region",
-         "float_top_k", "uint16_top_k")
+         "float_top_k", "uint16_top_k", "region_uint16", "lower")
 _GENERATED = ("candidates", "reports", "trial_names", "sensitivity")
 
 
@@ -81,7 +85,7 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
                                    "reference": model, "dataset": raw["calibration_data"]}
         trials.append("u8_bc")
     task_attrs = {k: raw[k] for k in ("task", "task_options", "metric_srcs") if k in raw}
-    if any(s in steps for s in ("region", "float_top_k", "uint16_top_k")):
+    if any(s in steps for s in ("region", "float_top_k", "uint16_top_k", "region_uint16")):
         tables[f"{name}.sens"] = {"rule": "sensitivity", "model": f"{me}.u8",
                                   "reference": model, "dataset": raw["calibration_data"],
                                   "kinds": ["activation"],
@@ -112,6 +116,27 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
                                                   "action": action}
             quantize(f"{prefix}_k{k}", overrides=f"{me}.mp_{prefix}_k{k}")
 
+    if "region_uint16" in steps:
+        for k in top_k:
+            trial = f"region_u16_k{k}"
+            tables[f"{name}.{trial}_overrides"] = {
+                "rule": "sensitive_region", "model": model, "sensitivity": f"{me}.sens",
+                "promote_uint16": k}
+            quantize(trial, overrides=f"{me}.{trial}_overrides")
+            tables[f"{name}.{trial}_bc"] = {"rule": "bias_correction", "model": f"{me}.{trial}",
+                                            "reference": model,
+                                            "dataset": raw["calibration_data"]}
+            trials.append(f"{trial}_bc")
+    if "lower" in steps:
+        # integer operators change speed, never outputs (the lowering is checked
+        # bit-exact), so only the region families' bias-corrected trials are lowered
+        for trial in [t for t in trials if t.startswith("region") and t.endswith("_bc")
+                      and not t.startswith("region3")]:
+            tables[f"{name}.{trial}_int"] = {"rule": "lower_integer", "model": f"{me}.{trial}",
+                                             "mode": "ort",
+                                             "dataset": raw["calibration_data"],
+                                             "max_samples": 2, "min_agreement": 1.0}
+            trials.append(f"{trial}_int")
     eval_attrs = {**task_attrs, "latency_runs": raw.get("latency_runs", 20)}
     for trial in trials:
         tables[f"{name}.ev_{trial}"] = {"rule": "evaluate", "models": [f"{me}.{trial}"],

@@ -45,9 +45,11 @@ def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
 
 
 def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0,
-                     count: int = 1) -> dict[str, Any]:
+                     count: int = 1, promote: int = 0) -> dict[str, Any]:
     """The override document keeping float the union of the regions of the ``count``
-    activations ranked from ``rank`` on (most sensitive first)."""
+    activations ranked from ``rank`` on (most sensitive first), and, with ``promote``, the
+    next ``promote`` ranked activations outside the region at uint16 (the float stem costs
+    one boundary; a few 16-bit tensors past it recover what 8 bits lose there)."""
     ranked = ranked_tensors(sensitivity)
     if len(ranked) <= rank:
         raise AccuracyError(f"the sensitivity report ranks {len(ranked)} activation(s); "
@@ -61,7 +63,12 @@ def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0,
         selectors.append(f"region:{where}:{tensor}")
         wheres.append(where)
     nodes = sorted(chosen, key=order.__getitem__)
-    return {"tensors": {}, "nodes_to_exclude": nodes, "promoted": nodes,
+    graph = load_model(model).graph
+    inside = {t for n in graph.node if n.name in chosen for t in n.output}
+    producers = {t for n in graph.node for t in n.output}
+    wide = [t for t in ranked[rank + max(1, count):] if t in producers and t not in inside]
+    tensors = {t: {"quant_type": "uint16"} for t in wide[:promote]}
+    return {"tensors": tensors, "nodes_to_exclude": nodes, "promoted": nodes + list(tensors),
             "region": {"where": "+".join(dict.fromkeys(wheres)), "tensor": ranked[rank],
                        "nodes": len(nodes)},
             "selectors": selectors}

@@ -201,7 +201,7 @@ class Evaluate(Rule):
 
 def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -> None:
     """Interleaved 1-thread timings of the reference and every model into ``report``."""
-    lat = measure(sessions, feed, runs=runs, warmup=3)
+    lat = measure(sessions, feed, runs=runs, warmup=3, reference=ref)
     ref_ms = lat[ref]["median_ms"]
     report["reference_latency_ms"] = ref_ms
     report["latency"] = {"threads": 1, "runs": runs, "warmup": 3, "order": "interleaved",

@@ -33,7 +33,7 @@ def _clean(x: Any) -> Any:
 
 class SensitiveRegion(Rule):
     kind = "sensitive_region"
-    version = 1
+    version = 2
     heavy = True
     doc = ("Writes overrides.json keeping a whole region float: the nodes from the graph's "
            "start to the consumers of the `rank`-th most sensitive activation of a "
@@ -47,6 +47,8 @@ class SensitiveRegion(Rule):
         "rank": attr.int(default=0, doc="Which ranked activation (0: the most sensitive)."),
         "count": attr.int(default=1, doc="Union of the regions of this many activations "
                           "ranked from `rank` on."),
+        "promote_uint16": attr.int(default=0, doc="Also this many of the next ranked "
+                                   "activations outside the region at uint16."),
     }
     outputs = ["overrides.json"]
 
@@ -61,7 +63,7 @@ class SensitiveRegion(Rule):
         model = next(f for f in a["model"].files if f.suffix == ".onnx")
         rep = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
         try:
-            doc = region_overrides(model, rep, a["rank"], a["count"])
+            doc = region_overrides(model, rep, a["rank"], a["count"], a["promote_uint16"])
         except AccuracyError as e:
             raise ctx.fail(str(e), attr="sensitivity") from None
         ctx.output("overrides.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
@@ -72,7 +74,7 @@ class SensitiveRegion(Rule):
 
 class AutoQuantize(Rule):
     kind = "auto_quantize"
-    version = 1
+    version = 2
     heavy = False
     doc = ("Automatic quantization search, as a macro: expands to calibrate / quantize / "
            "bias_correction / sensitivity / mixed_precision / sensitive_region trials, each "
@@ -95,12 +97,17 @@ class AutoQuantize(Rule):
         "objective": attr.enum(["latency", "size"], default="latency",
                                doc="Cost of a trial: its measured 1-thread latency or its "
                                    "size in bytes."),
+        "min_speedup": attr.float(default=1.05, doc="objective latency: the speed-up over "
+                                  "float (trial and float timed interleaved in one process) a "
+                                  "trial needs to replace the float model; below it the float "
+                                  "model is kept, so no recommended model is slower than float."),
         "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate."),
         "calibration_methods": attr.string_list(default=["minmax", "percentile"],
                                                 doc="Calibration methods tried."),
         "steps": attr.string_list(default=["activation_type", "per_channel", "calibration",
                                            "bias_correction", "region", "float_top_k",
-                                           "uint16_top_k"], doc="Which trial families."),
+                                           "uint16_top_k", "region_uint16", "lower"],
+                                  doc="Which trial families."),
         "top_k": attr.int_list(default=[2, 8], doc="Sensitive activations kept float / "
                                "promoted to 16 bits per trial."),
         "sensitivity_samples": attr.int(default=4, doc="Samples the sensitivity uses."),
@@ -140,7 +147,7 @@ class AutoQuantize(Rule):
             reports.append(rep)
             entries.append(rep["models"][cand.label])
         result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
-                        a["model"].label)
+                        a["model"].label, a["min_speedup"])
         for row, cand in zip(result["trials"], a["candidates"]):
             row["model"] = cand.label
             row["float_nodes"] = len(cand.info.get("promoted", []))

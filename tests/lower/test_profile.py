@@ -104,6 +104,7 @@ def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  #
     assert lat["order"] == "interleaved" and lat["threads"] == 1 and lat["runs"] == 4
     q = report["models"]["//q"]
     assert q["latency_ms"] == q["latency"]["median_ms"]
+    assert q["latency"]["ratio_to_reference"] > 0  # per-round ratio to the reference
     slower = q["latency_ms"] > report["reference_latency_ms"]
     assert q["latency"]["slower_than_reference"] == slower
     assert lat["slower_than_reference"] == (["//q"] if slower else [])

@@ -41,3 +41,17 @@ def test_union_of_several_regions():
         doc["nodes_to_exclude"]
     assert doc["selectors"] == ["region:stem:stem.out", "region:head:output0"]
     assert doc["region"]["where"] == "stem+head"
+
+
+def test_region_with_the_next_ranked_activations_at_uint16():
+    ranking = {"ranking": [{"site": s, "kind": "activation"}
+                           for s in ("stem.out", "stage1.out", "head0.out", "stage2.out")]}
+    doc = region_overrides(Y8, ranking, promote=2)
+    # tensors produced inside the float region are skipped: they are float already
+    inside = set(doc["nodes_to_exclude"])
+    producers = {t: n.name for n in onnx.load(Y8).graph.node for t in n.output}
+    assert list(doc["tensors"]) == [t for t in ("stage1.out", "head0.out", "stage2.out")
+                                    if producers[t] not in inside][:2]
+    assert all(v == {"quant_type": "uint16"} for v in doc["tensors"].values())
+    assert set(doc["tensors"]) <= set(doc["promoted"])
+    assert region_overrides(Y8, ranking)["tensors"] == {}
