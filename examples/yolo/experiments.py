@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from qbuild_onnx import accuracy_yolo as ay  # noqa: E402
-from qbuild_onnx.accuracy_metrics import (  # noqa: E402
+from qbuild_onnx.accuracy import yolo as ay  # noqa: E402
+from qbuild_onnx.accuracy.metrics import (  # noqa: E402
     compare_outputs,
     make_session,
     median_latency_ms,
@@ -66,7 +66,7 @@ def evaluate(float_model, cand_model, eval_feeds, ref_outs=None, latency=True):
 
 
 if __name__ == "__main__":
-    from qbuild_onnx.accuracy_ortq import quantize_qdq
+    from qbuild_onnx.accuracy.ortq import quantize_qdq
 
     pre = prepared_model()
     cf, ef = feeds(CALIB), feeds(EVAL)
@@ -79,7 +79,7 @@ if __name__ == "__main__":
         "u16_all": dict(activation_type="uint16"),
     }
     import onnx
-    from qbuild_onnx.accuracy_bias_correction import bias_correct
+    from qbuild_onnx.accuracy.bias_correction import bias_correct
 
     nodes = [n.name for n in onnx.load(pre).graph.node]
     stem = nodes[: nodes.index("Mul_75") + 1]  # Focus slices, stem and dark2 stay float

@@ -5,9 +5,9 @@ from __future__ import annotations
 import onnx
 import pytest
 from acc_paths import MODELS
-from qbuild_onnx.accuracy_bias_correction import bias_correct
-from qbuild_onnx.accuracy_metrics import AccuracyError, compare_outputs, make_session, run_model
-from qbuild_onnx.accuracy_ortq import quantize_qdq
+from qbuild_onnx.accuracy.bias_correction import bias_correct
+from qbuild_onnx.accuracy.metrics import AccuracyError, compare_outputs, make_session, run_model
+from qbuild_onnx.accuracy.ortq import quantize_qdq
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from qbuild_onnx.accuracy_metrics import (
+from qbuild_onnx.accuracy.metrics import (
     AccuracyError,
     ErrorAccumulator,
     compare_outputs,

@@ -6,9 +6,9 @@ import numpy as np
 import onnx
 import pytest
 from acc_paths import MODELS
-from qbuild_onnx.accuracy_metrics import AccuracyError, make_session, run_model, sqnr_db
-from qbuild_onnx.accuracy_ortq import quantize_qdq
-from qbuild_onnx.accuracy_sensitivity import analyze, dequantize_sites, find_sites
+from qbuild_onnx.accuracy.metrics import AccuracyError, make_session, run_model, sqnr_db
+from qbuild_onnx.accuracy.ortq import quantize_qdq
+from qbuild_onnx.accuracy.sensitivity import analyze, dequantize_sites, find_sites
 
 SENSITIVE = "Input3"
 

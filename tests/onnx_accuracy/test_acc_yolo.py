@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from acc_paths import IMAGES, ROOT
-from qbuild_onnx import accuracy_yolo as ay
-from qbuild_onnx.accuracy_metrics import AccuracyError, make_session
+from qbuild_onnx.accuracy import yolo as ay
+from qbuild_onnx.accuracy.metrics import AccuracyError, make_session
 
 YOLO = ROOT / "examples" / "yolo" / "yolox_nano.onnx"
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import onnx
 import pytest
 from acc_paths import IMAGES, ROOT
-from qbuild_onnx import accuracy_yolo as ay
-from qbuild_onnx.accuracy_bias_correction import bias_correct
-from qbuild_onnx.accuracy_metrics import make_session, run_model
-from qbuild_onnx.accuracy_ortq import quantize_qdq
+from qbuild_onnx.accuracy import yolo as ay
+from qbuild_onnx.accuracy.bias_correction import bias_correct
+from qbuild_onnx.accuracy.metrics import make_session, run_model
+from qbuild_onnx.accuracy.ortq import quantize_qdq
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 import pytest
 from eval_paths import MODELS
-from qbuild_onnx.accuracy_metrics import AccuracyError
-from qbuild_onnx.auto_regions import region_for, region_overrides
+from qbuild_onnx.accuracy.metrics import AccuracyError
+from qbuild_onnx.auto.regions import region_for, region_overrides
 
 Y8 = MODELS / "yolov8_tiny.onnx"
 

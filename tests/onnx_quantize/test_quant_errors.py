@@ -6,9 +6,9 @@ import json
 
 import pytest
 import quant_testlib as lib
-from qbuild_onnx.quantize import quantize_dynamic_model, quantize_static_model
-from qbuild_onnx.quantize_errors import QuantizeError
-from qbuild_onnx.quantize_options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.errors import QuantizeError
+from qbuild_onnx.quantization.options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model, quantize_static_model
 
 
 def _static(case, tmp_path, calibration=None, **options):

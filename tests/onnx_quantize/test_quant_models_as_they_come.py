@@ -10,11 +10,11 @@ import onnx
 import pytest
 import quant_testlib as lib
 from onnx import TensorProto, helper, numpy_helper
-from qbuild_onnx.model import ModelError
-from qbuild_onnx.preprocess import preprocess_model
-from qbuild_onnx.quantize import quantize_dynamic_model, quantize_static_model
-from qbuild_onnx.quantize_errors import QuantizeError
-from qbuild_onnx.quantize_options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.errors import QuantizeError
+from qbuild_onnx.quantization.options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.preprocess import preprocess_model
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model, quantize_static_model
+from qbuild_onnx.source.model import ModelError
 
 
 def test_dynamic_convinteger_model_is_refused_everywhere(conv_case, tmp_path):

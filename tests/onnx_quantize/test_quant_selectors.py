@@ -10,11 +10,11 @@ import onnx.helper as H
 import onnx.numpy_helper as NH
 import pytest
 from onnx import TensorProto as T
-from qbuild_onnx import selectors
-from qbuild_onnx.preprocess import preprocess_model
-from qbuild_onnx.quantize import quantize_dynamic_model
-from qbuild_onnx.quantize_errors import QuantizeError
-from qbuild_onnx.quantize_options import DynamicOptions
+from qbuild_onnx.quantization import selectors
+from qbuild_onnx.quantization.errors import QuantizeError
+from qbuild_onnx.quantization.options import DynamicOptions
+from qbuild_onnx.quantization.preprocess import preprocess_model
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model
 
 YOLO = Path(__file__).resolve().parents[2] / "examples" / "yolo" / "yolox_nano.onnx"
 # The recipe's stem as node names in the model as exported (onnxruntime 1.31's

@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnxruntime.quantization.calibrate import HistogramCollector
-from qbuild_onnx.calib_collect import HistogramPass, MinMaxPass
-from qbuild_onnx.calib_methods import entropy_threshold, percentile_range
-from qbuild_onnx.calibration import (
+from qbuild_onnx.calibration.calibrate import (
     CalibrationError,
     CalibrationOptions,
     calibrate,
     check_calibration_matches_model,
     load_calibration,
 )
-from qbuild_onnx.dataset_images import ImageOptions, build_image_dataset
-from qbuild_onnx.datasets import write_dataset
+from qbuild_onnx.calibration.collect import HistogramPass, MinMaxPass
+from qbuild_onnx.calibration.methods import entropy_threshold, percentile_range
+from qbuild_onnx.source.datasets import write_dataset
+from qbuild_onnx.source.images import ImageOptions, build_image_dataset
 
 ROOT = Path(__file__).resolve().parents[2]
 MOBILENET = ROOT / "testdata" / "models" / "mobilenet_v2_128_0.5.onnx"

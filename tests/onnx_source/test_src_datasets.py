@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from qbuild_onnx.dataset_images import ImageOptions, build_image_dataset, decode_image
-from qbuild_onnx.datasets import (
+from qbuild_onnx.source.datasets import (
     DatasetError,
     build_numpy_dataset,
     build_reader_dataset,
@@ -21,7 +20,8 @@ from qbuild_onnx.datasets import (
     open_dataset,
     write_dataset,
 )
-from qbuild_onnx.model import validate_model
+from qbuild_onnx.source.images import ImageOptions, build_image_dataset, decode_image
+from qbuild_onnx.source.model import validate_model
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "testdata" / "images"

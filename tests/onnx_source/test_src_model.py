@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from qbuild_onnx.model import ModelError, stage_model, validate_model
+from qbuild_onnx.source.model import ModelError, stage_model, validate_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "testdata" / "models"
