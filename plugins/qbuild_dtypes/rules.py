@@ -2,7 +2,7 @@
 
 Thin wrappers over :mod:`qbuild_dtypes.pipeline`: they pick the model out of the ``model``
 dependency, resolve the target (built-in or added by a plugin through the
-``qbuild_dtype_targets`` hook), and turn ``DtypeError`` into a ``RuleError`` naming the
+``qbuild_dtype_targets`` hook), and turn ``OnnxError`` into a ``RuleError`` naming the
 attribute. onnx, onnxruntime and numpy are imported only inside ``run``.
 """
 
@@ -11,13 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qbuild import ActionContext, ConfigError, Dep, Rule, attr, dist_version, hookimpl
+from qbuild_onnx_common.files import model_file
+from qbuild_onnx_common.rule import OnnxRule
+
+from qbuild import ActionContext, ConfigError, Rule, attr, hookimpl
 
 from .targets import BUILTIN_TARGETS, FORMS
-
-# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
-ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
-ONNX_INSTALL = "pip install 'qbuild[onnx]'"
 
 _BUILTIN_NAMES = ", ".join(t.name for t in BUILTIN_TARGETS)
 
@@ -53,25 +52,18 @@ def _plugin_distributions() -> str:
     return ",".join(sorted(found))
 
 
-def _env() -> dict[str, str]:
-    return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-            "numpy": dist_version("numpy"), "ml_dtypes": dist_version("ml_dtypes"),
-            "target_plugins": _plugin_distributions()}
+class _DtypeRule(OnnxRule):
+    """Keyed also on ml_dtypes and on every plugin that may add dtype targets."""
 
+    env_libs = ("ml_dtypes",)
 
-def _model_file(ctx: ActionContext, dep: Dep) -> Path:
-    files = [f for f in dep.files if f.is_file() and f.suffix == ".onnx"]
-    name = (dep.info or {}).get("model_file")
-    if name:
-        files = [f for f in files if f.name == name] or files
-    if len(files) != 1:
-        raise ctx.fail(f"{dep.label} has {len(files)} .onnx outputs; expected exactly one",
-                       attr="model")
-    return files[0]
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "target_plugins": _plugin_distributions()}
 
 
 def _target(ctx: ActionContext, name: str):
-    from .errors import DtypeError
+    from qbuild_onnx_common.errors import OnnxError
+
     from .targets import get_target
 
     pm = None
@@ -86,8 +78,8 @@ def _target(ctx: ActionContext, name: str):
         pm.load_setuptools_entrypoints("qbuild")
     try:
         return get_target(name, pm)
-    except DtypeError as e:
-        raise ctx.fail(str(e), attr="target") from None
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr="target") from None
 
 
 def _info(report: dict, out: Path) -> dict[str, Any]:
@@ -104,10 +96,8 @@ def _guess_attr(message: str, default: str) -> str:
     return default
 
 
-class QdqRetarget(Rule):
+class QdqRetarget(_DtypeRule):
     kind = "qdq_retarget"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 2
     doc = ("Convert a QDQ model between the zero-point form and the opset-21 output_dtype "
            "form for a target runtime: raises the opset to 21 where needed (never above "
@@ -122,31 +112,28 @@ class QdqRetarget(Rule):
     attrs = dict(_COMMON)
     outputs = ["{name}.onnx", "report.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from .errors import DtypeError
+        from qbuild_onnx_common.errors import OnnxError
+
         from .pipeline import retarget_file
 
         a = ctx.attrs
-        src = _model_file(ctx, a["model"])
+        src = model_file(ctx, a["model"], "model")
         target = _target(ctx, a["target"])
         out = ctx.output("{name}.onnx")
         try:
             report = retarget_file(src, out, target, a["form"],
                                    report_path=ctx.output("report.json"),
                                    input_dims=a["input_dims"], run=a["run_check"])
-        except DtypeError as e:
-            raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+        except OnnxError as e:
+            raise ctx.fail(f"{src.name}: {e.message}",
+                           attr=_guess_attr(e.message, "model")) from None
         ctx.log(f"{src.name} -> {out.name}: {report['conversion']}")
         return _info(report, out)
 
 
-class RequantizeWeights(Rule):
+class RequantizeWeights(_DtypeRule):
     kind = "requantize_weights"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 1
     doc = ("Quantize or re-quantize weights to int2/int4/int8/int16 (signed or unsigned) or "
            "float8 e4m3fn/e5m2 (saturating, no zero point), per tensor, per channel or "
@@ -171,19 +158,17 @@ class RequantizeWeights(Rule):
     }
     outputs = ["{name}.onnx", "report.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def validate(self, attrs) -> None:
         if attrs["min_elements"] < 0:
             raise ConfigError("min_elements must be >= 0", attr="min_elements")
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from .errors import DtypeError
+        from qbuild_onnx_common.errors import OnnxError
+
         from .pipeline import requantize_file
 
         a = ctx.attrs
-        src = _model_file(ctx, a["model"])
+        src = model_file(ctx, a["model"], "model")
         target = _target(ctx, a["target"])
         out = ctx.output("{name}.onnx")
         try:
@@ -191,8 +176,9 @@ class RequantizeWeights(Rule):
                                      tensors=a["tensors"], min_elements=a["min_elements"],
                                      report_path=ctx.output("report.json"),
                                      input_dims=a["input_dims"], run=a["run_check"])
-        except DtypeError as e:
-            raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+        except OnnxError as e:
+            raise ctx.fail(f"{src.name}: {e.message}",
+                           attr=_guess_attr(e.message, "model")) from None
         n = len(report["requantization"]["weights"])
         ctx.log(f"{src.name} -> {out.name}: {n} weights; {report['conversion']}")
         return _info(report, out)

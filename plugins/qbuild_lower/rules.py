@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import json
 
-from qbuild import ActionContext, Rule, attr, dist_version, hookimpl
+from qbuild_onnx_common.files import dataset_dir, model_file
+from qbuild_onnx_common.rule import OnnxRule
 
-# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
-ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
-ONNX_INSTALL = "pip install 'qbuild[onnx]'"
+from qbuild import ActionContext, attr, hookimpl
 
 REQUANTIZATION = {
     "half_up": "y = clamp(zp + floor((acc*M0 + 2^(shift-1)) / 2^shift))",
@@ -23,10 +22,8 @@ REQUANTIZATION = {
 }
 
 
-class LowerInteger(Rule):
+class LowerInteger(OnnxRule):
     kind = "lower_integer"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 5
     doc = (
         "Lower a QDQ model to integer-only arithmetic. mode=ort emits operators onnxruntime "
@@ -76,38 +73,28 @@ class LowerInteger(Rule):
     def is_reproducible(self, attrs) -> bool:
         return not attrs.get("profile_runs")  # measured timings differ run to run
 
-    def env(self) -> dict[str, str]:
-        return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-                "numpy": dist_version("numpy")}
-
     def run(self, ctx: ActionContext) -> dict:
         import onnx
+        from qbuild_onnx_common.errors import OnnxError
 
         from .check import compare, load_dataset, synthetic_feeds
         from .driver import lower_model
-        from .graph import LowerError
 
         mode = ctx.attrs["mode"]
-        onnx_files = [f for f in ctx.attrs["model"].files if f.suffix == ".onnx"]
-        if len(onnx_files) != 1:  # quantize/bias_correction also output report.json
-            raise ctx.fail(f"{ctx.attrs['model'].label} must have exactly one .onnx output",
-                           attr="model")
-        src_path = onnx_files[0]
+        src_path = model_file(ctx, ctx.attrs["model"], "model")
         try:
             source = onnx.load(str(src_path))
             lowered, report, params = lower_model(source, mode, ctx.attrs["rounding"],
                                                   ctx.attrs["tables"])
             n = ctx.attrs["max_samples"] or None
             if ctx.attrs.get("dataset") is not None:
-                feeds = load_dataset(ctx.attrs["dataset"].files[0].parent
-                                     if ctx.attrs["dataset"].files[0].is_file()
-                                     else ctx.attrs["dataset"].files[0], n)
+                feeds = load_dataset(dataset_dir(ctx, ctx.attrs["dataset"], "dataset"), n)
                 inputs = "dataset"
             else:
                 feeds, inputs = synthetic_feeds(source, n or 8), "synthetic"
             result = compare(source, lowered, feeds, ctx.attrs["min_agreement"])
-        except LowerError as e:
-            raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+        except OnnxError as e:
+            raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
         result["inputs"] = inputs
         report = {"source": ctx.attrs["model"].label, **report, "check": result}
         if ctx.attrs["profile_runs"] > 0:
@@ -151,10 +138,8 @@ def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
             "unfused_ms": round(sum(u["ms"] or 0.0 for u in unfused), 4)}
 
 
-class FuseLut(Rule):
+class FuseLut(OnnxRule):
     kind = "fuse_lut"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 3
     doc = (
         "On a QDQ model (right after quantize): every chain of element-wise ops between two "
@@ -179,25 +164,21 @@ class FuseLut(Rule):
     }
     outputs = ["{name}.onnx", "report.json"]
 
-    def env(self) -> dict[str, str]:
-        return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-                "numpy": dist_version("numpy")}
-
     def run(self, ctx: ActionContext) -> dict:
         import onnx
+        from qbuild_onnx_common.errors import OnnxError
 
         from .check import compare
         from .fuse import fuse_model
-        from .graph import LowerError
 
-        src_path = _one_onnx(ctx)
+        src_path = model_file(ctx, ctx.attrs["model"], "model")
         try:
             source = onnx.load(str(src_path))
             fused, report = fuse_model(source, ctx.attrs["form"])
             feeds, inputs = _feeds(ctx, source)
             result = compare(source, fused, feeds, 0.0)
-        except LowerError as e:
-            raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+        except OnnxError as e:
+            raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
         result["inputs"] = inputs
         report = {"source": ctx.attrs["model"].label, **report, "check": result}
         onnx.save(fused, str(ctx.output(f"{ctx.name}.onnx")))
@@ -212,10 +193,8 @@ class FuseLut(Rule):
                 "exact": result["exact"]}
 
 
-class Profile(Rule):
+class Profile(OnnxRule):
     kind = "profile"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     machine_dependent = True  # measures this machine's kernels
     reproducible = False  # timings
     version = 3
@@ -243,9 +222,6 @@ class Profile(Rule):
     }
     outputs = ["report.json", "report.md"]
 
-    def env(self) -> dict[str, str]:
-        return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx")}
-
     def run(self, ctx: ActionContext) -> dict:
         import onnx
 
@@ -260,7 +236,7 @@ class Profile(Rule):
         if ref is not None and ref.label not in {d.label for d in deps}:
             deps.insert(0, ref)
         ref_label = ref.label if ref is not None else deps[0].label
-        paths = {d.label: _one_onnx(ctx, d, "models") for d in deps}
+        paths = {d.label: model_file(ctx, d, "models") for d in deps}
         first = onnx.load(str(paths[ref_label]))
         feeds, inputs = _feeds(ctx, first, count=1)
         before = conditions()
@@ -286,22 +262,13 @@ class Profile(Rule):
         return {"speedups": {k: v["speedup"] for k, v in lat["models"].items()}}
 
 
-def _one_onnx(ctx: ActionContext, dep=None, attr_name: str = "model"):
-    dep = dep if dep is not None else ctx.attrs["model"]
-    files = [f for f in dep.files if f.suffix == ".onnx"]
-    if len(files) != 1:
-        raise ctx.fail(f"{dep.label} must have exactly one .onnx output", attr=attr_name)
-    return files[0]
-
-
 def _feeds(ctx: ActionContext, model, count: int | None = None):
     from .check import load_dataset, random_feeds
 
     n = count or ctx.attrs.get("max_samples") or None
     ds = ctx.attrs.get("dataset")
     if ds is not None:
-        f = ds.files[0]
-        return load_dataset(f.parent if f.is_file() else f, n), "dataset"
+        return load_dataset(dataset_dir(ctx, ds, "dataset"), n), "dataset"
     return random_feeds(model, n or 4), "synthetic"
 
 

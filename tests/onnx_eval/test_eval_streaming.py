@@ -117,11 +117,11 @@ def test_stateful_scalar_model_through_every_rule(qbuild_workspace):
 
 
 def test_write_dataset_rejects_bare_scalar(tmp_path):
-    from qbuild_onnx.source.datasets import DatasetError
+    from qbuild_onnx_common.errors import OnnxError
 
     try:
         write_dataset(tmp_path / "d", {"gain": np.array(3)})
-    except DatasetError as e:
+    except OnnxError as e:
         assert "leading axis" in str(e)
     else:
         raise AssertionError("a bare scalar was accepted")

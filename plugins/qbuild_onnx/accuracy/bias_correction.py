@@ -19,7 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError
+from qbuild_onnx_common.errors import OnnxError
+
 from .stats import collect, load_model
 
 
@@ -31,6 +32,7 @@ def _dequantize(graph, inits, tensor: str):
     """(float array, DQ node) if ``tensor`` is DequantizeLinear(initializer...), else None."""
     import numpy as np
     from onnx import numpy_helper
+    from qbuild_onnx_common.graph import attr
 
     producer = next((n for n in graph.node if tensor in n.output), None)
     if producer is None or producer.op_type != "DequantizeLinear":
@@ -42,7 +44,7 @@ def _dequantize(graph, inits, tensor: str):
     zp = 0.0
     if len(producer.input) > 2 and producer.input[2]:
         zp = numpy_helper.to_array(inits[producer.input[2]]).astype(np.float64)
-    axis = next((a.i for a in producer.attribute if a.name == "axis"), 1)
+    axis = attr(producer, "axis", 1)
     if scale.ndim == 1 and scale.size > 1:
         shape = [1] * q.ndim
         shape[axis] = -1
@@ -57,8 +59,7 @@ def _conv_mean_error(node, x_mean, dw):
     import numpy as np
     import onnx
     from onnx import helper
-
-    from .metrics import make_session
+    from qbuild_onnx_common.ort import session
 
     attrs = [a for a in node.attribute]
     g = helper.make_graph(
@@ -71,7 +72,7 @@ def _conv_mean_error(node, x_mean, dw):
     g.node[0].attribute.extend(attrs)
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
     m.ir_version = 8
-    sess = make_session(m.SerializeToString(), optimize=False)
+    sess = session(m.SerializeToString(), optimize=False)
     y = sess.run(None, {"x": x_mean.astype(np.float32)})[0]
     return y.astype(np.float64).mean(axis=tuple(i for i in range(y.ndim) if i != 1))
 
@@ -120,13 +121,13 @@ def bias_correct(
             continue
         w = numpy_helper.to_array(f_inits[fnode.input[1]]).astype(np.float64)
         if w.shape != deq[0].shape:
-            raise AccuracyError(
+            raise OnnxError(
                 f"node '{node.name}': quantized weight shape {deq[0].shape} differs from the "
                 f"float model's {w.shape}"
             )
         targets.append((node, fnode, w, deq[0]))
     if not targets:
-        raise AccuracyError("no Conv/Gemm node with a dequantized initializer weight that matches "
+        raise OnnxError("no Conv/Gemm node with a dequantized initializer weight that matches "
                             "a node of the float model by name")
 
     stats = collect(fm, feeds, sorted({f.input[0] for _, f, _, _ in targets}))

@@ -23,7 +23,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .metrics import AccuracyError
+from qbuild_onnx_common.errors import OnnxError
+
 from .yolo import Detection
 
 Decoder = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[Any, Any]]
@@ -42,7 +43,7 @@ def _single_output(outputs: Mapping[str, Any], options: Mapping[str, Any], decod
     name = options.get("output") or ""
     if name:
         if name not in outputs:
-            raise AccuracyError(f"{decoder} decoder: no output '{name}' "
+            raise OnnxError(f"{decoder} decoder: no output '{name}' "
                                 f"(outputs: {', '.join(outputs)})")
         return _one(outputs[name])
     return _one(outputs[sorted(outputs)[0]] if len(outputs) > 1 else next(iter(outputs.values())))
@@ -65,7 +66,7 @@ def _xywh_to_xyxy(b):
 def decode_yolov8(outputs: Mapping[str, Any], options: Mapping[str, Any]):
     raw = _single_output(outputs, options, "yolov8")
     if raw.ndim != 2 or min(raw.shape) < 5:
-        raise AccuracyError(f"yolov8 decoder: expected a [1, 4+C, A] output, got shape "
+        raise OnnxError(f"yolov8 decoder: expected a [1, 4+C, A] output, got shape "
                             f"{tuple(raw.shape)}")
     if raw.shape[0] > raw.shape[1]:
         raw = raw.T  # [A, 4+C] layout
@@ -80,12 +81,12 @@ def decode_ssd(outputs: Mapping[str, Any], options: Mapping[str, Any]):
     scores_name = options.get("scores_output") or next(
         (k for k, v in sorted(arrays.items()) if k != boxes_name and v.ndim == 2), None)
     if boxes_name is None or scores_name is None:
-        raise AccuracyError("ssd decoder: needs a boxes output [1, A, 4] and a scores output "
+        raise OnnxError("ssd decoder: needs a boxes output [1, A, 4] and a scores output "
                             f"[1, A, C] (outputs: "
                             f"{', '.join(f'{k} {tuple(v.shape)}' for k, v in arrays.items())})")
     boxes, scores = arrays[boxes_name], arrays[scores_name]
     if boxes.shape[0] != scores.shape[0]:
-        raise AccuracyError(f"ssd decoder: {boxes.shape[0]} boxes but {scores.shape[0]} scores")
+        raise OnnxError(f"ssd decoder: {boxes.shape[0]} boxes but {scores.shape[0]} scores")
     if options.get("background_class", False):
         scores = scores[:, 1:]
     return boxes, scores
@@ -96,7 +97,7 @@ def decode_fastestdet(outputs: Mapping[str, Any], options: Mapping[str, Any]):
 
     raw = _single_output(outputs, options, "fastestdet")
     if raw.ndim != 3 or raw.shape[0] < 6:
-        raise AccuracyError(f"fastestdet decoder: expected a [1, 5+C, H, W] output, got "
+        raise OnnxError(f"fastestdet decoder: expected a [1, 5+C, H, W] output, got "
                             f"{tuple(raw.shape)}")
     _, h, w = raw.shape
     cells = raw.reshape(raw.shape[0], -1).T.astype(np.float64)  # (H·W) × (5+C)
@@ -223,7 +224,7 @@ def detection_metrics(ref_outputs: Sequence[Mapping[str, Any]],
     name = options.get("decoder", "yolox")
     decoder = DECODERS.get(name)
     if decoder is None:
-        raise AccuracyError(f"unknown detection decoder '{name}' (known: "
+        raise OnnxError(f"unknown detection decoder '{name}' (known: "
                             f"{', '.join(sorted(DECODERS))})")
     thr = float(options.get("score_threshold", 0.3))
     nms_thr = float(options.get("nms_threshold", 0.45))

@@ -15,11 +15,11 @@ from typing import Any
 def model_feeds(dataset_dir: str | Path, model_path: str | Path, limit: int = 0
                 ) -> list[dict[str, Any]]:
     """Feed dicts for ``model_path`` from the dataset in ``dataset_dir`` (at most ``limit``
-    runs when > 0). Raises ``DatasetError`` naming the input that does not fit."""
+    runs when > 0). Raises ``OnnxError`` naming the input that does not fit."""
     import onnx
+    from qbuild_onnx_common.summary import model_info
 
     from ..source.datasets import FeedPlan, check_dataset_against_model, iter_feeds, open_dataset
-    from ..source.model import model_info
 
     ds = open_dataset(dataset_dir)
     info = model_info(onnx.load(str(model_path), load_external_data=False))

@@ -17,12 +17,9 @@ import math
 import statistics
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-
-class AccuracyError(ValueError):
-    """Bad input to an accuracy tool (mapped to qbuild.RuleError by the rules)."""
+from qbuild_onnx_common.errors import OnnxError
 
 
 def _as64(a: Any):
@@ -33,7 +30,7 @@ def _as64(a: Any):
 
 def _check_shapes(ref, cand, what: str) -> None:
     if ref.shape != cand.shape:
-        raise AccuracyError(
+        raise OnnxError(
             f"{what}: shape mismatch, reference {ref.shape} vs candidate {cand.shape}")
 
 
@@ -125,25 +122,6 @@ def json_float(x: float, digits: int = 6) -> float | str:
     return round(float(x), digits)
 
 
-def make_session(model: str | Path | bytes, threads: int = 1, optimize: bool = True):
-    """An onnxruntime CPU session with a fixed thread count (deterministic, comparable)."""
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.log_severity_level = 3
-    if not optimize:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    src = model if isinstance(model, bytes) else str(model)
-    try:
-        return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises several unrelated exception types
-        name = "<in-memory model>" if isinstance(model, bytes) else str(model)
-        raise AccuracyError(f"{name}: onnxruntime cannot load the model: {e}") from e
-
-
 def run_model(session, feeds: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Runs ``session`` on every feed dict; returns one {output name: array} per sample."""
     names = [o.name for o in session.get_outputs()]
@@ -159,14 +137,14 @@ def compare_outputs(
 ) -> dict[str, dict[str, float]]:
     """Per-output SQNR / max abs error / cosine over all samples, keyed by output name."""
     if len(ref_outputs) != len(cand_outputs):
-        raise AccuracyError(
+        raise OnnxError(
             f"sample count mismatch: reference {len(ref_outputs)} vs candidate {len(cand_outputs)}"
         )
     acc: dict[str, ErrorAccumulator] = {}
     for ref, cand in zip(ref_outputs, cand_outputs):
         for name in sorted(ref):
             if name not in cand:
-                raise AccuracyError(f"output '{name}' is missing from the candidate model")
+                raise OnnxError(f"output '{name}' is missing from the candidate model")
             acc.setdefault(name, ErrorAccumulator()).add(ref[name], cand[name], f"output '{name}'")
     return {name: acc[name].summary() for name in sorted(acc)}
 
@@ -183,27 +161,3 @@ def median_latency_ms(session, feed: Mapping[str, Any], runs: int = 20, warmup: 
     return statistics.median(times)
 
 
-def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
-                           runs: int = 20, warmup: int = 3) -> dict[str, dict[str, Any]]:
-    """Per session: median, quartiles and relative spread (IQR / median) of ``run`` wall
-    times in milliseconds, all sessions timed in turn, round after round (the order
-    rotated each round), after ``warmup`` untimed rounds. Load from other processes then
-    hits every model alike, which sequential medians do not guarantee."""
-    names = list(sessions)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + runs):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            t0 = time.perf_counter()
-            sessions[name].run(None, dict(feed))
-            if r >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1000.0)
-    out = {}
-    for n in names:
-        t = times[n]
-        q = statistics.quantiles(t, n=4) if len(t) > 1 else [t[0]] * 3
-        med = statistics.median(t)
-        spread = (q[2] - q[0]) / med if med else 0.0
-        out[n] = {"median_ms": round(med, 3), "q1_ms": round(q[0], 3), "q3_ms": round(q[2], 3),
-                  "spread": round(spread, 3), "noisy": spread > 0.10}
-    return out

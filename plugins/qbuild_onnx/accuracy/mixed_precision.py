@@ -16,7 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError
+from qbuild_onnx_common.errors import OnnxError
+
 from .ortq import QUANT_TYPE_NAMES, merge_overrides
 from .stats import load_model
 
@@ -32,7 +33,7 @@ def overrides_for_tensors(model: Any, tensors: Sequence[str], action: str = "uin
     graph_inputs = {i.name for i in m.graph.input}
     for t in tensors:
         if t not in produced and t not in graph_inputs:
-            raise AccuracyError(f"no tensor named '{t}' in the model")
+            raise OnnxError(f"no tensor named '{t}' in the model")
     if action == "float":
         nodes = set()
         for t in tensors:
@@ -41,7 +42,7 @@ def overrides_for_tensors(model: Any, tensors: Sequence[str], action: str = "uin
             nodes.update(consumers.get(t, []))
         return merge_overrides({"nodes_to_exclude": sorted(nodes)})
     if action not in QUANT_TYPE_NAMES:
-        raise AccuracyError(f"mixed-precision action must be 'float' or one of "
+        raise OnnxError(f"mixed-precision action must be 'float' or one of "
                             f"{', '.join(QUANT_TYPE_NAMES)}, got '{action}'")
     return merge_overrides({"tensors": {t: {"quant_type": action} for t in tensors}})
 
@@ -56,7 +57,7 @@ def tensors_by_op_type(model: Any, op_types: Sequence[str]) -> list[str]:
 def ranked_tensors(sensitivity_report: Mapping[str, Any], kind: str = "activation") -> list[str]:
     """Site names of a sensitivity report's ranking (most sensitive first), of one kind."""
     if "ranking" not in sensitivity_report:
-        raise AccuracyError("not a sensitivity report: no 'ranking' list")
+        raise OnnxError("not a sensitivity report: no 'ranking' list")
     return [r["site"] for r in sensitivity_report["ranking"] if r["kind"] == kind]
 
 

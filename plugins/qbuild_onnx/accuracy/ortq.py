@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError
+from qbuild_onnx_common.errors import OnnxError
 
 QUANT_TYPE_NAMES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16",
                     "uint4": "QUInt4", "int4": "QInt4"}
@@ -30,7 +30,7 @@ def quant_type(name: str):
     from onnxruntime.quantization import QuantType
 
     if name not in QUANT_TYPE_NAMES:
-        raise AccuracyError(
+        raise OnnxError(
             f"unknown quant_type '{name}' (expected one of {', '.join(QUANT_TYPE_NAMES)})")
     return getattr(QuantType, QUANT_TYPE_NAMES[name])
 
@@ -55,9 +55,9 @@ def load_overrides(path: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise AccuracyError(f"{path}: cannot read precision overrides: {e}") from e
+        raise OnnxError(f"{path}: cannot read precision overrides: {e}") from e
     if not isinstance(doc, dict) or not isinstance(doc.get("tensors", {}), dict):
-        raise AccuracyError(f"{path}: precision overrides must be an object with a 'tensors' table")
+        raise OnnxError(f"{path}: precision overrides must be an object with a 'tensors' table")
     return merge_overrides(doc)
 
 
@@ -118,7 +118,7 @@ def quantize_qdq(
         "distribution": CalibrationMethod.Distribution,
     }
     if method not in methods:
-        raise AccuracyError(f"unknown calibration method '{method}'")
+        raise OnnxError(f"unknown calibration method '{method}'")
     doc = merge_overrides(overrides or {})
     extra = dict(copy.deepcopy(dict(extra_options or {})))
     extra.setdefault("CalibPercentile", percentile)

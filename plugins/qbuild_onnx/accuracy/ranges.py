@@ -15,7 +15,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError
+from qbuild_onnx_common.errors import OnnxError
+
 from .stats import collect
 
 _QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999, 1.0)
@@ -48,7 +49,7 @@ def choose_range(hist, edges, method: str, bits: int = 8, percentile: float = 99
     if method == "percentile":
         return _quantile_edges(hist, edges, percentile / 100.0)
     if method != "mse":
-        raise AccuracyError(f"range method must be 'percentile' or 'mse', got '{method}'")
+        raise OnnxError(f"range method must be 'percentile' or 'mse', got '{method}'")
     best = None
     for ql in _QUANTILES:
         lo = _quantile_edges(hist, edges, ql)[0]
@@ -73,7 +74,7 @@ def compute_ranges(
 
     Tensors whose chosen range equals their min/max are left out (nothing to override)."""
     if not feeds:
-        raise AccuracyError("range setting needs at least one calibration sample")
+        raise OnnxError("range setting needs at least one calibration sample")
     first = collect(model, feeds, names, keep_mean=False)
     ranges = {n: (s.min, s.max) for n, s in first.items() if s.count}
     second = collect(model, feeds, sorted(ranges), keep_mean=False, bins=bins, ranges=ranges)

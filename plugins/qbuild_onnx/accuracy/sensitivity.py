@@ -27,7 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError, ErrorAccumulator, json_float, make_session, run_model
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import consumers
+from qbuild_onnx_common.ort import session
+
+from .metrics import ErrorAccumulator, json_float, run_model
 from .stats import load_model
 
 WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1, "ConvTranspose": 1}
@@ -63,10 +67,7 @@ def find_sites(qdq_model: str | Path | Any,
     g = qm.graph
     inits = {i.name for i in g.initializer}
     producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    readers = consumers(g)
     f_nodes = {}
     if float_model is not None:
         f_nodes = {n.name: n for n in load_model(float_model).graph.node if n.name}
@@ -81,15 +82,15 @@ def find_sites(qdq_model: str | Path | Any,
             if src.output[0] in seen_q:
                 continue
             seen_q.add(src.output[0])
-            dqs = [c for c in consumers.get(src.output[0], []) if c.op_type == "DequantizeLinear"]
-            cons = sorted({c.name for d in dqs for c in consumers.get(d.output[0], [])})
+            dqs = [c for c in readers.get(src.output[0], []) if c.op_type == "DequantizeLinear"]
+            cons = sorted({c.name for d in dqs for c in readers.get(d.output[0], [])})
             # A quantized graph output keeps its name on the DQ output; use that name.
             outs = {o.name for o in g.output}
             name = next((d.output[0] for d in dqs if d.output[0] in outs), src.input[0])
             sites.append(Site(name, "activation", tuple(cons),
                               tuple(d.output[0] for d in dqs), _dtype_name(qm, "", src)))
         elif n.input[0] in inits:
-            users = consumers.get(n.output[0], [])
+            users = readers.get(n.output[0], [])
             ws = [u for u in users if u.op_type in WEIGHT_OPS and len(u.input) > 1
                   and u.input[WEIGHT_OPS[u.op_type]] == n.output[0]]
             if not ws:
@@ -133,7 +134,7 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
         for dq_out in s.dq_nodes:
             dq = producer.get(dq_out)
             if dq is None or dq.op_type != "DequantizeLinear":
-                raise AccuracyError(f"site '{s.name}': '{dq_out}' is not a DequantizeLinear output")
+                raise OnnxError(f"site '{s.name}': '{dq_out}' is not a DequantizeLinear output")
             op = "Identity"
             if s.kind == "activation":
                 q = producer[dq.input[0]]
@@ -143,12 +144,12 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
             else:
                 fn = next((f_nodes[c] for c in s.consumers if c in f_nodes), None)
                 if fn is None:
-                    raise AccuracyError(f"weight site '{s.name}': no float node to copy it from")
+                    raise OnnxError(f"weight site '{s.name}': no float node to copy it from")
                 qn = next(n for n in g.node if n.name == fn.name)
                 idx = list(qn.input).index(dq_out)
                 w = f_inits.get(fn.input[idx]) if idx < len(fn.input) else None
                 if w is None:
-                    raise AccuracyError(
+                    raise OnnxError(
                         f"weight site '{s.name}': float weight is not an initializer")
                 src = f"{dq_out}_float_weight"
                 t = onnx.TensorProto()
@@ -211,18 +212,18 @@ def analyze(
     ``metric(ref_outputs, cand_outputs) -> float`` (higher is better) replaces the default
     worst-output SQNR. Returns a JSON-ready report with ``ranking`` (most sensitive first)."""
     if mode not in ("only", "leave_out"):
-        raise AccuracyError(f"sensitivity mode must be 'only' or 'leave_out', got '{mode}'")
+        raise OnnxError(f"sensitivity mode must be 'only' or 'leave_out', got '{mode}'")
     if not feeds:
-        raise AccuracyError("sensitivity analysis needs at least one sample")
+        raise OnnxError("sensitivity analysis needs at least one sample")
     qm, fm = load_model(qdq_model), load_model(float_model)
     sites = [s for s in find_sites(qm, fm) if s.kind in kinds]
     if not sites:
-        raise AccuracyError("the model has no quantization sites (is it a QDQ model?)")
+        raise OnnxError("the model has no quantization sites (is it a QDQ model?)")
     all_sites = find_sites(qm, fm)
-    ref = run_model(make_session(fm.SerializeToString(), optimize=False), feeds)
+    ref = run_model(session(fm.SerializeToString(), optimize=False), feeds)
 
     def evaluate(model) -> tuple[float, dict[str, float]]:
-        outs = run_model(make_session(model.SerializeToString(), optimize=False), feeds)
+        outs = run_model(session(model.SerializeToString(), optimize=False), feeds)
         s, per = _score(ref, outs)
         return (metric(ref, outs) if metric else s), per
 

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError, make_session
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.ort import session
 
 
 def load_model(model: str | Path | Any):
@@ -27,7 +28,7 @@ def load_model(model: str | Path | Any):
     try:
         return onnx.load(str(model))
     except Exception as e:
-        raise AccuracyError(f"{model}: not a readable ONNX model: {e}") from e
+        raise OnnxError(f"{model}: not a readable ONNX model: {e}") from e
 
 
 def float_tensor_names(model) -> list[str]:
@@ -57,7 +58,7 @@ def with_outputs(model, names: Sequence[str]):
     produced = {o for n in m.graph.node for o in n.output} | {i.name for i in m.graph.input}
     for n in names:
         if n not in produced:
-            raise AccuracyError(f"tensor '{n}' is not produced by any node of the model")
+            raise OnnxError(f"tensor '{n}' is not produced by any node of the model")
         if n not in existing:
             vi = onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None)
             m.graph.output.append(vi)
@@ -101,7 +102,7 @@ def collect(
 
     m = load_model(model)
     names = list(names) if names is not None else float_tensor_names(m)
-    sess = make_session(with_outputs(m, names).SerializeToString(), optimize=False)
+    sess = session(with_outputs(m, names).SerializeToString(), optimize=False)
     stats = {n: TensorStats(n) for n in names}
     for feed in feeds:
         outs = sess.run(names, dict(feed))

@@ -28,7 +28,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError, ErrorAccumulator, json_float
+from qbuild_onnx_common.errors import OnnxError
+
+from .metrics import ErrorAccumulator, json_float
 
 Task = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]], Mapping[str, Any]],
                 dict[str, Any]]
@@ -36,7 +38,7 @@ Task = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]], Mappi
 
 def _check(ref, cand) -> None:
     if len(ref) != len(cand):
-        raise AccuracyError(f"sample count mismatch: reference {len(ref)} vs candidate "
+        raise OnnxError(f"sample count mismatch: reference {len(ref)} vs candidate "
                             f"{len(cand)}")
 
 
@@ -55,7 +57,7 @@ def _logits(sample: Mapping[str, Any], output: str):
     import numpy as np
 
     if output and output not in sample:
-        raise AccuracyError(f"classification: no output '{output}' (outputs: "
+        raise OnnxError(f"classification: no output '{output}' (outputs: "
                             f"{', '.join(sample)})")
     a = np.asarray(sample[output] if output else next(iter(sample.values())), np.float64)
     return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
@@ -103,7 +105,7 @@ def task_psnr(ref, cand, options) -> dict[str, Any]:
         for k in sorted(r):
             a, b = np.asarray(r[k], np.float64), np.asarray(c[k], np.float64)
             if a.shape != b.shape:
-                raise AccuracyError(f"output '{k}': shape mismatch {a.shape} vs {b.shape}")
+                raise OnnxError(f"output '{k}': shape mismatch {a.shape} vs {b.shape}")
             lo[k] = min(lo.get(k, math.inf), float(a.min()) if a.size else math.inf)
             hi[k] = max(hi.get(k, -math.inf), float(a.max()) if a.size else -math.inf)
             err[k] = err.get(k, 0.0) + float(((a - b) ** 2).sum())
@@ -155,7 +157,7 @@ def available_tasks(pm=None) -> dict[str, Task]:
     for result in pm.hook.qbuild_eval_tasks():
         for name, fn in (result or {}).items():
             if name in found and found[name] is not fn:
-                raise AccuracyError(f"evaluation task '{name}' is provided twice")
+                raise OnnxError(f"evaluation task '{name}' is provided twice")
             found[name] = fn
     return found
 
@@ -165,22 +167,22 @@ def load_custom_metric(reference: str, srcs: Sequence[Path]) -> Task:
     declared sources, so the metric's code is in the action key)."""
     mod, _, fn = reference.partition(":")
     if not mod or not fn:
-        raise AccuracyError(f"custom metric '{reference}' must be 'module:function'")
+        raise OnnxError(f"custom metric '{reference}' must be 'module:function'")
     path = next((Path(p) for p in srcs if Path(p).name == mod.rpartition(".")[2] + ".py"),
                 None)
     if path is None:
-        raise AccuracyError(f"custom metric '{reference}': list {mod.rpartition('.')[2]}.py "
+        raise OnnxError(f"custom metric '{reference}': list {mod.rpartition('.')[2]}.py "
                             "in metric_srcs (its code is then part of the action key)")
     spec = importlib.util.spec_from_file_location(f"qbuild_metric_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # the user's code: any error is a bad input
-        raise AccuracyError(f"custom metric '{reference}': {path.name} fails to import: "
+        raise OnnxError(f"custom metric '{reference}': {path.name} fails to import: "
                             f"{type(e).__name__}: {e}") from None
     func = getattr(module, fn, None)
     if not callable(func):
-        raise AccuracyError(f"custom metric '{reference}': {path.name} has no function '{fn}'")
+        raise OnnxError(f"custom metric '{reference}': {path.name} has no function '{fn}'")
     return func
 
 
@@ -191,7 +193,7 @@ def get_task(name: str, options: Mapping[str, Any], srcs: Sequence[Path] = (),
         return load_custom_metric(str(options.get("metric", "")), srcs)
     tasks = BUILTIN_TASKS if name in BUILTIN_TASKS else available_tasks(pm)
     if name not in tasks:
-        raise AccuracyError(f"unknown evaluation task '{name}' (known: "
+        raise OnnxError(f"unknown evaluation task '{name}' (known: "
                             f"{', '.join(sorted([*tasks, 'custom']))})")
     return tasks[name]
 
@@ -200,7 +202,7 @@ def run_task(task: Task, ref, cand, options: Mapping[str, Any]) -> dict[str, Any
     """Run a task and check its result has a numeric ``score``; floats are rounded."""
     result = task(ref, cand, options)
     if not isinstance(result, dict) or not isinstance(result.get("score"), (int, float)):
-        raise AccuracyError("an evaluation task must return a dict with a numeric 'score'")
+        raise OnnxError("an evaluation task must return a dict with a numeric 'score'")
     return {k: json_float(v) if isinstance(v, float) else v for k, v in result.items()}
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .metrics import AccuracyError
+from qbuild_onnx_common.errors import OnnxError
 
 DEFAULT_STRIDES = (8, 16, 32)
 PAD_VALUE = 114.0
@@ -39,7 +39,7 @@ def load_rgb(path: str | Path):
         with Image.open(path) as im:
             return np.asarray(im.convert("RGB"), dtype=np.uint8)
     except OSError as e:
-        raise AccuracyError(f"{path}: cannot read image: {e}") from e
+        raise OnnxError(f"{path}: cannot read image: {e}") from e
 
 
 def letterbox(rgb, size: int = 416, pad: float = PAD_VALUE):
@@ -78,7 +78,7 @@ def augment(rgb, index: int):
         ch, cw = int(h * 0.85), int(w * 0.85)
         y0, x0 = (h - ch) // 2, (w - cw) // 2
         return rgb[y0 : y0 + ch, x0 : x0 + cw][:, ::-1].copy()
-    raise AccuracyError(f"augmentation index {index} out of range 0..7")
+    raise OnnxError(f"augmentation index {index} out of range 0..7")
 
 
 def image_inputs(paths: Sequence[str | Path], augmentations: Sequence[int] = (0,), size: int = 416):
@@ -111,11 +111,11 @@ def decode(raw, size: int = 416, strides: Sequence[int] = DEFAULT_STRIDES):
     raw = np.asarray(raw, dtype=np.float32)
     if raw.ndim == 3:
         if raw.shape[0] != 1:
-            raise AccuracyError(f"decode expects one image, got batch {raw.shape[0]}")
+            raise OnnxError(f"decode expects one image, got batch {raw.shape[0]}")
         raw = raw[0]
     g, s = grids(size, strides)
     if raw.ndim != 2 or raw.shape[0] != g.shape[0] or raw.shape[1] < 6:
-        raise AccuracyError(
+        raise OnnxError(
             f"YOLO output shape {raw.shape} does not match {g.shape[0]} anchor points "
             f"for a {size}×{size} input with strides {tuple(strides)}"
         )
@@ -213,7 +213,7 @@ def detection_f1(
     """Detection F1 of candidate raw outputs against the reference's own detections, pooled
     over all samples: precision = TP/|cand|, recall = TP/|ref|, F1 = 2TP/(|ref|+|cand|)."""
     if len(ref_raw) != len(cand_raw):
-        raise AccuracyError(f"sample count mismatch: {len(ref_raw)} vs {len(cand_raw)}")
+        raise OnnxError(f"sample count mismatch: {len(ref_raw)} vs {len(cand_raw)}")
     tp = n_ref = n_cand = 0
     per_sample = []
     for r, c in zip(ref_raw, cand_raw):

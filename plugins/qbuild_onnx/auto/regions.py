@@ -17,7 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..accuracy.metrics import AccuracyError
+from qbuild_onnx_common.errors import OnnxError
+
 from ..accuracy.mixed_precision import ranked_tensors
 from ..accuracy.stats import load_model
 
@@ -29,9 +30,9 @@ def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
     producer = next((i for i, n in enumerate(nodes) if tensor in n.output), None)
     users = [i for i, n in enumerate(nodes) if tensor in n.input]
     if producer is None and not users:
-        raise AccuracyError(f"no tensor named '{tensor}' in the model")
+        raise OnnxError(f"no tensor named '{tensor}' in the model")
     if any(not n.name for n in nodes):
-        raise AccuracyError("the model has unnamed nodes; pre-process it (quant_preprocess "
+        raise OnnxError("the model has unnamed nodes; pre-process it (quant_preprocess "
                             "names every node) before excluding regions")
     first = producer if producer is not None else min(users)
     if first < len(nodes) / 2:
@@ -50,7 +51,7 @@ def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0,
     activations ranked from ``rank`` on (most sensitive first)."""
     ranked = ranked_tensors(sensitivity)
     if len(ranked) <= rank:
-        raise AccuracyError(f"the sensitivity report ranks {len(ranked)} activation(s); "
+        raise OnnxError(f"the sensitivity report ranks {len(ranked)} activation(s); "
                             f"no rank {rank}")
     order = {n.name: i for i, n in enumerate(load_model(model).graph.node)}
     chosen: set[str] = set()

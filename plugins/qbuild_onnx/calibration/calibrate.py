@@ -10,8 +10,8 @@ docs/onnx-source-rules.md):
 * ``histograms.npz`` (histogram methods): ``names`` (T,), ``counts`` (T, bins) int64,
   ``edges`` (T, bins + 1) float32, ``kind`` ("value" or "abs"); row i is tensor names[i].
 
-Memory stays at one batch plus the histograms: statistics are streamed (calib_collect),
-ranges chosen from them (calib_methods). onnxruntime's calibrators are not used.
+Memory stays at one batch plus the histograms: statistics are streamed (``collect``),
+ranges chosen from them (``methods``). onnxruntime's calibrators are not used.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..source.model import ModelError, sha256_file
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.files import sha256_file
 
 FORMAT = "qbuild-calibration"
 VERSION = 1
@@ -31,10 +32,6 @@ METHODS = ("minmax", "entropy", "percentile", "distribution")
 HISTOGRAM_METHODS = ("entropy", "percentile", "distribution")
 CALIBRATION_JSON = "calibration.json"
 HISTOGRAMS_NPZ = "histograms.npz"
-
-
-class CalibrationError(ModelError):
-    """Calibration inputs that do not fit, or statistics that belong to another model."""
 
 
 @dataclass(frozen=True)
@@ -54,8 +51,8 @@ class CalibrationOptions:
     threads: int = 1                  # ORT intra-op threads
 
     def check(self) -> None:
-        def bad(attr: str, msg: str) -> CalibrationError:
-            return CalibrationError(msg, attr=attr)
+        def bad(attr: str, msg: str) -> OnnxError:
+            return OnnxError(msg, attr=attr)
 
         if self.method not in METHODS:
             raise bad("method", f"unknown method '{self.method}' ({', '.join(METHODS)})")
@@ -110,6 +107,7 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     Returns a summary (method, num_samples, number of tensors, shas) for the rule's info.
     """
     import onnx
+    from qbuild_onnx_common.summary import model_info
 
     from ..source.datasets import (
         check_dataset_against_model,
@@ -117,7 +115,6 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
         iter_counted_feeds,
         open_dataset,
     )
-    from ..source.model import model_info
     from . import collect as cc
     from . import methods as cm
 
@@ -133,7 +130,7 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     log(f"calibrating {len(session.tensors)} tensors over {ds.count} samples, batch "
         f"{plan.batch_size}, method {opts.method}")
     if not session.tensors:
-        raise CalibrationError("the model has no float tensors to calibrate"
+        raise OnnxError("the model has no float tensors to calibrate"
                                + (f" among node types {list(opts.op_types)}" if opts.op_types
                                   else ""), file=model_path)
     is_hist = opts.method in HISTOGRAM_METHODS
@@ -141,7 +138,7 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     mm = cc.MinMaxPass(session.tensors, opts.averaging_constant, need_abs=absolute)
     n = cc.stream(iter_counted_feeds(ds, plan), session, mm.update)
     if n == 0:
-        raise CalibrationError(f"no sample could be fed (dataset has {ds.count}, the model "
+        raise OnnxError(f"no sample could be fed (dataset has {ds.count}, the model "
                                f"takes batches of exactly {plan.batch_size})",
                                file=dataset_dir)
     if n < ds.count:
@@ -218,15 +215,15 @@ def load_calibration(path: str | Path) -> dict[str, Any]:
     try:
         doc = json.loads(p.read_text())
     except FileNotFoundError:
-        raise CalibrationError("calibration file does not exist", file=p) from None
+        raise OnnxError("calibration file does not exist", file=p) from None
     except ValueError as e:
-        raise CalibrationError(f"calibration file is not valid JSON: {e}", file=p) from None
+        raise OnnxError(f"calibration file is not valid JSON: {e}", file=p) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise CalibrationError(f"not a qbuild calibration file (format {doc.get('format')!r})"
+        raise OnnxError(f"not a qbuild calibration file (format {doc.get('format')!r})"
                                if isinstance(doc, dict) else "not a qbuild calibration file",
                                file=p)
     if doc.get("version") != VERSION:
-        raise CalibrationError(f"calibration format version {doc.get('version')} is not "
+        raise OnnxError(f"calibration format version {doc.get('version')} is not "
                                f"supported (expected {VERSION}); recalibrate", file=p)
     return doc
 
@@ -239,7 +236,7 @@ def check_calibration_matches_model(calib: dict[str, Any], model_path: str | Pat
     expected = calib.get("model_sha256")
     if actual != expected:
         where = f" in {calib_path}" if calib_path else ""
-        raise CalibrationError(
+        raise OnnxError(
             f"the calibration statistics{where} were computed on a different model "
             f"(sha256 {str(expected)[:12]}…) than {model_path.name} (sha256 {actual[:12]}…). "
             "Calibrate the exact model you quantize: point the calibrate target's 'model' at "

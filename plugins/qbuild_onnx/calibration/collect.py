@@ -72,7 +72,7 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
     and float16 tensors are kept.
     """
     import onnx
-    import onnxruntime as ort
+    from qbuild_onnx_common.ort import session
 
     model = onnx.load(str(model_path))
     existing = {o.name for o in model.graph.output}
@@ -82,11 +82,6 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
             vi = onnx.ValueInfoProto()
             vi.name = name
             model.graph.output.append(vi)
-    so = ort.SessionOptions()
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    so.intra_op_num_threads = int(threads)
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
     if model.ByteSize() < _MAX_PROTO:
         payload: Any = model.SerializeToString()
     else:
@@ -97,7 +92,7 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
                   location="augmented.onnx.data")
         payload = str(path)
     del model
-    sess = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
+    sess = session(payload, threads, optimize=False)
     types = {o.name: o.type for o in sess.get_outputs()}
     keep = [n for n in candidates if types.get(n) in _FLOAT_TYPES]
     skipped = [n for n in candidates if n in types and n not in keep]

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from qbuild_onnx_common.graph import consumers
+
 # Ops onnxruntime quantizes with their input's scale (data movement, no arithmetic).
 _PASSTHROUGH = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
                 "Slice", "Gather", "Split", "Expand", "Tile"}
@@ -47,10 +49,7 @@ def find_mixed_joins(model, ranges: Mapping[str, Any], ratio: float = DEFAULT_RA
     width by at least ``ratio``, in graph order. Nodes must be named (see ``name_nodes``)."""
     if ratio <= 0:
         return []
-    consumers: dict[str, list] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    readers = consumers(model.graph)
     outputs = {o.name for o in model.graph.output}
     found = []
     for node in model.graph.node:
@@ -68,7 +67,7 @@ def find_mixed_joins(model, ranges: Mapping[str, Any], ratio: float = DEFAULT_RA
         frontier = list(node.output)
         while frontier:
             t = frontier.pop()
-            for c in consumers.get(t, []):
+            for c in readers.get(t, []):
                 if c.op_type in _PASSTHROUGH and c.name not in chain:
                     chain.append(c.name)
                     reaches = reaches or any(o in outputs for o in c.output)

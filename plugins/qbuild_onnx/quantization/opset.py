@@ -4,14 +4,15 @@ Owns deciding which ai.onnx opset the quantized model needs and upgrading the mo
 it before onnxruntime's quantizer runs. onnxruntime 1.31 upgrades only for 16-bit types,
 float8 and blocked quantization; it writes an invalid model for per-channel Q/DQ below
 opset 13 (DequantizeLinear's ``axis`` appears in opset 13) and for any Q/DQ below opset 10.
-Also owns the IR-version bump that lets new initializers exist without being graph inputs.
+The IR-version bump that lets new initializers exist without being graph inputs is
+``qbuild_onnx_common.graph.bump_ir_version``.
 """
 
 from __future__ import annotations
 
 import onnx
-
-from .errors import QuantizeError
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import bump_ir_version, opset
 
 MIN_OPSET = 11  # QuantizeLinear is opset 10; DynamicQuantizeLinear and fusions need 11.
 PER_AXIS_OPSET = 13  # QuantizeLinear/DequantizeLinear 'axis'
@@ -21,11 +22,10 @@ _WIDE = frozenset({"int16", "uint16", "int4", "uint4"})
 
 def ai_onnx_opset(model: onnx.ModelProto) -> int:
     """The model's ai.onnx opset version."""
-    versions = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if len(versions) != 1:
-        raise QuantizeError("the model does not import the ai.onnx domain exactly once",
-                            attr="model")
-    return versions[0]
+    version = opset(model)
+    if version is None:
+        raise OnnxError("the model does not import the ai.onnx domain", attr="model")
+    return version
 
 
 def required_opset(current: int, *, per_axis: bool, types: set[str], block_size: int = 0,
@@ -47,19 +47,8 @@ def upgrade(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     try:
         converted = onnx.version_converter.convert_version(model, target)
     except Exception as exc:  # the converter raises bare RuntimeErrors and ValueErrors
-        raise QuantizeError(
+        raise OnnxError(
             f"the model has opset {current}, the quantized model needs opset {target}, and "
             f"onnx's version converter failed: {exc}", attr="model") from None
     bump_ir_version(converted)
     return converted
-
-
-def bump_ir_version(model: onnx.ModelProto) -> None:
-    """Raise the IR version to what the opset imports need, and at least 4.
-
-    IR < 4 requires every initializer to be a graph input; the quantizer adds scale and
-    zero-point initializers that must not become inputs.
-    """
-    need = max(4, onnx.helper.find_min_ir_version_for(list(model.opset_import), True))
-    if model.ir_version < need:
-        model.ir_version = need

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import QuantizeError
+from qbuild_onnx_common.errors import OnnxError
 
 FORMATS = ("qdq", "qoperator")
 #: Integer types by user-facing name; 4-bit types are for weights only.
@@ -115,7 +115,7 @@ class DynamicOptions:
 
 def _check_choice(value: str, choices: tuple[str, ...], attr: str) -> None:
     if value not in choices:
-        raise QuantizeError(
+        raise OnnxError(
             f"{attr} = {value!r} is not one of {', '.join(choices)}", attr=attr
         )
 
@@ -123,13 +123,13 @@ def _check_choice(value: str, choices: tuple[str, ...], attr: str) -> None:
 def _check_names(names: tuple[str, ...], attr: str) -> None:
     for name in names:
         if not isinstance(name, str) or not name:
-            raise QuantizeError(f"{attr} holds {name!r}: expected non-empty node names", attr=attr)
+            raise OnnxError(f"{attr} holds {name!r}: expected non-empty node names", attr=attr)
 
 
 def _check_op_types(op_types: tuple[str, ...], supported: tuple[str, ...], what: str) -> None:
     unknown = sorted(set(op_types) - set(supported))
     if unknown:
-        raise QuantizeError(
+        raise OnnxError(
             f"op_types holds {', '.join(unknown)}, which onnxruntime's {what} quantizer cannot "
             f"quantize; supported: {', '.join(supported)}",
             attr="op_types",
@@ -141,7 +141,7 @@ def _check_node_lists(quantize: tuple[str, ...], exclude: tuple[str, ...]) -> No
     _check_names(exclude, "nodes_to_exclude")
     both = sorted(set(quantize) & set(exclude))
     if both:
-        raise QuantizeError(
+        raise OnnxError(
             f"node(s) {', '.join(both)} are both in nodes_to_quantize and nodes_to_exclude",
             attr="nodes_to_exclude",
         )
@@ -149,18 +149,18 @@ def _check_node_lists(quantize: tuple[str, ...], exclude: tuple[str, ...]) -> No
 
 def _check_extra_options(extra: Mapping[str, Any], allowed: frozenset[str], what: str) -> None:
     if not isinstance(extra, Mapping):
-        raise QuantizeError("extra_options must be a table of onnxruntime options",
+        raise OnnxError("extra_options must be a table of onnxruntime options",
                             attr="extra_options")
     for key in sorted(extra):
         if key in _EXTRA_OWNED:
-            raise QuantizeError(
+            raise OnnxError(
                 f"extra_options.{key}: use the attribute {_EXTRA_OWNED[key]} instead",
                 attr="extra_options",
             )
         if key in _EXTRA_CALIBRATION:
-            raise QuantizeError(_calibration_hint(key), attr="extra_options")
+            raise OnnxError(_calibration_hint(key), attr="extra_options")
         if key not in allowed:
-            raise QuantizeError(
+            raise OnnxError(
                 f"extra_options.{key} is not an onnxruntime {what} quantization option; known: "
                 f"{', '.join(sorted(allowed))}",
                 attr="extra_options",
@@ -168,25 +168,25 @@ def _check_extra_options(extra: Mapping[str, Any], allowed: frozenset[str], what
     block = extra.get("BlockSize", 0)
     if block and (not isinstance(block, int) or isinstance(block, bool) or block < 16
                   or block & (block - 1)):
-        raise QuantizeError(
+        raise OnnxError(
             f"extra_options.BlockSize = {block!r}: expected a power of two >= 16",
             attr="extra_options",
         )
 
 
 def check_static_options(opts: StaticOptions) -> None:
-    """Raise ``QuantizeError`` for any static option (or combination) that cannot work."""
+    """Raise ``OnnxError`` for any static option (or combination) that cannot work."""
     _check_choice(opts.quant_format, FORMATS, "format")
     _check_choice(opts.weight_type, WEIGHT_TYPES, "weight_type")
     if opts.activation_type in FOUR_BIT:
-        raise QuantizeError(
+        raise OnnxError(
             f"activation_type = {opts.activation_type!r}: 4-bit types are for weights only "
             f"(weight_type); activations can be {', '.join(ACTIVATION_TYPES)}",
             attr="activation_type",
         )
     _check_choice(opts.activation_type, ACTIVATION_TYPES, "activation_type")
     if opts.activation_type == "int8" and opts.weight_type == "uint8":
-        raise QuantizeError(
+        raise OnnxError(
             "activation_type = 'int8' with weight_type = 'uint8' is not supported by onnxruntime; "
             "use int8 weights",
             attr="weight_type",
@@ -194,16 +194,16 @@ def check_static_options(opts: StaticOptions) -> None:
     if opts.quant_format == "qoperator":
         wide = sorted({opts.weight_type, opts.activation_type} & (SIXTEEN_BIT | FOUR_BIT))
         if wide:
-            raise QuantizeError(
+            raise OnnxError(
                 f"format = 'qoperator' supports only 8-bit types, not {', '.join(wide)}; "
                 f"use format = 'qdq'",
                 attr="format",
             )
         if opts.extra_options.get("BlockSize"):
-            raise QuantizeError("extra_options.BlockSize (blocked quantization) needs "
+            raise OnnxError("extra_options.BlockSize (blocked quantization) needs "
                                 "format = 'qdq'", attr="extra_options")
     if opts.quant_format == "qdq" and opts.per_channel and opts.weight_symmetric is False:
-        raise QuantizeError(
+        raise OnnxError(
             "weight_symmetric = false cannot apply with per_channel = true: onnxruntime always "
             "quantizes per-channel weights symmetrically (QLinear kernels need one zero point "
             "per tensor); drop one of the two",
@@ -215,13 +215,13 @@ def check_static_options(opts: StaticOptions) -> None:
     for attr, table in (("tensor_overrides", opts.tensor_overrides),
                         ("node_overrides", opts.node_overrides)):
         if not isinstance(table, Mapping):
-            raise QuantizeError(f"{attr} must be a table keyed by name", attr=attr)
+            raise OnnxError(f"{attr} must be a table keyed by name", attr=attr)
 
 
 def check_dynamic_options(opts: DynamicOptions) -> None:
-    """Raise ``QuantizeError`` for any dynamic option (or combination) that cannot work."""
+    """Raise ``OnnxError`` for any dynamic option (or combination) that cannot work."""
     if opts.weight_type not in DYNAMIC_WEIGHT_TYPES:
-        raise QuantizeError(
+        raise OnnxError(
             f"weight_type = {opts.weight_type!r}: dynamic quantization supports "
             f"{', '.join(DYNAMIC_WEIGHT_TYPES)} weights (activations are always uint8)",
             attr="weight_type",

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.errors import OnnxError
 
-from .errors import QuantizeError
 from .options import FOUR_BIT, INT_TYPES
 
 _KEYS = frozenset({"quant_type", "scale", "zero_point", "symmetric", "reduce_range", "rmin",
@@ -32,7 +32,7 @@ def quant_type(name: str, where: str, attr: str):
     members = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8, "int16": QuantType.QInt16,
                "uint16": QuantType.QUInt16, "int4": QuantType.QInt4, "uint4": QuantType.QUInt4}
     if name not in members:
-        raise QuantizeError(f"{where}: quant_type {name!r} is not one of {', '.join(INT_TYPES)}",
+        raise OnnxError(f"{where}: quant_type {name!r} is not one of {', '.join(INT_TYPES)}",
                             attr=attr)
     return members[name]
 
@@ -42,7 +42,7 @@ def check_nodes_exist(names: Iterable[str], model: onnx.ModelProto, attr: str) -
     known = {n.name for n in model.graph.node}
     missing = sorted(set(names) - known)
     if missing:
-        raise QuantizeError(f"{attr}: no node named {', '.join(map(repr, missing))} in the model",
+        raise OnnxError(f"{attr}: no node named {', '.join(map(repr, missing))} in the model",
                             attr=attr)
 
 
@@ -58,35 +58,35 @@ def _number(value: Any, where: str, attr: str, kind: type) -> Any:
     if kind is int:
         ok = ok and float(value).is_integer()
     if not ok:
-        raise QuantizeError(f"{where}: expected a number, got {value!r}", attr=attr)
+        raise OnnxError(f"{where}: expected a number, got {value!r}", attr=attr)
     return value
 
 
 def _convert_entry(entry: Any, where: str, attr: str, default_type: str, is_weight: bool,
                    keys: frozenset[str]) -> dict[str, Any]:
     if not isinstance(entry, Mapping):
-        raise QuantizeError(f"{where}: expected a table of override options, got {entry!r}",
+        raise OnnxError(f"{where}: expected a table of override options, got {entry!r}",
                             attr=attr)
     unknown = sorted(set(entry) - keys)
     if unknown:
-        raise QuantizeError(f"{where}: unknown override option(s) {', '.join(unknown)}; known: "
+        raise OnnxError(f"{where}: unknown override option(s) {', '.join(unknown)}; known: "
                             f"{', '.join(sorted(keys))}", attr=attr)
     if ("scale" in entry) != ("zero_point" in entry):
-        raise QuantizeError(f"{where}: give both 'scale' and 'zero_point', or neither",
+        raise OnnxError(f"{where}: give both 'scale' and 'zero_point', or neither",
                             attr=attr)
     if ("rmin" in entry) != ("rmax" in entry) and "axis" in entry:
-        raise QuantizeError(f"{where}: give both 'rmin' and 'rmax', or neither", attr=attr)
+        raise OnnxError(f"{where}: give both 'rmin' and 'rmax', or neither", attr=attr)
     out: dict[str, Any] = {}
     type_name = entry.get("quant_type", default_type)
     if "quant_type" in entry:
         if entry["quant_type"] in FOUR_BIT and not is_weight:
-            raise QuantizeError(f"{where}: 4-bit quant_type is for weights (initializers) only",
+            raise OnnxError(f"{where}: 4-bit quant_type is for weights (initializers) only",
                                 attr=attr)
         out["quant_type"] = quant_type(entry["quant_type"], where, attr)
     for key in ("symmetric", "reduce_range"):
         if key in entry:
             if not isinstance(entry[key], bool):
-                raise QuantizeError(f"{where}: {key} must be true or false", attr=attr)
+                raise OnnxError(f"{where}: {key} must be true or false", attr=attr)
             out[key] = entry[key]
     for key in ("rmin", "rmax", "scale"):
         if key in entry:
@@ -101,11 +101,11 @@ def _convert_entry(entry: Any, where: str, attr: str, default_type: str, is_weig
     if "recv_nodes" in entry:
         nodes = entry["recv_nodes"]
         if not isinstance(nodes, (list, tuple)) or not all(isinstance(n, str) for n in nodes):
-            raise QuantizeError(f"{where}.recv_nodes must be a list of node names", attr=attr)
+            raise OnnxError(f"{where}.recv_nodes must be a list of node names", attr=attr)
         out["recv_nodes"] = set(nodes)
     if "convert" in entry:
         if "quant_type" not in entry["convert"] if isinstance(entry["convert"], Mapping) else True:
-            raise QuantizeError(f"{where}.convert must be a table with a quant_type", attr=attr)
+            raise OnnxError(f"{where}.convert must be a table with a quant_type", attr=attr)
         out["convert"] = _convert_entry(entry["convert"], f"{where}.convert", attr,
                                         entry["convert"]["quant_type"], False, _CONVERT_KEYS)
     return out
@@ -131,14 +131,14 @@ def build_tensor_overrides(
     for name in sorted(tensor_overrides):
         where = f"tensor_overrides.{name}"
         if name not in tensors:
-            raise QuantizeError(f"{where}: no tensor named {name!r} in the model",
+            raise OnnxError(f"{where}: no tensor named {name!r} in the model",
                                 attr="tensor_overrides")
         is_weight = name in initializers
         default = weight_type if is_weight else activation_type
         value = tensor_overrides[name]
         entries = list(value) if isinstance(value, (list, tuple)) else [value]
         if not entries:
-            raise QuantizeError(f"{where}: empty list of overrides", attr="tensor_overrides")
+            raise OnnxError(f"{where}: empty list of overrides", attr="tensor_overrides")
         result[name] = [
             _convert_entry(e, f"{where}[{i}]" if len(entries) > 1 else where,
                            "tensor_overrides", default, is_weight, _KEYS)
@@ -147,13 +147,13 @@ def build_tensor_overrides(
     for node_name in sorted(node_overrides):
         where = f"node_overrides.{node_name}"
         if node_name not in nodes:
-            raise QuantizeError(f"{where}: no node named {node_name!r} in the model",
+            raise OnnxError(f"{where}: no node named {node_name!r} in the model",
                                 attr="node_overrides")
         for out_name in nodes[node_name].output:
             if not out_name:
                 continue
             if out_name in result:
-                raise QuantizeError(
+                raise OnnxError(
                     f"{where}: output tensor {out_name!r} also has tensor_overrides; set it in "
                     f"one place", attr="node_overrides")
             result[out_name] = [_convert_entry(node_overrides[node_name], where,

@@ -17,7 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..source.model import ModelError, model_info, sha256_file
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.files import sha256_file
+from qbuild_onnx_common.summary import model_info
+
 from ..source.model_checks import describe_quantized, drop_initializer_inputs, initializer_inputs
 
 
@@ -56,7 +59,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     proto = onnx.load(str(src), load_external_data=False)
     refusal = describe_quantized(proto, "quantization pre-processing")
     if refusal:
-        raise ModelError(refusal, file=src)
+        raise OnnxError(refusal, file=src)
     fixed = None
     if initializer_inputs(proto) and not _uses_external_data(proto):
         count = drop_initializer_inputs(proto)
@@ -80,7 +83,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
         hint = ""
         if "2GB" in text or "2 GB" in text or "exceeds" in text.lower():
             hint = " (for models over 2 GB set external_data = true)"
-        raise ModelError(f"quantization pre-processing failed: {type(e).__name__}: {text}{hint}",
+        raise OnnxError(f"quantization pre-processing failed: {type(e).__name__}: {text}{hint}",
                          file=src) from None
     finally:
         if fixed is not None:

@@ -4,7 +4,7 @@ Owns the two steps end to end, as plain functions over paths: read and check inp
 (calibration made on this exact model file), bring the model to an opset the result is
 valid at, run onnxruntime's QDQ / QOperator / dynamic quantizer (static: with the saved
 ranges in place of a calibrator, never recalibrating), validate, write the model and
-``report.json``, and return the info dependents read. The rules in ``rules_quantize`` are
+``report.json``, and return the info dependents read. The rules in ``rules.quantize`` are
 thin wrappers over ``quantize_static_model`` and ``quantize_dynamic_model``.
 """
 
@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.files import sha256_bytes
+from qbuild_onnx_common.graph import bump_ir_version, real_inputs
+from qbuild_onnx_common.summary import describe_values
 
 from ..ort_logs import ort_output_to_log
 from ..source.model_checks import (
@@ -26,9 +30,8 @@ from ..source.model_checks import (
     grouped_conv_transposes_with_bias,
     top_level_compute,
 )
-from .errors import QuantizeError
 from .joins import DEFAULT_RATIO, find_mixed_joins, name_nodes
-from .opset import ai_onnx_opset, bump_ir_version, required_opset, upgrade
+from .opset import ai_onnx_opset, required_opset, upgrade
 from .options import (
     DYNAMIC_OP_TYPES,
     STATIC_OP_TYPES,
@@ -38,13 +41,8 @@ from .options import (
     check_static_options,
 )
 from .overrides import build_tensor_overrides, quant_type
-from .ranges import (
-    check_calibration_matches,
-    load_calibration,
-    sha256_bytes,
-    tensors_data,
-)
-from .report import build_report, describe_values, graph_inputs
+from .ranges import check_calibration_matches, load_calibration, tensors_data
+from .report import build_report
 from .selectors import resolve_node_table, resolve_nodes, resolve_tensors
 from .validate import (
     check_clamped_outputs,
@@ -63,11 +61,11 @@ def _load(path: Path) -> tuple[bytes, onnx.ModelProto]:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise QuantizeError(f"model file {path} does not exist", attr="model") from None
+        raise OnnxError(f"model file {path} does not exist", attr="model") from None
     try:
         model = onnx.load(str(path))
     except Exception as exc:  # protobuf's DecodeError and onnx's own errors
-        raise QuantizeError(f"model file {path} is not an ONNX model: {exc}",
+        raise OnnxError(f"model file {path} is not an ONNX model: {exc}",
                             attr="model") from None
     return data, model
 
@@ -89,13 +87,13 @@ def _check_quantizable(model: onnx.ModelProto, action: str, warn: Log) -> None:
     subgraphs (onnxruntime quantizes the main graph only: nothing would change)."""
     refusal = describe_quantized(model, action)
     if refusal:
-        raise QuantizeError(refusal, attr="model")
+        raise OnnxError(refusal, attr="model")
     hidden = control_flow_compute(model)
     if not hidden:
         return
     where = ", ".join(f"{op} '{name}' ({k} compute nodes)" for name, op, k in hidden)
     if top_level_compute(model) == 0:
-        raise QuantizeError(f"the model's compute is inside control-flow subgraphs ({where}); "
+        raise OnnxError(f"the model's compute is inside control-flow subgraphs ({where}); "
                             "onnxruntime's quantizer only quantizes the main graph, so the "
                             "result would be the float model: export the model without If/"
                             "Loop branches or quantize the branch as its own model",
@@ -123,7 +121,7 @@ def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelP
             quantizer = build()
             quantizer.quantize_model()
         except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError) as exc:
-            raise QuantizeError(f"onnxruntime's quantizer rejected the model or options: "
+            raise OnnxError(f"onnxruntime's quantizer rejected the model or options: "
                                 f"{type(exc).__name__}: {exc}") from None
         quantizer.model.topological_sort()
     return quantizer.model.model
@@ -138,7 +136,7 @@ def _finish(original: onnx.ModelProto, quantized: onnx.ModelProto, output_path: 
         del quantized.metadata_props[:]
         quantized.metadata_props.extend(props)
     if quantized.ByteSize() > _MAX_PROTO:
-        raise QuantizeError("the quantized model is over 2 GiB, which needs external data; "
+        raise OnnxError("the quantized model is over 2 GiB, which needs external data; "
                             "not supported yet")
     data = quantized.SerializeToString()
     check_onnx(quantized)
@@ -156,7 +154,7 @@ def _finish(original: onnx.ModelProto, quantized: onnx.ModelProto, output_path: 
         **settings,
         "opset": ai_onnx_opset(quantized),
         "ir_version": quantized.ir_version,
-        "inputs": describe_values(graph_inputs(quantized)),
+        "inputs": describe_values(real_inputs(quantized)),
         "outputs": describe_values(quantized.graph.output),
         "quantized_nodes": report["quantized_nodes"],
         "model_sha256": sha256_bytes(data),
@@ -187,7 +185,7 @@ def quantize_static_model(
     Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
     returns the info for dependents. Node and tensor names in ``options`` may be selectors
     (see :mod:`.selectors`); ``rewrites`` (from ``quant_preprocess``) explains names that
-    pre-processing removed. Raises ``QuantizeError`` for bad input. Concats whose
+    pre-processing removed. Raises ``OnnxError`` for bad input. Concats whose
     inputs' calibrated ranges differ by ``float_joins_ratio`` or more (boxes in pixels
     beside probabilities) are kept float with the data movement after them (0: never).
     """
@@ -345,7 +343,7 @@ def quantize_dynamic_model(
     """Quantize ``model_path`` dynamically (weights now, activations at run time).
 
     Writes the quantized model to ``output_path`` (and the report to ``report_path``) and
-    returns the info for dependents. Raises ``QuantizeError`` for bad input. A result
+    returns the info for dependents. Raises ``OnnxError`` for bad input. A result
     clearly slower than the float model is always warned about; ``latency_in_report``
     also records it as ``slower_than_float`` in the report (which then depends on the
     machine, like any timing).
@@ -412,13 +410,15 @@ def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
     measurement (issue 16 replaces it with interleaved runs)."""
     import numpy as np
     from onnx import helper
+    from qbuild_onnx_common.errors import OnnxError
+    from qbuild_onnx_common.ort import session
 
-    from ..accuracy.metrics import AccuracyError, make_session, median_latency_ms
+    from ..accuracy.metrics import median_latency_ms
 
     try:
-        fs, qs = make_session(float_path), make_session(quantized_path)
-    except AccuracyError as exc:
-        log(f"latency check skipped: {exc}")
+        fs, qs = session(float_path), session(quantized_path)
+    except OnnxError as exc:
+        log(f"latency check skipped: {exc.message}")
         return None
     rng = np.random.default_rng(0)
     feed = {}

@@ -8,14 +8,13 @@ quantizers take in place of running a calibrator.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import QuantizeError
+from qbuild_onnx_common.errors import OnnxError
 
 CALIBRATION_FORMAT = "qbuild-calibration"
 CALIBRATION_VERSION = 1
@@ -31,13 +30,8 @@ class Calibration:
     ranges: dict[str, tuple[float, float]]  # tensor name -> (lo, hi), sorted by name
 
 
-def sha256_bytes(data: bytes) -> str:
-    """Hex sha256 of ``data``."""
-    return hashlib.sha256(data).hexdigest()
-
-
-def _bad(path: Path, what: str) -> QuantizeError:
-    return QuantizeError(f"calibration file {path}: {what}", attr="calibration")
+def _bad(path: Path, what: str) -> OnnxError:
+    return OnnxError(f"calibration file {path}: {what}", attr="calibration")
 
 
 def _range(path: Path, name: str, entry: Any) -> tuple[float, float]:
@@ -56,7 +50,7 @@ def _range(path: Path, name: str, entry: Any) -> tuple[float, float]:
 
 
 def load_calibration(path: Path) -> Calibration:
-    """Read and check a ``calibration.json``; raise ``QuantizeError`` naming what is wrong."""
+    """Read and check a ``calibration.json``; raise ``OnnxError`` naming what is wrong."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -84,7 +78,7 @@ def load_calibration(path: Path) -> Calibration:
 def check_calibration_matches(calibration: Calibration, model_path: Path, model_sha: str) -> None:
     """Raise unless the calibration was computed on exactly this model file."""
     if calibration.model_sha256 != model_sha:
-        raise QuantizeError(
+        raise OnnxError(
             f"calibration {calibration.path} was computed on a model with sha256 "
             f"{calibration.model_sha256[:16]}..., but the model to quantize, {model_path}, has "
             f"sha256 {model_sha[:16]}...; calibrate the same (pre-processed) model you quantize",

@@ -1,9 +1,9 @@
 """What a quantized model contains: the info handed to dependents and ``report.json``.
 
-Owns describing graph inputs/outputs (names, dtypes, shapes), counting Q/DQ nodes and
-quantized operators by type, telling per-channel from per-tensor weights, and counting
-tensor dtypes. Everything is computed from the written model, sorted, and free of paths
-and times, so the report is as deterministic as the model bytes.
+Owns counting Q/DQ nodes and quantized operators by type, telling per-channel from
+per-tensor weights, and counting tensor dtypes. Everything is computed from the written
+model, sorted, and free of paths and times, so the report is as deterministic as the
+model bytes. Graph inputs and outputs are described by ``qbuild_onnx_common.summary``.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from collections import Counter
 from typing import Any
 
 import onnx
+from qbuild_onnx_common.graph import opset
+from qbuild_onnx_common.summary import onnx_type_name
 
 _Q_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
 _WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -20,30 +22,6 @@ _WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # (weight input index, scale or zero-point input index)
 _INTEGER_WEIGHT_INPUT = {"QLinearConv": (3, 4), "QLinearMatMul": (3, 4), "QGemm": (3, 4),
                          "ConvInteger": (1, 3), "MatMulInteger": (1, 3)}
-
-
-def _dtype(elem_type: int) -> str:
-    return onnx.TensorProto.DataType.Name(elem_type)
-
-
-def _shape(value: onnx.ValueInfoProto) -> list[int | str | None] | None:
-    tensor = value.type.tensor_type
-    if not tensor.HasField("shape"):
-        return None
-    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-            for d in tensor.shape.dim]
-
-
-def describe_values(values) -> list[dict[str, Any]]:
-    """Name, dtype and shape of graph inputs or outputs, in graph order."""
-    return [{"name": v.name, "dtype": _dtype(v.type.tensor_type.elem_type), "shape": _shape(v)}
-            for v in values]
-
-
-def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    """Graph inputs that are real inputs (not initializers listed as inputs, IR < 4)."""
-    inits = {i.name for i in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in inits]
 
 
 def _is_integer_op(op_type: str) -> bool:
@@ -118,12 +96,12 @@ def dtype_counts(model: onnx.ModelProto) -> dict[str, Any]:
     """Initializers by dtype (count and elements), and typed graph values by dtype."""
     inits: dict[str, dict[str, int]] = {}
     for init in model.graph.initializer:
-        entry = inits.setdefault(_dtype(init.data_type), {"count": 0, "elements": 0})
+        entry = inits.setdefault(onnx_type_name(init.data_type), {"count": 0, "elements": 0})
         entry["count"] += 1
         entry["elements"] += _elements(init)
     inferred = onnx.shape_inference.infer_shapes(model)
     values = Counter(
-        _dtype(v.type.tensor_type.elem_type)
+        onnx_type_name(v.type.tensor_type.elem_type)
         for v in list(inferred.graph.value_info) + list(inferred.graph.output)
         if v.type.HasField("tensor_type")
     )
@@ -137,7 +115,7 @@ def build_report(model: onnx.ModelProto, *, model_bytes: int, float_model_bytes:
     qops = quantized_ops(model)
     return {
         "settings": settings,
-        "opset": next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")),
+        "opset": opset(model),
         "nodes": len(model.graph.node),
         "quantize_nodes": ops.get("QuantizeLinear", 0),
         "dequantize_nodes": ops.get("DequantizeLinear", 0),

@@ -32,8 +32,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import onnx
-
-from .errors import QuantizeError
+from qbuild_onnx_common.errors import OnnxError
 
 PREFIXES = ("name", "op", "upto", "after", "first", "last")
 WEIGHTED_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
@@ -113,7 +112,7 @@ def _count(text: str, where: str, attr: str) -> int:
     except ValueError:
         n = 0
     if n < 1:
-        raise QuantizeError(f"{where}: expected a positive count, got {text!r}", attr=attr)
+        raise OnnxError(f"{where}: expected a positive count, got {text!r}", attr=attr)
     return n
 
 
@@ -130,7 +129,7 @@ def _select(g: _Graph, part: str, where: str, attr: str) -> set[int]:
                 if any(fnmatch.fnmatchcase(n.op_type, p) for p in pats)}
     if prefix in ("upto", "after"):
         if arg not in g.tensors:
-            raise QuantizeError(f"{where}: no tensor named {arg!r} in the model "
+            raise OnnxError(f"{where}: no tensor named {arg!r} in the model "
                                 f"(see {DOCS})", attr=attr)
         if prefix == "after":
             return g.descendants([arg])
@@ -146,7 +145,7 @@ def _select(g: _Graph, part: str, where: str, attr: str) -> set[int]:
 def _selected(g: _Graph, selector: str, where: str, attr: str) -> set[int]:
     parts = [p.strip() for p in selector.split(" & ")]
     if not all(parts):
-        raise QuantizeError(f"{where}: malformed selector {selector!r} (see {DOCS})", attr=attr)
+        raise OnnxError(f"{where}: malformed selector {selector!r} (see {DOCS})", attr=attr)
     found = _select(g, parts[0], where, attr)
     for part in parts[1:]:
         found &= _select(g, part, where, attr)
@@ -154,12 +153,12 @@ def _selected(g: _Graph, selector: str, where: str, attr: str) -> set[int]:
 
 
 def _missing_names_error(missing: list[str], attr: str, what: str,
-                         rewrites: Mapping[str, Any] | None, g: _Graph) -> QuantizeError:
+                         rewrites: Mapping[str, Any] | None, g: _Graph) -> OnnxError:
     quoted = ", ".join(map(repr, missing))
     removed = dict((rewrites or {}).get("removed") or {})
     gone = [m for m in missing if m in removed]
     if not gone:
-        return QuantizeError(f"{attr}: no {what} named {quoted} in the model; stable "
+        return OnnxError(f"{attr}: no {what} named {quoted} in the model; stable "
                              f"selectors (globs, 'op:TYPE', 'upto:TENSOR', 'first:N', ...) "
                              f"are described in {DOCS}", attr=attr)
     ops: dict[str, int] = {}
@@ -172,7 +171,7 @@ def _missing_names_error(missing: list[str], attr: str, what: str,
     hint = [f"'upto:{max(surviving, key=lambda t: g.producer[t])}' (everything up to the "
             f"tensor they produced, still in the model)"] if surviving else []
     hint += [f"'op:{op}'" for op in sorted(ops)][:2]
-    return QuantizeError(
+    return OnnxError(
         f"{attr}: no {what} named {quoted} in the model: {by} removed "
         f"{'it' if len(gone) == 1 else 'them'} ("
         + ", ".join(f"{op} x{k}" for op, k in sorted(ops.items()))
@@ -194,11 +193,11 @@ def resolve_nodes(selectors: Iterable[str], model: onnx.ModelProto, attr: str,
         elif is_selector(sel):
             found = _selected(g, sel, f"{attr}: selector {sel!r}", attr)
             if not found:
-                raise QuantizeError(f"{attr}: selector {sel!r} selects no node in the model",
+                raise OnnxError(f"{attr}: selector {sel!r} selects no node in the model",
                                     attr=attr)
             unnamed = [g.nodes[i].op_type for i in found if not g.names[i]]
             if unnamed:
-                raise QuantizeError(f"{attr}: selector {sel!r} selects {len(unnamed)} "
+                raise OnnxError(f"{attr}: selector {sel!r} selects {len(unnamed)} "
                                     f"unnamed node(s) ({unnamed[0]}, ...); onnxruntime "
                                     f"can only exclude nodes by name", attr=attr)
             picked |= found
@@ -217,7 +216,7 @@ def resolve_node_table(table: Mapping[str, Any], model: onnx.ModelProto, attr: s
     for key in sorted(table, key=lambda k: (is_selector(k), k)):
         for name in resolve_nodes([key], model, attr, rewrites):
             if name in out and out[name] != table[key] and is_selector(source[name]):
-                raise QuantizeError(f"{attr}: node {name!r} is selected by {source[name]!r} "
+                raise OnnxError(f"{attr}: node {name!r} is selected by {source[name]!r} "
                                     f"and {key!r} with different settings", attr=attr)
             if name not in out or is_selector(source[name]):
                 out[name], source[name] = table[key], key
@@ -252,12 +251,12 @@ def resolve_tensors(table: Mapping[str, Any], model: onnx.ModelProto, attr: str,
             nodes = _selected(g, key, where, attr)
             names = g.in_order({o for i in nodes for o in g.nodes[i].output if o})
         if not names:
-            raise QuantizeError(f"{where} selects no tensor in the model", attr=attr)
+            raise OnnxError(f"{where} selects no tensor in the model", attr=attr)
         for t in names:
             if t in source and source[t] in g.tensors:
                 continue  # an exact name wins
             if t in out and out[t] != value:
-                raise QuantizeError(f"{attr}: tensor {t!r} is selected by {source[t]!r} and "
+                raise OnnxError(f"{attr}: tensor {t!r} is selected by {source[t]!r} and "
                                     f"{key!r} with different settings", attr=attr)
             out[t], source[t] = value, key
     if missing:

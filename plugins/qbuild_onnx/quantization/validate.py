@@ -11,43 +11,35 @@ produced still being clamped.
 from __future__ import annotations
 
 import onnx
-
-from .errors import QuantizeError
-from .report import describe_values, graph_inputs
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import real_inputs
+from qbuild_onnx_common.ort import session
+from qbuild_onnx_common.summary import describe_values
 
 
 def check_onnx(model: onnx.ModelProto) -> None:
-    """Run ``onnx.checker.check_model(full_check=True)``; raise ``QuantizeError`` if invalid."""
+    """Run ``onnx.checker.check_model(full_check=True)``; raise ``OnnxError`` if invalid."""
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
-        raise QuantizeError(f"the quantized model is not valid ONNX: {exc}") from None
+        raise OnnxError(f"the quantized model is not valid ONNX: {exc}") from None
 
 
 def check_onnxruntime(data: bytes) -> None:
     """Load the serialized model in an onnxruntime CPU session; raise if it does not load."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    options.intra_op_num_threads = 1  # the one core the rule is granted (Rule.cpu)
-    options.inter_op_num_threads = 1
-    try:
-        ort.InferenceSession(data, options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # onnxruntime raises its own exception types
-        raise QuantizeError(f"onnxruntime cannot load the quantized model: {exc}") from None
+    session(data, what="the quantized model")  # the one core the rule is granted (Rule.cpu)
 
 
 def check_interface(original: onnx.ModelProto, quantized: onnx.ModelProto) -> None:
     """Graph inputs and outputs keep their names and dtypes (shapes may gain detail)."""
     for what, before, after in (
-        ("input", graph_inputs(original), graph_inputs(quantized)),
+        ("input", real_inputs(original), real_inputs(quantized)),
         ("output", original.graph.output, quantized.graph.output),
     ):
         old = [(v["name"], v["dtype"]) for v in describe_values(before)]
         new = [(v["name"], v["dtype"]) for v in describe_values(after)]
         if old != new:
-            raise QuantizeError(f"quantization changed the graph {what}s: {old} -> {new}")
+            raise OnnxError(f"quantization changed the graph {what}s: {old} -> {new}")
 
 
 _CLAMPS = ("Relu", "Clip")
@@ -67,6 +59,6 @@ def check_clamped_outputs(original: onnx.ModelProto, quantized: onnx.ModelProto)
         if before.get(out.name) in _CLAMPS:
             now = after.get(out.name, "")
             if now not in (*_CLAMPS, "DequantizeLinear") and not now.startswith("QLinear"):
-                raise QuantizeError(
+                raise OnnxError(
                     f"graph output {out.name!r} was produced by {before[out.name]} and is now "
                     f"produced by {now or 'nothing'}: its values would no longer be clamped")

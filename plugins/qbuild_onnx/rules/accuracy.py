@@ -12,42 +12,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qbuild import ActionContext, ConfigError, Dep, Rule, attr, dist_version, hookimpl
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.files import dataset_dir, model_file
+from qbuild_onnx_common.rule import OnnxRule
 
-from ..quantization.errors import QuantizeError
-
-# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
-ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
-ONNX_INSTALL = "pip install 'qbuild[onnx]'"
-
-
-def _env() -> dict[str, str]:
-    return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-            "numpy": dist_version("numpy")}
-
-
-def _onnx_file(ctx: ActionContext, dep: Dep, attr_name: str) -> Path:
-    files = [f for f in dep.files if f.suffix == ".onnx"]
-    if len(files) != 1:
-        raise ctx.fail(f"{dep.label} must have exactly one .onnx output", attr=attr_name)
-    return files[0]
+from qbuild import ActionContext, ConfigError, Dep, attr, hookimpl
 
 
 def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path,
            limit: int = 0) -> list[dict]:
     """Samples of a qbuild dataset fed to ``model`` as ``calibrate`` feeds them (arrays one
     rank higher are whole inputs: streaming models; scalar inputs work)."""
-    from ..accuracy.feeds import model_feeds
-    from ..source.datasets import DatasetError
+    from qbuild_onnx_common.errors import OnnxError
 
-    roots = [f for f in dep.files if f.name == "dataset.json"]
-    roots = [r.parent for r in roots] or [f for f in dep.files if (f / "dataset.json").is_file()]
-    if len(roots) != 1:
-        raise ctx.fail(f"{dep.label} is not a dataset (no dataset.json)", attr=attr_name)
+    from ..accuracy.feeds import model_feeds
+
+    root = dataset_dir(ctx, dep, attr_name)
     try:
-        return model_feeds(roots[0], model, limit)
-    except DatasetError as e:
-        raise ctx.fail(f"{dep.label}: {e}", attr=attr_name) from None
+        return model_feeds(root, model, limit)
+    except OnnxError as e:
+        raise ctx.fail(f"{dep.label}: {e.message}", attr=attr_name) from None
 
 
 _TASK_ATTRS = {
@@ -82,15 +66,13 @@ def _write_json(path: Path, doc: Any) -> None:
 
 
 def _accuracy_errors():
-    from ..accuracy.metrics import AccuracyError
+    from qbuild_onnx_common.errors import OnnxError
 
-    return AccuracyError
+    return OnnxError
 
 
-class Evaluate(Rule):
+class Evaluate(OnnxRule):
     kind = "evaluate"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 3
     heavy = True
@@ -125,26 +107,21 @@ class Evaluate(Rule):
     def is_reproducible(self, attrs: Any) -> bool:
         return not attrs["latency_runs"]  # measured timings differ run to run
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from ..accuracy.metrics import (
-            compare_outputs,
-            interleaved_latency_ms,
-            make_session,
-            run_model,
-        )
+        from qbuild_onnx_common.latency import interleaved_latency_ms
+        from qbuild_onnx_common.ort import session
+
+        from ..accuracy.metrics import compare_outputs, run_model
         from ..accuracy.tasks import run_task
         from ..report.html import evaluate_html
 
         a = ctx.attrs
-        ref_path = _onnx_file(ctx, a["reference"], "reference")
+        ref_path = model_file(ctx, a["reference"], "reference")
         feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
         task, options = _task(ctx, {"input_size": a["input_size"],
                                     "score_threshold": a["score_threshold"]})
         try:
-            ref_sess = make_session(ref_path)
+            ref_sess = session(ref_path)
             ref = run_model(ref_sess, feeds)
             report: dict[str, Any] = {"reference": a["reference"].label, "samples": len(feeds),
                                       "task": a["task"], "models": {}}
@@ -153,8 +130,8 @@ class Evaluate(Rule):
             failures: list[tuple[str, str]] = []
             gated = {dep.label for dep in a["models"]}
             for dep in [*a["models"], *(a["baselines"] or [])]:
-                path = _onnx_file(ctx, dep, "models" if dep.label in gated else "baselines")
-                sess = make_session(path)
+                path = model_file(ctx, dep, "models" if dep.label in gated else "baselines")
+                sess = session(path)
                 outs = run_model(sess, feeds)
                 entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
                                          "bytes": path.stat().st_size}
@@ -229,10 +206,8 @@ def _bar_failures(a: dict[str, Any], entry: dict[str, Any]) -> list[str]:
     return out
 
 
-class Sensitivity(Rule):
+class Sensitivity(OnnxRule):
     kind = "sensitivity"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 2
     heavy = True
@@ -254,9 +229,6 @@ class Sensitivity(Rule):
     }
     outputs = ["sensitivity.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def validate(self, attrs: Any) -> None:
         bad = sorted(set(attrs["kinds"]) - {"activation", "weight"})
         if bad:
@@ -270,7 +242,7 @@ class Sensitivity(Rule):
         bad = sorted(set(a["kinds"]) - {"activation", "weight"})
         if bad:
             raise ctx.fail(f"unknown site kind(s) {bad}", attr="kinds")
-        ref_path = _onnx_file(ctx, a["reference"], "reference")
+        ref_path = model_file(ctx, a["reference"], "reference")
         feeds = _feeds(ctx, a["dataset"], "dataset", ref_path, a["max_samples"])
         metric = None
         if a["task"] != "sqnr":
@@ -281,7 +253,7 @@ class Sensitivity(Rule):
             def metric(ref, outs):
                 return score_of(run_task(task, ref, outs, options))
         try:
-            rep = analyze(_onnx_file(ctx, a["model"], "model"), ref_path, feeds,
+            rep = analyze(model_file(ctx, a["model"], "model"), ref_path, feeds,
                           mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
             rep["task"] = a["task"]
         except _accuracy_errors() as e:
@@ -290,10 +262,8 @@ class Sensitivity(Rule):
         return {"top": [r["site"] for r in rep["ranking"][:10]]}
 
 
-class MixedPrecision(Rule):
+class MixedPrecision(OnnxRule):
     kind = "mixed_precision"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 2
     heavy = True
     doc = ("Writes overrides.json putting activation tensors at 16 bits or in float: the "
@@ -315,9 +285,6 @@ class MixedPrecision(Rule):
     }
     outputs = ["overrides.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         import json
 
@@ -328,7 +295,7 @@ class MixedPrecision(Rule):
         )
 
         a = ctx.attrs
-        model = _onnx_file(ctx, a["model"], "model")
+        model = model_file(ctx, a["model"], "model")
         try:
             names = _tensor_selection(model, a["tensors"])
             names += tensors_by_op_type(model, a["op_types"])
@@ -340,8 +307,8 @@ class MixedPrecision(Rule):
             doc["promoted"] = names
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None
-        except QuantizeError as e:  # a selector that selects nothing, a missing name
-            raise ctx.fail(str(e), attr=e.attr) from None
+        except OnnxError as e:  # a selector that selects nothing, a missing name
+            raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("overrides.json"), doc)
         return {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}
 
@@ -384,10 +351,8 @@ def select(trials: list[dict[str, Any]], metric: str, threshold: float) -> dict[
     return min(ok, key=lambda t: (t["promoted"], t["index"])) if ok else None
 
 
-class SelectBest(Rule):
+class SelectBest(OnnxRule):
     kind = "select_best"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 1
     heavy = False
     doc = ("Picks, among candidate models (e.g. quantize variants over mixed_precision "
@@ -444,7 +409,7 @@ class SelectBest(Rule):
                            f"{'>=' if _HIGHER_IS_BETTER[a['metric']] else '<='} "
                            f"{a['threshold']}; best is {best['model']} with {best['score']} "
                            f"({len(trials)} candidates)", attr="threshold")
-        src = _onnx_file(ctx, a["models"][chosen["index"]], "models")
+        src = model_file(ctx, a["models"][chosen["index"]], "models")
         shutil.copyfile(src, ctx.output("{name}.onnx"))
         ctx.log(f"chose {chosen['model']}: {a['metric']} {chosen['score']} with "
                 f"{chosen['promoted']} promoted tensor(s)")
@@ -452,10 +417,8 @@ class SelectBest(Rule):
                 "score": chosen["score"]}
 
 
-class BiasCorrection(Rule):
+class BiasCorrection(OnnxRule):
     kind = "bias_correction"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 2
     heavy = True
@@ -469,17 +432,14 @@ class BiasCorrection(Rule):
     }
     outputs = ["{name}.onnx", "report.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from ..accuracy.bias_correction import bias_correct
 
         a = ctx.attrs
-        ref_path = _onnx_file(ctx, a["reference"], "reference")
+        ref_path = model_file(ctx, a["reference"], "reference")
         feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
         try:
-            _, rep = bias_correct(_onnx_file(ctx, a["model"], "model"), ref_path, feeds,
+            _, rep = bias_correct(model_file(ctx, a["model"], "model"), ref_path, feeds,
                                   ctx.output("{name}.onnx"))
         except _accuracy_errors() as e:
             raise ctx.fail(str(e)) from None

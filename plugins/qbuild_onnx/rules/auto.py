@@ -1,7 +1,7 @@
 """``auto_quantize`` (a macro: its trials are ordinary cached targets, see ``auto_plan``;
 the target itself selects, see ``auto_select``) and ``sensitive_region`` (the stem or
 head region around the most sensitive activation, as quantize overrides). Registered by
-``rules_accuracy``'s hook; heavy imports happen inside ``run``.
+``rules.accuracy``'s hook; heavy imports happen inside ``run``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ import json
 import math
 from typing import Any
 
-from qbuild import ActionContext, ConfigError, Rule, attr, dist_version
+from qbuild_onnx_common.files import model_file
+from qbuild_onnx_common.rule import OnnxRule
 
-
-def _env() -> dict[str, str]:
-    return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-            "numpy": dist_version("numpy")}
+from qbuild import ActionContext, ConfigError, attr
 
 
 def _clean(x: Any) -> Any:
@@ -31,7 +29,7 @@ def _clean(x: Any) -> Any:
     return x
 
 
-class SensitiveRegion(Rule):
+class SensitiveRegion(OnnxRule):
     kind = "sensitive_region"
     version = 1
     heavy = True
@@ -50,27 +48,25 @@ class SensitiveRegion(Rule):
     }
     outputs = ["overrides.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from ..accuracy.metrics import AccuracyError
+        from qbuild_onnx_common.errors import OnnxError
+
         from ..auto.regions import region_overrides
 
         a = ctx.attrs
-        model = next(f for f in a["model"].files if f.suffix == ".onnx")
+        model = model_file(ctx, a["model"], "model")
         rep = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
         try:
             doc = region_overrides(model, rep, a["rank"], a["count"])
-        except AccuracyError as e:
-            raise ctx.fail(str(e), attr="sensitivity") from None
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr="sensitivity") from None
         ctx.output("overrides.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         ctx.log(f"region {doc['region']['where']} around {doc['region']['tensor']}: "
                 f"{doc['region']['nodes']} node(s) float")
         return {"region": doc["region"], "selectors": doc["selectors"]}
 
 
-class AutoQuantize(Rule):
+class AutoQuantize(OnnxRule):
     kind = "auto_quantize"
     version = 1
     heavy = False
@@ -149,10 +145,10 @@ class AutoQuantize(Rule):
                 row["float_joins"] = [j["node"] for j in joins]
         result = _clean(result)
         if result["chosen"] == "float":
-            src = next(f for f in a["model"].files if f.suffix == ".onnx")
+            src = model_file(ctx, a["model"], "model")
         else:
             index = a["trial_names"].index(result["chosen"])
-            src = next(f for f in a["candidates"][index].files if f.suffix == ".onnx")
+            src = model_file(ctx, a["candidates"][index], "candidates")
         shutil.copyfile(src, ctx.output("{name}.onnx"))
         sens = None
         if a["sensitivity"] is not None:

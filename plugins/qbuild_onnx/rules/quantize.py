@@ -1,7 +1,7 @@
 """The ``quantize`` (static, from saved ranges) and ``quantize_dynamic`` rules.
 
 Thin wrappers over ``qbuild_onnx.quantization.quantize``: they map attributes to options, pick the
-model and calibration files out of their dependencies, and turn ``QuantizeError`` into a
+model and calibration files out of their dependencies, and turn ``OnnxError`` into a
 ``RuleError`` naming the attribute. The static rule reads only its two declared inputs, so
 changing a quantize attribute reruns neither pre-processing nor calibration. onnx,
 onnxruntime and numpy are imported only inside ``run``.
@@ -12,9 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qbuild import ActionContext, ConfigError, Dep, Rule, attr, dist_version, hookimpl
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.files import model_file
+from qbuild_onnx_common.rule import OnnxRule
 
-from ..quantization.errors import QuantizeError
+from qbuild import ActionContext, ConfigError, Dep, Rule, attr, hookimpl
+
 from ..quantization.options import (
     ACTIVATION_TYPES,
     DYNAMIC_WEIGHT_TYPES,
@@ -26,10 +29,6 @@ from ..quantization.options import (
     check_dynamic_options,
     check_static_options,
 )
-
-# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
-ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
-ONNX_INSTALL = "pip install 'qbuild[onnx]'"
 
 _COMMON = {
     "model": attr.label(
@@ -50,11 +49,6 @@ _COMMON = {
     "extra_options": attr.mapping(default={}, doc="onnxruntime quantizer extra options, "
                                   "passed through (e.g. QDQKeepRemovableActivations = true)."),
 }
-
-
-def _env() -> dict[str, str]:
-    return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-            "numpy": dist_version("numpy")}
 
 
 def _pick(ctx: ActionContext, dep: Dep, attr_name: str, suffix: str,
@@ -135,26 +129,24 @@ def _rewrites(dep: Dep) -> dict[str, Any] | None:
 def _validate(check, options) -> None:
     try:
         check(options)
-    except QuantizeError as exc:
-        raise ConfigError(str(exc), attr=exc.attr) from None
+    except OnnxError as exc:
+        raise ConfigError(exc.message, attr=exc.attr) from None
 
 
 def _run(ctx: ActionContext, work, inputs: dict[Path, Dep]) -> dict[str, Any]:
     try:
         return work()
-    except QuantizeError as exc:
-        message = str(exc)
+    except OnnxError as exc:
+        message = exc.message
         for path, dep in inputs.items():  # staged paths mean nothing to the user: use labels
             message = message.replace(str(path), f"{dep.label} ({path.name})")
         raise ctx.fail(message, attr=exc.attr) from None
 
 
-class Quantize(Rule):
+class Quantize(OnnxRule):
     """Static quantization from a calibration artifact."""
 
     kind = "quantize"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 3
     heavy = True
     doc = ("Static quantization with onnxruntime's QDQ or QOperator quantizer, from the "
@@ -199,16 +191,13 @@ class Quantize(Rule):
     }
     outputs = ["{name}.onnx", "report.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def validate(self, attrs: dict[str, Any]) -> None:
         _validate(check_static_options, _static_options(attrs))
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from ..quantization.quantize import quantize_static_model
 
-        model = _pick(ctx, ctx.attrs["model"], "model", ".onnx")
+        model = model_file(ctx, ctx.attrs["model"], "model")
         calibration = _pick(ctx, ctx.attrs["calibration"], "calibration", ".json",
                             "calibration.json")
         a = ctx.attrs
@@ -226,8 +215,8 @@ class Quantize(Rule):
         if promoted is not None:
             try:
                 check_static_options(options)
-            except QuantizeError as exc:
-                raise ctx.fail(f"with the overrides of {a['overrides'].label}: {exc}",
+            except OnnxError as exc:
+                raise ctx.fail(f"with the overrides of {a['overrides'].label}: {exc.message}",
                                attr="overrides") from None
         info = _run(ctx, lambda: quantize_static_model(
             model, calibration, ctx.output("{name}.onnx"), options,
@@ -239,12 +228,10 @@ class Quantize(Rule):
         return info
 
 
-class QuantizeDynamic(Rule):
+class QuantizeDynamic(OnnxRule):
     """Dynamic quantization: int8 weights now, uint8 activations computed at run time."""
 
     kind = "quantize_dynamic"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 2
     heavy = True
     doc = ("Dynamic quantization with onnxruntime's integer-ops quantizer: weights are "
@@ -263,16 +250,13 @@ class QuantizeDynamic(Rule):
     }
     outputs = ["{name}.onnx", "report.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def validate(self, attrs: dict[str, Any]) -> None:
         _validate(check_dynamic_options, _dynamic_options(attrs))
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from ..quantization.quantize import quantize_dynamic_model
 
-        model = _pick(ctx, ctx.attrs["model"], "model", ".onnx")
+        model = model_file(ctx, ctx.attrs["model"], "model")
         options = _dynamic_options(ctx.attrs)
         return _run(ctx, lambda: quantize_dynamic_model(
             model, ctx.output("{name}.onnx"), options, report_path=ctx.output("report.json"),

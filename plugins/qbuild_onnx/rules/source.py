@@ -1,8 +1,9 @@
 """Rules for source models and data: ``onnx_model``, ``image_dataset``, ``numpy_dataset``,
 ``synthetic_dataset``, ``dataset`` (custom readers), ``quant_preprocess``, ``calibrate``.
 
-Thin wrappers: attributes in, the functions of model / datasets / dataset_images /
-preprocess / calibration out. Heavy libraries are imported inside ``run`` only.
+Thin wrappers: attributes in, the functions of ``source`` (models, datasets, images),
+``quantization.preprocess`` and ``calibration`` out. Heavy libraries are imported inside
+``run`` only.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common.files import dataset_dir, model_file
+from qbuild_onnx_common.rule import OnnxRule
+
 from qbuild import (
     ActionContext,
     ConfigError,
@@ -18,42 +22,13 @@ from qbuild import (
     Rule,
     RuleError,
     attr,
-    dist_version,
     hookimpl,
 )
 
-# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
-ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
-ONNX_INSTALL = "pip install 'qbuild[onnx]'"
-
-_ENV_LIBS = ("onnx", "onnxruntime", "numpy")
-# What a folder in image_dataset's `images` stands for (dataset_images.IMAGE_SUFFIXES,
+# What a folder in image_dataset's `images` stands for (source.images.IMAGE_SUFFIXES,
 # repeated so loading the rules does not import the image code).
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                    ".pgm", ".pbm")
-
-
-def _env(*extra: str) -> dict[str, str]:
-    return {lib: dist_version(lib) for lib in (*_ENV_LIBS, *extra)}
-
-
-def _model_file(ctx: ActionContext, dep: Dep, attr_name: str) -> Path:
-    name = dep.info.get("model_file") if dep.info else None
-    files = [f for f in dep.files if f.is_file() and f.suffix == ".onnx"]
-    if name:
-        files = [f for f in files if f.name == name] or files
-    if not files:
-        raise ctx.fail(f"{dep.label} has no .onnx output", attr=attr_name)
-    return files[0]
-
-
-def _dataset_dir(ctx: ActionContext, dep: Dep, attr_name: str) -> Path:
-    for f in dep.files:
-        if f.is_dir() and (f / "dataset.json").is_file():
-            return f
-        if f.name == "dataset.json":
-            return f.parent
-    raise ctx.fail(f"{dep.label} is not a dataset (no dataset.json)", attr=attr_name)
 
 
 def _located(ctx: ActionContext, err: RuleError, attr_name: str | None = None) -> RuleError:
@@ -63,11 +38,13 @@ def _located(ctx: ActionContext, err: RuleError, attr_name: str | None = None) -
 def _check_against(ctx: ActionContext, info: dict[str, Any], model: Dep | None) -> None:
     if model is None:
         return
-    from ..source.datasets import DatasetError, check_dataset_against_model
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..source.datasets import check_dataset_against_model
 
     try:
         check_dataset_against_model(info, model.info, None)
-    except DatasetError as e:
+    except OnnxError as e:
         raise _located(ctx, e, "model") from None
 
 
@@ -79,10 +56,8 @@ def _finish_dataset(ctx: ActionContext, out: Path, model: Dep | None) -> dict[st
     return info
 
 
-class OnnxModel(Rule):
+class OnnxModel(OnnxRule):
     kind = "onnx_model"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 2
     heavy = True
     doc = ("A source ONNX model: checked with onnx.checker (full_check, by path), external "
@@ -102,16 +77,15 @@ class OnnxModel(Rule):
             outs.append(Path(rel).as_posix() if not rel.startswith("..") else Path(d).name)
         return outs
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from ..source.model import ModelError, stage_model
+        from qbuild_onnx_common.errors import OnnxError
+
+        from ..source.model import stage_model
 
         try:
             info = stage_model(ctx.attrs["src"], ctx.output("{name}.onnx"),
                                ctx.attrs.get("data") or [])
-        except ModelError as e:
+        except OnnxError as e:
             raise _located(ctx, e, "src") from None
         info["model_file"] = f"{ctx.name}.onnx"
         _note_model_shape(ctx, info)
@@ -171,29 +145,23 @@ _IMAGE_ATTRS = {
 }
 
 
-class _DatasetRule(Rule):
+class _DatasetRule(OnnxRule):
     """What every dataset rule shares: a ``data/`` directory output (dataset.json plus
     one .npy per input) and the library versions in the key."""
 
     outputs = ["data/"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
 
 class ImageDataset(_DatasetRule):
     kind = "image_dataset"
-    requires = (*ONNX_REQUIRES, "Pillow")
-    install_hint = ONNX_INSTALL
+    requires = (*OnnxRule.requires, "Pillow")
+    env_libs = ("Pillow",)
     version = 1
     heavy = True
     doc = ("A dataset from images: decode (alpha, greyscale, palette, 16-bit handled), "
            "resize/letterbox/crop, colour order, scale/mean/std, layout and dtype; optional "
            "seeded augmentation to get more samples than images.")
     attrs = _IMAGE_ATTRS
-
-    def env(self) -> dict[str, str]:
-        return _env("Pillow")
 
     def validate(self, attrs: Any) -> None:
         if len(attrs["size"]) != 2:
@@ -209,7 +177,8 @@ class ImageDataset(_DatasetRule):
                                   f"{attrs[name]}", attr=name)
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from ..source.datasets import DatasetError
+        from qbuild_onnx_common.errors import OnnxError
+
         from ..source.images import ImageOptions, build_image_dataset
 
         a = ctx.attrs
@@ -226,15 +195,13 @@ class ImageDataset(_DatasetRule):
         out = ctx.output("data/")
         try:
             build_image_dataset(out, a["images"], a["input"], opts, batch_size=a["batch_size"])
-        except DatasetError as e:
+        except OnnxError as e:
             raise _located(ctx, e, "images") from None
         return _finish_dataset(ctx, out, a.get("model"))
 
 
 class NumpyDataset(_DatasetRule):
     kind = "numpy_dataset"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("A dataset from .npy/.npz arrays (axis 0 = samples), mapped to model inputs: "
@@ -247,22 +214,22 @@ class NumpyDataset(_DatasetRule):
         **_DATASET_COMMON,
     }
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from ..source.datasets import DatasetError, build_numpy_dataset
+        from qbuild_onnx_common.errors import OnnxError
+
+        from ..source.datasets import build_numpy_dataset
 
         a = ctx.attrs
         out = ctx.output("data/")
         try:
             build_numpy_dataset(out, a["files"], a["mapping"], a["batch_size"], a["cast"],
                                 a["limit"] or None)
-        except DatasetError as e:
+        except OnnxError as e:
             raise _located(ctx, e, "mapping") from None
         return _finish_dataset(ctx, out, a.get("model"))
 
 
 class SyntheticDataset(_DatasetRule):
     kind = "synthetic_dataset"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("Seeded random data shaped like a model's inputs, for smoke tests only: random "
@@ -277,7 +244,9 @@ class SyntheticDataset(_DatasetRule):
         "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
     }
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from ..source.datasets import DatasetError, build_synthetic_dataset
+        from qbuild_onnx_common.errors import OnnxError
+
+        from ..source.datasets import build_synthetic_dataset
 
         a = ctx.attrs
         ctx.warn(f"{ctx.label} is SYNTHETIC random data: fine for smoke tests, but calibrating "
@@ -287,15 +256,13 @@ class SyntheticDataset(_DatasetRule):
         try:
             build_synthetic_dataset(out, a["model"].info, a["count"], a["seed"], a["dims"],
                                     a["low"], a["high"], a["batch_size"])
-        except DatasetError as e:
+        except OnnxError as e:
             raise _located(ctx, e, "model") from None
         return _finish_dataset(ctx, out, a["model"])
 
 
 class CustomDataset(_DatasetRule):
     kind = "dataset"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 1
     heavy = True
     doc = ("A dataset from a custom reader: a plugin's qbuild_dataset_readers hook (by name) "
@@ -311,10 +278,13 @@ class CustomDataset(_DatasetRule):
     def code(self, attrs: dict[str, Any]) -> list[str]:
         # The reader's code decides the samples: key it like the rule's own code.
         reader = attrs["reader"]
-        return [reader] if ":" in reader else ["hook:qbuild_dataset_readers"]
+        return [*super().code(attrs),
+                reader if ":" in reader else "hook:qbuild_dataset_readers"]
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from ..source.datasets import DatasetError, build_reader_dataset, find_reader
+        from qbuild_onnx_common.errors import OnnxError
+
+        from ..source.datasets import build_reader_dataset, find_reader
 
         a = ctx.attrs
         out = ctx.output("data/")
@@ -322,15 +292,13 @@ class CustomDataset(_DatasetRule):
             reader = find_reader(a["reader"])
             build_reader_dataset(out, reader, a["files"] or [], a["options"], a["batch_size"],
                                  a["limit"] or None, name=a["reader"])
-        except DatasetError as e:
+        except OnnxError as e:
             raise _located(ctx, e, "reader") from None
         return _finish_dataset(ctx, out, a.get("model"))
 
 
-class QuantPreprocess(Rule):
+class QuantPreprocess(OnnxRule):
     kind = "quant_preprocess"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 3
     heavy = True
     doc = ("onnxruntime's quantization pre-processing (symbolic shape inference, graph "
@@ -354,12 +322,10 @@ class QuantPreprocess(Rule):
             outs.append(f"{name}.onnx.data")
         return outs
 
-    def env(self) -> dict[str, str]:
-        return _env("sympy")
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
+        from qbuild_onnx_common.errors import OnnxError
+
         from ..quantization.preprocess import PreprocessOptions, preprocess_model
-        from ..source.model import ModelError
 
         a = ctx.attrs
         opts = PreprocessOptions(
@@ -370,19 +336,17 @@ class QuantPreprocess(Rule):
 
         try:
             with ort_output_to_log(ctx.log, ctx.warn):
-                info = preprocess_model(_model_file(ctx, a["model"], "model"),
+                info = preprocess_model(model_file(ctx, a["model"], "model"),
                                         ctx.output("{name}.onnx"), opts,
                                         external_data=a["external_data"], log=ctx.log)
-        except ModelError as e:
+        except OnnxError as e:
             raise _located(ctx, e, "model") from None
         info["model_file"] = f"{ctx.name}.onnx"
         return info
 
 
-class Calibrate(Rule):
+class Calibrate(OnnxRule):
     kind = "calibrate"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 1
     heavy = True
@@ -424,9 +388,6 @@ class Calibrate(Rule):
             return ["calibration.json", "histograms.npz"]
         return ["calibration.json"]
 
-    def env(self) -> dict[str, str]:
-        return _env()
-
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from ..calibration.calibrate import CalibrationOptions, calibrate
 
@@ -441,8 +402,8 @@ class Calibrate(Rule):
 
         try:
             with ort_output_to_log(ctx.log, ctx.warn):
-                return calibrate(_model_file(ctx, a["model"], "model"),
-                                 _dataset_dir(ctx, a["dataset"], "dataset"),
+                return calibrate(model_file(ctx, a["model"], "model"),
+                                 dataset_dir(ctx, a["dataset"], "dataset"),
                                  ctx.output("calibration.json").parent, opts, log=ctx.log,
                                  scratch=ctx.scratch)
         except RuleError as e:

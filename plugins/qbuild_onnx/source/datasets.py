@@ -8,7 +8,7 @@ A dataset is a directory holding ``dataset.json`` and one ``.npy`` file per mode
 Axis 0 of every array is the sample axis. Each ``.npy`` is a plain C-order array, so it
 can be memory-mapped; readers here pull one batch at a time so memory stays bounded.
 This module also builds datasets from ``.npy``/``.npz`` files and synthetic data; images
-live in ``dataset_images``, custom readers come through the ``qbuild_dataset_readers`` hook.
+live in ``images``, custom readers come through the ``qbuild_dataset_readers`` hook.
 """
 
 from __future__ import annotations
@@ -22,16 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from qbuild import RuleError
+from qbuild_onnx_common.errors import OnnxError
 
 FORMAT = "qbuild-dataset"
 VERSION = 1
 MANIFEST = "dataset.json"
 _HEADER_BYTES = 256  # fixed .npy header size, so the sample count can be patched in at the end
-
-
-class DatasetError(RuleError):
-    """A dataset that cannot be built, read, or fed to a model."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -47,7 +43,7 @@ def _npy_header(dtype, shape: tuple[int, ...]) -> bytes:
     total = _HEADER_BYTES
     body_len = total - 10  # magic (6) + version (2) + header length (2)
     if len(text) + 1 > body_len:
-        raise DatasetError(f"array shape {shape} too long for a dataset file header")
+        raise OnnxError(f"array shape {shape} too long for a dataset file header")
     text = text + b" " * (body_len - len(text) - 1) + b"\n"
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", body_len) + text
 
@@ -67,9 +63,9 @@ class DatasetWriter:
         import numpy as np
 
         if not inputs:
-            raise DatasetError("a dataset needs at least one input")
+            raise OnnxError("a dataset needs at least one input")
         if batch_size < 1:
-            raise DatasetError(f"batch_size must be >= 1, got {batch_size}")
+            raise OnnxError(f"batch_size must be >= 1, got {batch_size}")
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.batch_size = int(batch_size)
@@ -97,17 +93,17 @@ class DatasetWriter:
         missing = [k for k in self._specs if k not in block]
         extra = [k for k in block if k not in self._specs]
         if missing or extra:
-            raise DatasetError(f"sample inputs do not match the dataset: missing {missing}, "
+            raise OnnxError(f"sample inputs do not match the dataset: missing {missing}, "
                                f"unexpected {extra}")
         arrays = {}
         for name, (dt, shp, _) in self._specs.items():
             a = np.asarray(block[name])
             want = shp if n is None else (n, *shp)
             if a.shape != want:
-                raise DatasetError(f"input '{name}': sample shape {list(a.shape)} differs from "
+                raise OnnxError(f"input '{name}': sample shape {list(a.shape)} differs from "
                                    f"the dataset's {list(want)}")
             if a.dtype != dt:
-                raise DatasetError(f"input '{name}': sample dtype {a.dtype} differs from the "
+                raise OnnxError(f"input '{name}': sample dtype {a.dtype} differs from the "
                                    f"dataset's {dt}")
             arrays[name] = np.ascontiguousarray(a)
         for name, a in arrays.items():
@@ -119,7 +115,7 @@ class DatasetWriter:
         if self.count == 0:
             for f in self._files.values():
                 f.close()
-            raise DatasetError("the dataset has no samples")
+            raise OnnxError("the dataset has no samples")
         manifest_inputs = {}
         for name, (dt, shp, fname) in self._specs.items():
             f = self._files[name]
@@ -145,10 +141,10 @@ def write_dataset(out_dir: str | Path, arrays: Mapping[str, Any], batch_size: in
     counts = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
     if any(c is None for c in counts.values()):
         bad = [k for k, c in counts.items() if c is None]
-        raise DatasetError(f"input '{bad[0]}': a scalar has no sample axis; store it with a "
+        raise OnnxError(f"input '{bad[0]}': a scalar has no sample axis; store it with a "
                            "leading axis of length N")
     if len(set(counts.values())) != 1:
-        raise DatasetError(f"inputs have different sample counts: {counts}")
+        raise OnnxError(f"inputs have different sample counts: {counts}")
     w = DatasetWriter(out_dir, {k: (v.dtype, v.shape[1:]) for k, v in arrays.items()},
                       batch_size=batch_size, meta=meta)
     n = next(iter(counts.values()))
@@ -207,7 +203,7 @@ class Dataset:
             f.seek(self._data_offset(f) + start * per)
             got = f.readinto(memoryview(out).cast("B")) if out.nbytes else 0
         if got != out.nbytes:
-            raise DatasetError(f"dataset file {spec['file']} is truncated",
+            raise OnnxError(f"dataset file {spec['file']} is truncated",
                                file=self.path / spec["file"])
         return out
 
@@ -227,7 +223,7 @@ class Dataset:
         """Yield input name -> array batches of ``batch_size`` samples (last may be short)."""
         b = int(batch_size or self.batch_size)
         if b < 1:
-            raise DatasetError(f"batch_size must be >= 1, got {b}")
+            raise OnnxError(f"batch_size must be >= 1, got {b}")
         for start in range(0, self.count, b):
             yield {name: self.read(name, start, start + b) for name in self.manifest["inputs"]}
 
@@ -237,17 +233,17 @@ def open_dataset(path: str | Path) -> Dataset:
     path = Path(path)
     mf = path / MANIFEST
     if not mf.is_file():
-        raise DatasetError(f"not a qbuild dataset: {MANIFEST} is missing", file=path)
+        raise OnnxError(f"not a qbuild dataset: {MANIFEST} is missing", file=path)
     try:
         manifest = json.loads(mf.read_text())
     except ValueError as e:
-        raise DatasetError(f"{MANIFEST} is not valid JSON: {e}", file=mf) from None
+        raise OnnxError(f"{MANIFEST} is not valid JSON: {e}", file=mf) from None
     if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise DatasetError(f"unsupported dataset format {manifest.get('format')!r} version "
+        raise OnnxError(f"unsupported dataset format {manifest.get('format')!r} version "
                            f"{manifest.get('version')!r} (expected {FORMAT!r} {VERSION})", file=mf)
     for name, spec in manifest["inputs"].items():
         if not (path / spec["file"]).is_file():
-            raise DatasetError(f"input '{name}': file {spec['file']} is missing", file=path)
+            raise OnnxError(f"input '{name}': file {spec['file']} is missing", file=path)
     return Dataset(path, manifest)
 
 
@@ -310,17 +306,17 @@ def check_dataset_against_model(dataset_info: Mapping[str, Any], model_info: Map
     model input's rank is fed in batches along axis 0 (a fixed model dim 0 fixes the batch
     size); an array one rank higher holds whole model inputs, fed one sample per run.
 
-    Raises DatasetError naming the input, the expected and the actual dtype/shape.
+    Raises OnnxError naming the input, the expected and the actual dtype/shape.
     """
     d_inputs = dataset_info["inputs"]
     m_inputs = {i["name"]: i for i in model_info["inputs"]}
     missing = [n for n in m_inputs if n not in d_inputs]
     if missing:
-        raise DatasetError(f"model input '{missing[0]}' has no data in the dataset "
+        raise OnnxError(f"model input '{missing[0]}' has no data in the dataset "
                            f"(dataset inputs: {', '.join(d_inputs) or 'none'})")
     extra = [n for n in d_inputs if n not in m_inputs]
     if extra:
-        raise DatasetError(f"dataset input '{extra[0]}' is not an input of the model "
+        raise OnnxError(f"dataset input '{extra[0]}' is not an input of the model "
                            f"(model inputs: {', '.join(m_inputs)})")
     fixed: dict[str, int] = {}
     unbatched = []
@@ -329,7 +325,7 @@ def check_dataset_against_model(dataset_info: Mapping[str, Any], model_info: Map
         d_shape, d_dtype = list(di["shape"]), di["dtype"]
         m_shape, m_dtype = mi.get("shape"), mi.get("dtype")
         if m_dtype is not None and d_dtype != m_dtype:
-            raise DatasetError(f"input '{name}': the model expects dtype {m_dtype}, the dataset "
+            raise OnnxError(f"input '{name}': the model expects dtype {m_dtype}, the dataset "
                                f"has {d_dtype} (shape {_fmt_shape(d_shape)})")
         if m_shape is None:
             continue
@@ -342,13 +338,13 @@ def check_dataset_against_model(dataset_info: Mapping[str, Any], model_info: Map
             if m_shape and isinstance(m_shape[0], int):
                 fixed[name] = m_shape[0]
         else:
-            raise DatasetError(f"input '{name}': the model expects {expect} (rank "
+            raise OnnxError(f"input '{name}': the model expects {expect} (rank "
                                f"{len(m_shape)}), the dataset has {d_dtype} "
                                f"{_fmt_shape(d_shape)} (N={d_shape[0]} samples, rank "
                                f"{len(d_shape)})")
         for axis, (want, got) in enumerate(zip(compare, rest)):
             if isinstance(want, int) and want != got:
-                raise DatasetError(
+                raise OnnxError(
                     f"input '{name}': the model expects {expect}, the dataset has {d_dtype} "
                     f"{_fmt_shape(d_shape)} (per-sample shape {_fmt_shape(rest)}; mismatch at "
                     f"model axis {axis + len(m_shape) - len(compare)}: {want} vs {got})")
@@ -357,12 +353,12 @@ def check_dataset_against_model(dataset_info: Mapping[str, Any], model_info: Map
         detail = ", ".join(f"'{k}' fixes batch {v}" for k, v in sorted(fixed.items()))
         if unbatched:
             detail += ", " + ", ".join(f"'{k}' is fed one sample per run" for k in unbatched)
-        raise DatasetError(f"inputs disagree on the batch size: {detail}")
+        raise OnnxError(f"inputs disagree on the batch size: {detail}")
     if sizes:
         (forced,) = sizes
         if batch_size is not None and batch_size != forced:
             who = next(iter(sorted(fixed))) if fixed else unbatched[0]
-            raise DatasetError(f"input '{who}': the model takes exactly {forced} sample(s) per "
+            raise OnnxError(f"input '{who}': the model takes exactly {forced} sample(s) per "
                                f"run, but batch_size {batch_size} was requested")
         return FeedPlan(batch_size=forced, fixed=True, unbatched=tuple(sorted(unbatched)))
     b = int(batch_size or dataset_info.get("batch_size") or 1)
@@ -405,27 +401,27 @@ def _load_array_spec(spec: str, files: Mapping[str, Path]):
     fname, _, key = spec.partition(":")
     path = files.get(fname)
     if path is None:
-        raise DatasetError(f"'{fname}' is not one of the listed files "
+        raise OnnxError(f"'{fname}' is not one of the listed files "
                            f"({', '.join(sorted(files)) or 'none'})")
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as z:
                 if not key:
                     if len(z.files) != 1:
-                        raise DatasetError(f"{path.name} holds arrays {z.files}; name one as "
+                        raise OnnxError(f"{path.name} holds arrays {z.files}; name one as "
                                            f"'{path.name}:<key>'", file=path)
                     key = z.files[0]
                 if key not in z.files:
-                    raise DatasetError(f"{path.name} has no array '{key}' (it has: "
+                    raise OnnxError(f"{path.name} has no array '{key}' (it has: "
                                        f"{', '.join(z.files)})", file=path)
                 return np.asarray(z[key])
         if key:
-            raise DatasetError(f"'{spec}': only .npz files have keys", file=path)
+            raise OnnxError(f"'{spec}': only .npz files have keys", file=path)
         return np.load(path, mmap_mode="r", allow_pickle=False)
-    except DatasetError:
+    except OnnxError:
         raise
     except Exception as e:
-        raise DatasetError(f"cannot read array: {e}", file=path) from None
+        raise OnnxError(f"cannot read array: {e}", file=path) from None
 
 
 def build_numpy_dataset(out_dir: str | Path, files: Iterable[str | Path],
@@ -444,15 +440,15 @@ def build_numpy_dataset(out_dir: str | Path, files: Iterable[str | Path],
     by_name: dict[str, Path] = {}
     for p in paths:
         if p.suffix not in (".npy", ".npz"):
-            raise DatasetError("only .npy and .npz files are supported", file=p)
+            raise OnnxError("only .npy and .npz files are supported", file=p)
         if p.name in by_name:
-            raise DatasetError(f"two listed files are both named {p.name}", file=p)
+            raise OnnxError(f"two listed files are both named {p.name}", file=p)
         by_name[p.name] = p
     mapping = dict(mapping)
     if not mapping:
         npz = [p for p in paths if p.suffix == ".npz"]
         if len(npz) != 1 or len(paths) != 1:
-            raise DatasetError("give a mapping (input name -> file or file.npz:key) unless "
+            raise OnnxError("give a mapping (input name -> file or file.npz:key) unless "
                                "there is exactly one .npz whose keys are the input names")
         with np.load(npz[0], allow_pickle=False) as z:
             mapping = {k: f"{npz[0].name}:{k}" for k in z.files}
@@ -460,10 +456,10 @@ def build_numpy_dataset(out_dir: str | Path, files: Iterable[str | Path],
     for name, spec in mapping.items():
         try:
             a = _load_array_spec(spec, by_name)
-        except DatasetError as e:
-            raise DatasetError(f"input '{name}': {e.message}", file=e.file) from None
+        except OnnxError as e:
+            raise OnnxError(f"input '{name}': {e.message}", file=e.file) from None
         if a.ndim == 0:
-            raise DatasetError(f"input '{name}': '{spec}' is a scalar; store it with a leading "
+            raise OnnxError(f"input '{name}': '{spec}' is a scalar; store it with a leading "
                                "sample axis")
         if cast and name in cast:
             a = a.astype(np.dtype(cast[name]))
@@ -472,7 +468,7 @@ def build_numpy_dataset(out_dir: str | Path, files: Iterable[str | Path],
         arrays[name] = a
     counts = {k: int(v.shape[0]) for k, v in arrays.items()}
     if len(set(counts.values())) > 1:
-        raise DatasetError("inputs have different sample counts (axis 0): " +
+        raise OnnxError("inputs have different sample counts (axis 0): " +
                            ", ".join(f"'{k}': {v}" for k, v in counts.items()))
     return write_dataset(out_dir, arrays, batch_size=batch_size,
                          meta={"kind": "numpy", "mapping": dict(sorted(mapping.items()))})
@@ -495,7 +491,7 @@ def build_synthetic_dataset(out_dir: str | Path, model_info: Mapping[str, Any], 
     for inp in model_info["inputs"]:
         shape = inp.get("shape")
         if shape is None:
-            raise DatasetError(f"input '{inp['name']}' has no shape in the model; a synthetic "
+            raise OnnxError(f"input '{inp['name']}' has no shape in the model; a synthetic "
                                "dataset cannot be generated")
         concrete = []
         for d in shape[1:]:
@@ -516,7 +512,7 @@ def build_synthetic_dataset(out_dir: str | Path, model_info: Mapping[str, Any], 
             elif dt.kind == "b":
                 sample[name] = rng.integers(0, 2, size=shape).astype(dt)
             else:
-                raise DatasetError(f"input '{name}': cannot synthesise dtype {dt}")
+                raise OnnxError(f"input '{name}': cannot synthesise dtype {dt}")
         w.add(sample)
     return w.close()
 
@@ -534,7 +530,7 @@ def build_reader_dataset(out_dir: str | Path, reader, files: list[Path],
             if limit is not None and i >= limit:
                 break
             if not isinstance(sample, Mapping) or not sample:
-                raise DatasetError(f"reader '{name}' yielded {type(sample).__name__}, expected a "
+                raise OnnxError(f"reader '{name}' yielded {type(sample).__name__}, expected a "
                                    "dict of input name -> array")
             sample = {k: np.asarray(v) for k, v in sample.items()}
             if w is None:
@@ -543,12 +539,12 @@ def build_reader_dataset(out_dir: str | Path, reader, files: list[Path],
                                   meta={"kind": "reader", "reader": name,
                                         "options": dict(sorted(options.items()))})
             w.add(sample)
-    except DatasetError:
+    except OnnxError:
         raise
     except Exception as e:
-        raise DatasetError(f"reader '{name}' failed: {type(e).__name__}: {e}") from e
+        raise OnnxError(f"reader '{name}' failed: {type(e).__name__}: {e}") from e
     if w is None:
-        raise DatasetError(f"reader '{name}' produced no samples")
+        raise OnnxError(f"reader '{name}' produced no samples")
     return w.close()
 
 
@@ -582,7 +578,7 @@ def available_readers(pm=None) -> dict[str, Any]:
     for result in pm.hook.qbuild_dataset_readers():
         for name, reader in (result or {}).items():
             if name in found and found[name] is not reader:
-                raise DatasetError(f"dataset reader '{name}' is provided by two plugins")
+                raise OnnxError(f"dataset reader '{name}' is provided by two plugins")
             found[name] = reader
     return found
 
@@ -596,11 +592,11 @@ def find_reader(name: str, pm=None):
         try:
             return getattr(importlib.import_module(mod), fn)
         except (ImportError, AttributeError) as e:
-            raise DatasetError(f"cannot import dataset reader '{name}': {e}",
+            raise OnnxError(f"cannot import dataset reader '{name}': {e}",
                                attr="reader") from None
     readers = available_readers(pm)
     if name not in readers:
-        raise DatasetError(f"no dataset reader named '{name}' (available: "
+        raise OnnxError(f"no dataset reader named '{name}' (available: "
                            f"{', '.join(sorted(readers)) or 'none'}); install the plugin that "
                            "provides it or use 'module:function'", attr="reader")
     return readers[name]

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .datasets import DatasetError, DatasetWriter
+from qbuild_onnx_common.errors import OnnxError
+
+from .datasets import DatasetWriter
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                   ".pgm", ".pbm")
@@ -54,8 +56,8 @@ class ImageOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def check(self) -> None:
-        def bad(attr: str, msg: str) -> DatasetError:
-            return DatasetError(msg, attr=attr)
+        def bad(attr: str, msg: str) -> OnnxError:
+            return OnnxError(msg, attr=attr)
 
         if self.height < 1 or self.width < 1:
             raise bad("size", f"image size must be positive, got {self.height}x{self.width}")
@@ -99,7 +101,7 @@ def list_images(sources: Iterable[str | Path]) -> list[Path]:
         elif p.is_file():
             found.append(p)
         else:
-            raise DatasetError("image file or folder does not exist", file=p)
+            raise OnnxError("image file or folder does not exist", file=p)
     return sorted(set(found), key=lambda f: f.as_posix())
 
 
@@ -114,9 +116,9 @@ def decode_image(path: str | Path, background: Sequence[float] = (255.0, 255.0, 
             im.load()
             im = ImageOps.exif_transpose(im) or im
     except UnidentifiedImageError:
-        raise DatasetError("not an image Pillow can read", file=path) from None
+        raise OnnxError("not an image Pillow can read", file=path) from None
     except OSError as e:
-        raise DatasetError(f"cannot decode image: {e}", file=path) from None
+        raise OnnxError(f"cannot decode image: {e}", file=path) from None
     alpha = None
     mode = im.mode
     if mode == "P":
@@ -263,7 +265,7 @@ def build_image_dataset(out_dir: str | Path, sources: Iterable[str | Path], inpu
     opts.check()
     files = list_images(sources)
     if not files:
-        raise DatasetError("no image files found")
+        raise OnnxError("no image files found")
     count = opts.count or len(files)
     w = DatasetWriter(out_dir, {input_name: (np.dtype(opts.dtype), opts.sample_shape())},
                       batch_size=batch_size,

@@ -106,11 +106,13 @@ def drop_initializer_inputs(model) -> int:
 def grouped_conv_transposes_with_bias(model) -> list[str]:
     """ConvTranspose nodes with group > 1 and a bias: onnxruntime's per-channel QDQ
     quantizer fails on them (its bias scale has the per-group weight channel count)."""
+    from qbuild_onnx_common.graph import attr
+
     out = []
     for n in model.graph.node:
         if n.op_type != "ConvTranspose" or len(n.input) < 3 or not n.input[2]:
             continue
-        group = next((a.i for a in n.attribute if a.name == "group"), 1)
+        group = attr(n, "group", 1)
         if group > 1:
             out.append(n.name)
     return out
