@@ -213,6 +213,7 @@ class NumpyDataset(_DatasetRule):
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
         **_DATASET_COMMON,
     }
+
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from qbuild_onnx_common.errors import OnnxError
 
@@ -243,6 +244,7 @@ class SyntheticDataset(_DatasetRule):
         "high": attr.float(default=1.0, doc="Upper bound of the uniform values."),
         "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
     }
+
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         from qbuild_onnx_common.errors import OnnxError
 
