@@ -66,20 +66,20 @@ def _target(ctx: ActionContext, name: str):
 
     from .targets import get_target
 
-    pm = None
-    if name not in {t.name for t in BUILTIN_TARGETS}:
-        # Rules run in worker processes: collect hook targets from the entry points here.
-        import pluggy
-
-        from . import hookspecs
-
-        pm = pluggy.PluginManager("qbuild")
-        pm.add_hookspecs(hookspecs)
-        pm.load_setuptools_entrypoints("qbuild")
+    # A plugin's target comes from the qbuild_dtype_targets implementers the engine
+    # resolved (and keyed, see _target_code), whatever process runs the action.
+    pm = None if name in _BUILTIN_SET else ctx.hooks.pluginmanager
     try:
         return get_target(name, pm)
     except OnnxError as e:
         raise ctx.fail(e.message, attr="target") from None
+
+
+_BUILTIN_SET = frozenset(t.name for t in BUILTIN_TARGETS)
+
+
+def _target_code(attrs: dict[str, Any]) -> list[str]:
+    return [] if attrs.get("target") in _BUILTIN_SET else ["hook:qbuild_dtype_targets"]
 
 
 def _info(report: dict, out: Path) -> dict[str, Any]:
@@ -109,6 +109,8 @@ class QdqRetarget(_DtypeRule):
            "unchanged) and a load-and-run in the target's runtime. Outputs the model and "
            "report.json (sizes, tensor counts per dtype, conversion counters, fused ops).")
     heavy = True
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        return [*super().code(attrs), *_target_code(attrs)]
     attrs = dict(_COMMON)
     outputs = ["{name}.onnx", "report.json"]
 
@@ -144,6 +146,8 @@ class RequantizeWeights(_DtypeRule):
            "the spec. Default policy: MatMul int4 blocked (32), Conv and Gemm int8 per "
            "channel. Outputs the model and report.json (per-weight SQNR, sizes, dtype counts).")
     heavy = True
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        return [*super().code(attrs), *_target_code(attrs)]
     attrs = {
         **_COMMON,
         "policy": attr.mapping(default={}, doc="Per op type: {dtype, granularity "

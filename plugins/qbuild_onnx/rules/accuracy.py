@@ -47,14 +47,24 @@ _TASK_ATTRS = {
 }
 
 
+_BUILTIN_TASKS = ("sqnr", "classification", "detection", "yolo", "psnr", "custom")
+
+
+def _task_code(attrs: dict[str, Any]) -> list[str]:
+    """A plugin's task is code the action runs: the qbuild_eval_tasks implementers, as
+    the engine resolved them, join the key (and are what ``ctx.hooks`` calls)."""
+    return [] if attrs.get("task") in _BUILTIN_TASKS else ["hook:qbuild_eval_tasks"]
+
+
 def _task(ctx: ActionContext, extra: dict[str, Any] | None = None):
     """(task function, options) from the rule's task attributes."""
     from ..accuracy.tasks import get_task
 
     a = ctx.attrs
     options = {**(extra or {}), **(a["task_options"] or {})}
+    pm = None if a["task"] in _BUILTIN_TASKS else ctx.hooks.pluginmanager
     try:
-        return get_task(a["task"], options, a["metric_srcs"] or []), options
+        return get_task(a["task"], options, a["metric_srcs"] or [], pm), options
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr or "task") from None
 
@@ -70,6 +80,8 @@ class Evaluate(OnnxRule):
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 3
     heavy = True
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        return [*super().code(attrs), *_task_code(attrs)]
     doc = ("Compares candidate models with a reference model on a dataset and writes "
            "report.json and report.html: per output SQNR (dB), max abs error and cosine, and "
            "the `task` result (classification agreement, detection F1/AP50 against the "
@@ -207,6 +219,8 @@ class Sensitivity(OnnxRule):
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 2
     heavy = True
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        return [*super().code(attrs), *_task_code(attrs)]
     doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
            "effect on the output SQNR against the float model, turning sites back to float "
            "by graph surgery (no re-calibration). mode = 'only': one site quantized at a "
