@@ -29,6 +29,7 @@ from ._keys import action_key, components, diff
 from ._label import Label
 from ._plugins import Registry
 from ._progress import Reporter
+from ._providers import provider_name
 from ._state import WorkspaceState
 from ._store import LocalStore
 from ._workspace import Workspace, claim_output_dir
@@ -73,6 +74,8 @@ class BuildResult:
     skip_reasons: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Path]] = field(default_factory=dict)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[str, dict[str, str]] = field(default_factory=dict)  # v2: action -> ran/cached
     explanations: dict[str, list[str]] = field(default_factory=dict)
     bytes_hashed: int = 0
     seconds: float = 0.0
@@ -122,10 +125,20 @@ class Session:
             self._store.close()
 
     def code_parts(self, target: Target) -> dict[str, str]:
-        """Digest of every code unit ``target``'s action runs (see ``_code``)."""
+        """Digest of every code unit ``target``'s action runs (see ``_code``): the rule's,
+        its providers' and, for a v2 rule, its action functions'."""
         assert target.rule is not None
-        refs = target.rule.code(target.attrs) or []
+        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target)]
+        refs += [spec.function for spec in target.actions]
         units = self.code.units_for(type(target.rule), refs, self.registry.pm)
+        return {unit: self.code.unit(unit)[0] for unit in units}
+
+    def step_code(self, target: Target, function: str) -> dict[str, str]:
+        """Code units of one declared action: the engine, its function's package, the
+        providers involved and what the rule's ``code()`` names, not the rule class."""
+        assert target.rule is not None
+        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target), function]
+        units = self.code.units_for(None, refs, self.registry.pm)
         return {unit: self.code.unit(unit)[0] for unit in units}
 
     def code_files(self, digest: str) -> dict[str, str] | None:
@@ -152,6 +165,8 @@ class Session:
             result = results[dep]
             deps[str(dep)] = {"outputs": result["outputs"], "declared": result["declared"],
                               "info": result["info"]}
+            if result.get("providers"):
+                deps[str(dep)]["providers"] = result["providers"]
         parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
                            self.code_parts(target), executable)
         key = action_key(parts)
@@ -163,7 +178,32 @@ class Session:
             sources=sources, deps=deps, outputs=target.outputs, key=key,
             reproducible=target.rule.is_reproducible(target.attrs),
         )
+        if target.actions:
+            action.steps = list(target.actions)
+            action.executable = executable
+            action.step_base = {
+                "rule": target.entry.kind, "rule_version": target.entry.cls.version,
+                "plugin": target.entry.dist, "plugin_version": target.entry.dist_version,
+                "qbuild_version": parts["qbuild_version"], "env": parts["env"],
+                "provides": sorted(provider_name(p) for p in target.rule.provides)}
+            action.step_code = [self.step_code(target, spec.function)
+                                for spec in target.actions]
+            if len(target.actions) == 1 and list(target.actions[0].outputs) == target.outputs:
+                # One action making every output: the target's key is the action's own
+                # (label-free) key, so it costs one lookup and one entry, as a v1 target.
+                from ._steps import step_components, step_key
+
+                action.key = key = step_key(step_components(action, 0, {}))
+                action.keyed_by_step = True
         return parts, key, action
+
+
+def _provider_refs(target: Target) -> list[str]:
+    """Modules of the providers a target gives and asks its dependencies for."""
+    assert target.rule is not None
+    classes = [*target.rule.provides,
+               *(p for schema in target.rule.attrs.values() for p in schema.providers)]
+    return sorted({cls.__module__ for cls in classes})
 
 
 def _parse(text: str) -> Label:
@@ -473,8 +513,10 @@ class Build:
                                                                   self.results)
                         self.actions[label] = action
                         return self._execute_unguarded(label, action, parts)
-            result = {"outputs": outcome.outputs, "declared": action.outputs,
-                      "info": outcome.info, "warnings": outcome.warnings}
+            result = outcome.result(action.outputs)
+            if outcome.steps:
+                self.result.steps[str(label)] = {
+                    step["mnemonic"]: step["status"] for step in outcome.steps}
             # Blobs are durable (stored and fsync'ed by the executor) before this commits.
             self.store.put_components(action.key, parts)
             self.session.save_code(parts)
@@ -482,6 +524,7 @@ class Build:
         self.results[label] = result
         self.state.set_last_key(str(label), action.key)
         self.result.infos[str(label)] = outcome.info
+        self.result.providers[str(label)] = outcome.providers
         return "ran", outcome.seconds
 
     def _rebuild(self, label: Label) -> bool:
@@ -518,9 +561,7 @@ class Build:
                 if self.results[current].get("origin") == "remote" and current not in rekeyed:
                     # Keep this machine's result under the key, so the next build uses it
                     # (and the remote entry, whose blobs were unusable, is replaced).
-                    self.store.put_action(action.key, {
-                        "outputs": outcome.outputs, "declared": action.outputs,
-                        "info": outcome.info, "warnings": outcome.warnings})
+                    self.store.put_action(action.key, outcome.result(action.outputs))
                     raise ActionFailed(f"{current}: the remote cache's result could not be "
                                        "downloaded and running it here gave different bytes "
                                        "(the rule is not deterministic across machines); "
@@ -530,12 +571,12 @@ class Build:
                     raise ActionFailed(f"{current} rebuilt to different bytes than its cached "
                                        "result (the rule is not deterministic; declare it "
                                        "non-reproducible); run the build again")
-                result = {"outputs": outcome.outputs, "declared": action.outputs,
-                          "info": outcome.info, "warnings": outcome.warnings}
+                result = outcome.result(action.outputs)
                 self.store.put_action(action.key, result)
                 self.results[current] = result
                 self.state.set_last_key(str(current), action.key)
                 self.result.infos[str(current)] = outcome.info
+                self.result.providers[str(current)] = outcome.providers
                 if current == label:
                     changed = True
                 elif stack:  # the parent was keyed with the old bytes: key it again
@@ -550,6 +591,7 @@ class Build:
         self.results[label] = result
         self.state.set_last_key(str(label), key)
         self.result.infos[str(label)] = result["info"]
+        self.result.providers[str(label)] = result.get("providers") or {}
         self.result.cached.append(str(label))
         if origin == "remote":
             self.result.remote_hits.append(str(label))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
 from ._errors import QbuildError, RuleError
 from ._label import OUT_PREFIX, output_folder
+from ._providers import returned_providers
 from ._rule import ActionContext, Dep
 from ._store import LocalStore
 
@@ -46,6 +47,13 @@ class Action:
     key: str
     reproducible: bool = True  # False: may give other bytes when run again (timings)
     threads: int = 1  # cores granted by the scheduler (ctx.threads)
+    # v2 rules: the declared actions (each cached on its own key, see ``_steps``), the
+    # key parts they share, and each one's code digests.
+    steps: list[Any] = field(default_factory=list)
+    step_base: dict[str, Any] = field(default_factory=dict)
+    step_code: list[dict[str, str]] = field(default_factory=list)
+    executable: list[str] = field(default_factory=list)  # executable sources
+    keyed_by_step: bool = False  # one action: ``key`` is that action's own key
 
 
 @dataclass
@@ -56,6 +64,16 @@ class Outcome:
     info: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # v2: key, ran/cached
+
+    def result(self, declared: list[str]) -> dict[str, Any]:
+        """The action-cache record of this outcome."""
+        result = {"outputs": self.outputs, "declared": declared, "info": self.info,
+                  "warnings": self.warnings}
+        if self.providers:
+            result["providers"] = self.providers
+        return result
 
 
 class ActionFailed(Exception):
@@ -78,14 +96,16 @@ class MissingBlob(Exception):
 label_dir = output_folder
 
 
-def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str]]:
-    """Import and run a rule; also the entry point of worker processes."""
+def _invoke(rule_ref: str, ctx: ActionContext
+            ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Import and run a rule; also the entry point of worker processes. Returns (info,
+    providers, warnings)."""
     module_name, qualname = rule_ref.split(":", 1)
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     try:
-        info = obj().run(ctx)
+        value = obj().run(ctx)
     except QbuildError as exc:
         raise exc.located(file=ctx.build_file, target=ctx.label) from None
     except BaseException as exc:  # sys.exit() and the like too: the action fails, not qbuild
@@ -96,12 +116,12 @@ def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str
         if isinstance(exc, SystemExit):
             what = f"the rule called sys.exit({exc.code!r})"
         raise RuleError(what, file=ctx.build_file, target=ctx.label) from None
-    if info is None:
-        info = {}
-    if not isinstance(info, dict):
-        raise RuleError(f"rule returned {type(info).__name__} from run(); expected a dict",
-                        target=ctx.label)
-    return info, ctx.warnings
+    out_root = ctx.workdir / OUT_PREFIX / label_dir(ctx.label)
+    try:
+        info, providers = returned_providers(value, out_root, tuple(obj.provides))
+    except RuleError as exc:
+        raise exc.located(file=ctx.build_file, target=ctx.label) from None
+    return info or {}, providers, ctx.warnings
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -254,8 +274,8 @@ class LocalExecutor:
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_init, initargs=(os.getpid(),))
 
-    def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
-                       ) -> tuple[dict[str, Any], list[str]]:
+    def _run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+                       ) -> Any:
         from concurrent.futures.process import BrokenProcessPool
 
         # A worker killed (out of memory) breaks the whole pool and every action in
@@ -263,7 +283,7 @@ class LocalExecutor:
         # action that kills its worker fails.
         pool = self._workers()
         try:
-            return pool.submit(_invoke, action.rule_ref, ctx).result()
+            return pool.submit(function, *args).result()
         except BrokenProcessPool:
             with self._pool_lock:
                 if self._pool is pool:
@@ -271,7 +291,7 @@ class LocalExecutor:
                     pool.shutdown(wait=False, cancel_futures=True)
         alone = self._new_pool(1)
         try:
-            return alone.submit(_invoke, action.rule_ref, ctx).result()
+            return alone.submit(function, *args).result()
         except BrokenProcessPool:
             raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
                                          target=action.label), _tail(log_path)) from None
@@ -280,6 +300,10 @@ class LocalExecutor:
 
     def execute(self, action: Action) -> Outcome:
         """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""
+        if action.steps:
+            from ._steps import execute_steps
+
+            return execute_steps(self, action)
         started = time.monotonic()
         name = f"{os.getpid()}-{os.urandom(6).hex()}"
         lock = _try_lock(self.store.tmp / f"{name}.lock")  # held while the sandbox lives
@@ -291,12 +315,13 @@ class LocalExecutor:
             ctx, staged = self._stage(action, sandbox, log_path)
             try:
                 if action.heavy:
-                    info, warnings = self._run_in_worker(action, ctx, log_path)
+                    info, providers, warnings = self._run_in_worker(
+                        action, log_path, _invoke, action.rule_ref, ctx)
                 else:
-                    info, warnings = _invoke(action.rule_ref, ctx)
+                    info, providers, warnings = _invoke(action.rule_ref, ctx)
             except QbuildError as exc:
                 raise ActionFailed(exc, _tail(log_path)) from None
-            outcome = Outcome(info=info, warnings=list(warnings))
+            outcome = Outcome(info=info, warnings=list(warnings), providers=providers)
             out_root = sandbox / OUT_PREFIX / label_dir(action.label)
             self._check_inputs(action, sandbox, staged)
             outcome.outputs = self._collect(action, out_root, log_path)
@@ -313,9 +338,10 @@ class LocalExecutor:
                 (self.store.tmp / f"{name}.lock").unlink(missing_ok=True)
                 os.close(lock)
 
-    def _collect(self, action: Action, out_root: Path, log_path: Path) -> list[dict[str, Any]]:
+    def _collect(self, action: Action, out_root: Path, log_path: Path,
+                 names: list[str] | None = None) -> list[dict[str, Any]]:
         entries = []
-        for name in action.outputs:
+        for name in action.outputs if names is None else names:
             path = out_root / name.rstrip("/")
             if name.endswith("/"):
                 if not path.is_dir() or path.is_symlink():
@@ -376,7 +402,8 @@ class LocalExecutor:
                 staged[dest] = (entry["digest"], stat_key(os.lstat(dest)))
             files = [base / name.rstrip("/") for name in dep["declared"]]
             digests = {e["path"]: e["digest"] for e in dep["outputs"]}
-            dep_objects[dep_label] = Dep(dep_label, files, dict(dep["info"]), base, digests)
+            dep_objects[dep_label] = Dep(dep_label, files, dict(dep["info"]), base, digests,
+                                         dict(dep.get("providers") or {}))
         out_root = sandbox / OUT_PREFIX / label_dir(action.label)
         outputs = {}
         for name in action.outputs:

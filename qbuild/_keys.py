@@ -67,17 +67,21 @@ def components(
         "outputs": target.outputs,
         "sources": sources,
         "executable_sources": sorted(executable),
-        "deps": {
-            label: {
-                "outputs": {e["path"]: e["digest"] for e in dep["outputs"]},
-                "executable": sorted(e["path"] for e in dep["outputs"] if e.get("x")),
-                "declared": list(dep["declared"]),
-                "info": dep["info"],
-            }
-            for label, dep in deps.items()
-        },
+        "deps": {label: _dep_part(dep) for label, dep in deps.items()},
         "env": target_env(target),
     }
+
+
+def _dep_part(dep: dict[str, Any]) -> dict[str, Any]:
+    part = {
+        "outputs": {e["path"]: e["digest"] for e in dep["outputs"]},
+        "executable": sorted(e["path"] for e in dep["outputs"] if e.get("x")),
+        "declared": list(dep["declared"]),
+        "info": dep["info"],
+    }
+    if dep.get("providers"):  # absent for v1 dependencies: their keys stay as they were
+        part["providers"] = dep["providers"]
+    return part
 
 
 def action_key(parts: dict[str, Any]) -> str:
@@ -125,6 +129,8 @@ def diff(old: dict[str, Any] | None, new: dict[str, Any],
                                  new_deps[label]["outputs"])
             if old_deps[label]["info"] != new_deps[label]["info"]:
                 lines.append(f"info of {label} changed")
+            if old_deps[label].get("providers") != new_deps[label].get("providers"):
+                lines.append(f"providers of {label} changed")
             for part in ("declared", "executable"):
                 if old_deps[label].get(part) != new_deps[label].get(part):
                     lines.append(f"{part} outputs of {label}: {old_deps[label].get(part)} -> "

@@ -181,6 +181,8 @@ def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
         raise ValueError("bad declared outputs")
     if not isinstance(meta.get("info"), dict) or not isinstance(meta.get("warnings"), list):
         raise ValueError("bad info")
+    if not isinstance(meta.get("providers", {}), dict):
+        raise ValueError("bad providers")
     paths = [e["path"] for e in outputs]
     if len(set(paths)) != len(paths):
         raise ValueError("duplicate output paths")
@@ -294,7 +296,8 @@ class LayeredStore:
                 self._sizes[entry["digest"]] = entry["size"]
         return {"outputs": outputs, "declared": meta["declared"], "info": meta["info"],
                 "warnings": meta["warnings"], "origin": "remote",
-                "components": meta.get("components")}
+                "components": meta.get("components"),
+                **({"providers": meta["providers"]} if meta.get("providers") else {})}
 
     def put_action(self, key: str, result: dict[str, Any]) -> None:
         self.local.put_action(key, result)
@@ -305,6 +308,8 @@ class LayeredStore:
         meta = {"format": _FORMAT, "declared": result["declared"], "info": result["info"],
                 "warnings": result.get("warnings", []),
                 "components": self.local.get_components(key)}
+        if result.get("providers"):
+            meta["providers"] = result["providers"]
         with self._lock:
             if self._pool is None:
                 import concurrent.futures
