@@ -57,3 +57,19 @@ class QuantizedModelInfo(Provider):
     weight_type: str
     activation_type: str
     float_nodes: tuple[str, ...] = ()
+
+
+def onnx_model_info(path: Path, model: Any = None) -> OnnxModelInfo:
+    """``OnnxModelInfo`` of a model file an action wrote (``model``: the loaded
+    ``onnx.ModelProto``, when the action has it; else the file is read without its
+    external data). Inputs and outputs as ``summary.model_info`` describes them."""
+    from .summary import model_info
+
+    if model is None:
+        import onnx
+
+        model = onnx.load(str(path), load_external_data=False)
+    info = model_info(model)
+    return OnnxModelInfo(model=path, opset=int(info["opset"] or 0),
+                         ir_version=info["ir_version"], inputs=tuple(info["inputs"]),
+                         outputs=tuple(info["outputs"]))
