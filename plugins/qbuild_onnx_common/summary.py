@@ -1,26 +1,26 @@
 """Describing a model for dependents and reports: its IR version, opsets, real inputs and
-outputs (name, element type, shape) and node count; deterministic, free of paths."""
+outputs (name, element type, shape) and node count; deterministic, free of paths. onnx
+is imported inside the functions."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from onnx import ModelProto, TensorProto, ValueInfoProto
+from typing import TYPE_CHECKING, Any
 
 from .graph import real_inputs
 
+if TYPE_CHECKING:
+    from onnx import ModelProto, ValueInfoProto
+
 DEFAULT_DOMAIN = "ai.onnx"
-_NUMPY_NAMES = {
-    TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64", TensorProto.FLOAT16: "float16",
-    TensorProto.INT8: "int8", TensorProto.INT16: "int16", TensorProto.INT32: "int32",
-    TensorProto.INT64: "int64", TensorProto.UINT8: "uint8", TensorProto.UINT16: "uint16",
-    TensorProto.UINT32: "uint32", TensorProto.UINT64: "uint64", TensorProto.BOOL: "bool",
-    TensorProto.COMPLEX64: "complex64", TensorProto.COMPLEX128: "complex128",
-}
+# TensorProto element types whose numpy name differs from the lower-cased ONNX name.
+_NUMPY_NAMES = {1: "float32", 11: "float64", 10: "float16", 14: "complex64",
+                15: "complex128"}
 
 
 def onnx_type_name(elem_type: int) -> str:
     """A TensorProto element type by its ONNX name ("FLOAT", "INT4")."""
+    from onnx import TensorProto
+
     try:
         return TensorProto.DataType.Name(elem_type)
     except ValueError:
@@ -28,8 +28,8 @@ def onnx_type_name(elem_type: int) -> str:
 
 
 def numpy_type_name(elem_type: int) -> str:
-    """A TensorProto element type by its numpy name where numpy has one ("float32"), else
-    its ONNX name in lower case ("bfloat16", "int4")."""
+    """A TensorProto element type by its numpy name where numpy has one ("float32",
+    "int8", "bool"), else its ONNX name in lower case ("bfloat16", "int4")."""
     return _NUMPY_NAMES.get(elem_type) or onnx_type_name(elem_type).lower()
 
 

@@ -55,20 +55,14 @@ def _task(ctx: ActionContext, extra: dict[str, Any] | None = None):
     options = {**(extra or {}), **(a["task_options"] or {})}
     try:
         return get_task(a["task"], options, a["metric_srcs"] or []), options
-    except _accuracy_errors() as e:
-        raise ctx.fail(str(e), attr="task") from None
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr=e.attr or "task") from None
 
 
 def _write_json(path: Path, doc: Any) -> None:
     import json
 
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-
-
-def _accuracy_errors():
-    from qbuild_onnx_common.errors import OnnxError
-
-    return OnnxError
 
 
 class Evaluate(OnnxRule):
@@ -155,8 +149,8 @@ class Evaluate(OnnxRule):
                 if report["latency"]["noisy"]:
                     ctx.warn("latency measurement is noisy (interquartile range above 10 % "
                              "of the median for some model): other load on the machine?")
-        except _accuracy_errors() as e:
-            raise ctx.fail(str(e)) from None
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("report.json"), report)
         ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
         if failures:
@@ -183,6 +177,8 @@ def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -
         if m["median_ms"] > ref_ms:
             slower.append(label)
     report["latency"]["slower_than_reference"] = sorted(slower)
+
+
 def _bar_failures(a: dict[str, Any], entry: dict[str, Any]) -> list[str]:
     """The bars an evaluated entry misses, each as 'attr_name: detail'."""
     out = []
@@ -256,8 +252,8 @@ class Sensitivity(OnnxRule):
             rep = analyze(model_file(ctx, a["model"], "model"), ref_path, feeds,
                           mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
             rep["task"] = a["task"]
-        except _accuracy_errors() as e:
-            raise ctx.fail(str(e)) from None
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("sensitivity.json"), rep)
         return {"top": [r["site"] for r in rep["ranking"][:10]]}
 
@@ -305,8 +301,6 @@ class MixedPrecision(OnnxRule):
             names = list(dict.fromkeys(names))
             doc = overrides_for_tensors(model, names, a["action"])
             doc["promoted"] = names
-        except _accuracy_errors() as e:
-            raise ctx.fail(str(e)) from None
         except OnnxError as e:  # a selector that selects nothing, a missing name
             raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("overrides.json"), doc)
@@ -441,8 +435,8 @@ class BiasCorrection(OnnxRule):
         try:
             _, rep = bias_correct(model_file(ctx, a["model"], "model"), ref_path, feeds,
                                   ctx.output("{name}.onnx"))
-        except _accuracy_errors() as e:
-            raise ctx.fail(str(e)) from None
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("report.json"), rep)
         # The corrected model keeps its source's precision choices: pass them on, so that
         # select_best does not count a bias-corrected trial as having no promoted tensors.

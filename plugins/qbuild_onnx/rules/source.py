@@ -228,6 +228,7 @@ class NumpyDataset(_DatasetRule):
         "limit": attr.int(default=0, doc="Keep only the first N samples (0: all)."),
         **_DATASET_COMMON,
     }
+
     def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
@@ -259,6 +260,7 @@ class SyntheticDataset(_DatasetRule):
         "high": attr.float(default=1.0, doc="Upper bound of the uniform values."),
         "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
     }
+
     def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
