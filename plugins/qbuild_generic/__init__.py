@@ -137,6 +137,12 @@ class Command(Rule):
 
 
 def _link(src: Path, dest: Path) -> None:
+    """Place an input (a file, or a dependency's output folder) at ``dest``."""
+    if src.is_dir():
+        dest.mkdir(parents=True, exist_ok=True)
+        for child in sorted(src.iterdir()):
+            _link(child, dest / child.name)
+        return
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.link(src, dest)  # the staged inputs are read-only: a link costs no copy

@@ -1,8 +1,8 @@
 """The internal ONNX layer shared by qbuild's ONNX plugins (qbuild_onnx, qbuild_lower,
 qbuild_dtypes), built on qbuild's public API only; a library, not a plugin.
 
-``errors`` (the one error type), ``rule`` (the ``OnnxRule`` base class), ``providers``
-(the typed providers ONNX rules give and ask for), ``graph`` (attributes, opsets, IR
+``providers`` (the typed providers ONNX rules give and ask for), ``errors`` (the one
+error type), ``rule`` (the ``OnnxRule`` base class), ``graph`` (attributes, opsets, IR
 version, inputs, readers), ``summary`` (model and value descriptions), ``ort``
 (onnxruntime sessions), ``latency`` (fair timing), ``files`` (digests). onnx is imported
 only inside the functions that read models, so importing the package stays cheap.

@@ -17,8 +17,9 @@ from qbuild import Provider
 class OnnxModelInfo(Provider):
     """An ONNX model: its file (one of the target's outputs) and what it declares.
 
-    ``inputs``/``outputs`` are ``{"name", "type", "shape"}`` tables (shape entries are
-    ints or symbolic names); ``opset`` is the default-domain opset."""
+    ``inputs``/``outputs`` are ``{"name", "dtype", "shape"}`` tables (numpy dtype names
+    such as "float32", as datasets use; shape entries are ints, symbolic names or None);
+    ``opset`` is the default-domain opset."""
 
     model: Path
     opset: int
@@ -57,6 +58,30 @@ class QuantizedModelInfo(Provider):
     weight_type: str
     activation_type: str
     float_nodes: tuple[str, ...] = ()
+
+
+def model_path(dep: Any) -> Path:
+    """The model file of a dependency (a ``qbuild.Dep``): its ``OnnxModelInfo.model``,
+    or, for a third-party rule that predates providers (declares no ``provides``, so
+    analysis could not refuse it), its single ``.onnx`` output. Raises ValueError saying
+    what it has otherwise."""
+    if OnnxModelInfo in dep:
+        return dep[OnnxModelInfo].model
+    files = [f for f in dep.files if f.suffix == ".onnx"]
+    if len(files) != 1:
+        names = ", ".join(f.name for f in dep.files) or "none"
+        raise ValueError(f"has {len(files)} .onnx outputs ({names}); expected exactly one")
+    return files[0]
+
+
+def dataset_path(dep: Any) -> Path:
+    """The folder (or file) of a dataset dependency: its ``DatasetInfo.path``, or its
+    first output for a rule that predates providers."""
+    if DatasetInfo in dep:
+        return dep[DatasetInfo].path
+    if not dep.files:
+        raise ValueError("has no outputs; expected a dataset")
+    return dep.files[0]
 
 
 def onnx_model_info(path: Path, model: Any = None) -> OnnxModelInfo:

@@ -44,7 +44,7 @@ def test_installed_v2_plugin_builds_and_aquery_lists_its_actions(tmp_path):
     build = qbuild("build", "//docs:stats")
     assert build.returncode == 0, build.stderr
     assert (ws / "qbuild-out/docs/@stats/stats.json").read_text() == (
-        '{"words": 6, "longest": "to"}\n')
+        '{"words": 6, "longest": "not"}\n')
     text = qbuild("aquery", "//docs:stats").stdout
     assert "action 'Count' of //docs:stats (qbuild_textstats:count)" in text
     assert text.count("(cached)") == 2, text
