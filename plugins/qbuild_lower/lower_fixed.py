@@ -581,13 +581,13 @@ def average_pool(grp: Group, b: Builder):
     name = n.name or "AveragePool"
     ones = b.const(f"{name}_ones", np.ones([c, 1, *k], dtype=np.uint8))
     acc, acc64, prod = b.tmp(f"{name}_sum"), b.tmp(f"{name}_sum64"), b.tmp(f"{name}_prod")
-    attrs = {
+    kw = {
         a: grp.attr(a)
         for a in ("strides", "pads", "dilations", "auto_pad")
         if grp.attr(a) is not None
     }
     b.node(
-        "ConvInteger", [x.q, ones, _zp_name(b, x.qp)], [acc], name, group=c, kernel_shape=k, **attrs
+        "ConvInteger", [x.q, ones, _zp_name(b, x.qp)], [acc], name, group=c, kernel_shape=k, **kw
     )
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     b.node("Mul", [acc64, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [prod], f"{name}_m0")

@@ -108,19 +108,19 @@ def unary(op: str, **fixed):
     def lower(grp: Group, b: Builder):
         x = need_act(grp.ins[0], f"{grp.node.op_type} input", const_ok=False)
         out = grp.outs[0]
-        attrs = dict(fixed)
+        kw = dict(fixed)
         n = grp.node
         if n.op_type == "LeakyRelu":
-            attrs["alpha"] = float(grp.attr("alpha", 0.01))
+            kw["alpha"] = float(grp.attr("alpha", 0.01))
         if n.op_type == "AveragePool":
             from qbuild_onnx_common.graph import attrs
 
-            attrs.update(attrs(n))
+            kw.update(attrs(n))
         if n.op_type == "Softmax":
-            attrs["axis"] = int(grp.attr("axis", -1))
-            attrs["opset"] = opset(b.g.model, default=0)
+            kw["axis"] = int(grp.attr("axis", -1))
+            kw["opset"] = opset(b.g.model, default=0)
         b.node(op, [x.q, *_sz(b, x.qp), *_sz(b, out.qp)], [out.q], n.name or op, domain=MS,
-               **attrs)
+               **kw)
         return [op]
 
     return lower
