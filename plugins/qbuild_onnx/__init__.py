@@ -15,11 +15,16 @@ Where things are (each area is plain functions over paths, usable without qbuild
   correction, mixed precision.
 - ``auto/``: ``auto_quantize``'s trial plan, region exclusion and selection.
 - ``report/``: static HTML reports.
-- ``hookspecs.py`` (dataset readers, evaluation tasks other plugins add) and
-  ``ort_logs.py`` (onnxruntime's log lines into the action log).
+- ``hookspecs.py`` (dataset readers, evaluation tasks other plugins add),
+  ``ort_logs.py`` (onnxruntime's log lines into the action log) and ``providers.py``
+  (the providers only these rules give and ask for: sensitivity rankings, precision
+  overrides, evaluation reports).
 
-What the three ONNX plugins share (errors, graph and opset helpers, model summaries,
-onnxruntime sessions, file digests, the ``OnnxRule`` base) is in ``qbuild_onnx_common``.
+What the three ONNX plugins share (providers for models, datasets, calibrations and
+quantized models; errors, graph and opset helpers, model summaries, onnxruntime
+sessions, file digests, the ``OnnxRule`` base) is in ``qbuild_onnx_common``. Every rule
+here declares the providers it gives and asks for them on its label attributes, so a
+dependency of the wrong kind is refused at analysis.
 
 The package is registered through the ``qbuild`` entry-point group, exactly as a
 third-party plugin would be. Nothing here imports onnx, onnxruntime or numpy at import

@@ -13,10 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.files import dataset_dir, model_file
+from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
 from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import ActionContext, ConfigError, Dep, attr, hookimpl
+
+from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
+
+
+def _model(dep: Dep) -> Path:
+    return dep[OnnxModelInfo].model
 
 
 def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path,
@@ -27,9 +33,8 @@ def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path,
 
     from ..accuracy.feeds import model_feeds
 
-    root = dataset_dir(ctx, dep, attr_name)
     try:
-        return model_feeds(root, model, limit)
+        return model_feeds(dep[DatasetInfo].path, model, limit)
     except OnnxError as e:
         raise ctx.fail(f"{dep.label}: {e.message}", attr=attr_name) from None
 
@@ -92,12 +97,15 @@ class Evaluate(OnnxRule):
            "`models` misses a bar (min_f1, min_sqnr_db, max_top1_drop, min_psnr_db, "
            "min_score); `baselines` are reported but never fail the build.")
     attrs = {
-        "models": attr.label_list(doc="Candidate model targets (one .onnx output each).",
-                                  required=True),
-        "reference": attr.label(doc="The reference (float) model target.", required=True),
+        "models": attr.label_list(doc="Candidate model targets.", required=True,
+                                  providers=[OnnxModelInfo]),
+        "reference": attr.label(doc="The reference (float) model target.", required=True,
+                                providers=[OnnxModelInfo]),
         "baselines": attr.label_list(doc="Models reported like `models` (marked gated = "
-                                         "false) but exempt from the bars."),
-        "dataset": attr.label(doc="A dataset target (dataset.json + .npy).", required=True),
+                                         "false) but exempt from the bars.",
+                                     providers=[OnnxModelInfo]),
+        "dataset": attr.label(doc="A dataset target.", required=True,
+                              providers=[DatasetInfo]),
         **_TASK_ATTRS,
         "input_size": attr.int(default=416, doc="YOLOX square input size (task 'yolo')."),
         "score_threshold": attr.float(default=0.3, doc="Detection score threshold."),
@@ -109,11 +117,12 @@ class Evaluate(OnnxRule):
         "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
     }
     outputs = ["report.json", "report.html"]
+    provides = (EvaluationInfo,)
 
     def is_reproducible(self, attrs: Any) -> bool:
         return not attrs["latency_runs"]  # measured timings differ run to run
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.latency import interleaved_latency_ms
         from qbuild_onnx_common.ort import session
 
@@ -122,7 +131,7 @@ class Evaluate(OnnxRule):
         from ..report.html import evaluate_html
 
         a = ctx.attrs
-        ref_path = model_file(ctx, a["reference"], "reference")
+        ref_path = _model(a["reference"])
         feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
         task, options = _task(ctx, {"input_size": a["input_size"],
                                     "score_threshold": a["score_threshold"]})
@@ -136,7 +145,7 @@ class Evaluate(OnnxRule):
             failures: list[tuple[str, str]] = []
             gated = {dep.label for dep in a["models"]}
             for dep in [*a["models"], *(a["baselines"] or [])]:
-                path = model_file(ctx, dep, "models" if dep.label in gated else "baselines")
+                path = _model(dep)
                 sess = session(path)
                 outs = run_model(sess, feeds)
                 entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
@@ -168,7 +177,8 @@ class Evaluate(OnnxRule):
         if failures:
             raise ctx.fail("; ".join(f for _, f in failures),
                            attr=failures[0][0].split(":")[0])
-        return {"models": sorted(report["models"])}
+        return [EvaluationInfo(report=ctx.output("report.json")),
+                {"models": sorted(report["models"])}]
 
 
 def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -> None:
@@ -228,16 +238,18 @@ class Sensitivity(OnnxRule):
            "are scored by the task's score instead of the worst output SQNR, so the sites "
            "that break the task rank first. Writes sensitivity.json.")
     attrs = {
-        "model": attr.label(doc="The QDQ model.", required=True),
-        "reference": attr.label(doc="The float model it was quantized from.", required=True),
+        "model": attr.label(doc="The QDQ model.", required=True, providers=[OnnxModelInfo]),
+        "reference": attr.label(doc="The float model it was quantized from.", required=True,
+                                providers=[OnnxModelInfo]),
         "dataset": attr.label(doc="Samples to measure on (usually the calibration set).",
-                              required=True),
+                              required=True, providers=[DatasetInfo]),
         "mode": attr.enum(["only", "leave_out"], default="only", doc="Trial kind."),
         "kinds": attr.string_list(default=["activation", "weight"], doc="Site kinds."),
         "max_samples": attr.int(default=8, doc="Use at most this many samples (0: all)."),
         **_TASK_ATTRS,
     }
     outputs = ["sensitivity.json"]
+    provides = (SensitivityInfo,)
 
     def validate(self, attrs: Any) -> None:
         bad = sorted(set(attrs["kinds"]) - {"activation", "weight"})
@@ -245,14 +257,14 @@ class Sensitivity(OnnxRule):
             raise ConfigError(f"unknown site kind(s) {bad} (known: activation, weight)",
                               attr="kinds")
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from ..accuracy.sensitivity import analyze
 
         a = ctx.attrs
         bad = sorted(set(a["kinds"]) - {"activation", "weight"})
         if bad:
             raise ctx.fail(f"unknown site kind(s) {bad}", attr="kinds")
-        ref_path = model_file(ctx, a["reference"], "reference")
+        ref_path = _model(a["reference"])
         feeds = _feeds(ctx, a["dataset"], "dataset", ref_path, a["max_samples"])
         metric = None
         if a["task"] != "sqnr":
@@ -263,13 +275,14 @@ class Sensitivity(OnnxRule):
             def metric(ref, outs):
                 return score_of(run_task(task, ref, outs, options))
         try:
-            rep = analyze(model_file(ctx, a["model"], "model"), ref_path, feeds,
+            rep = analyze(_model(a["model"]), ref_path, feeds,
                           mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
             rep["task"] = a["task"]
         except OnnxError as e:
             raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("sensitivity.json"), rep)
-        return {"top": [r["site"] for r in rep["ranking"][:10]]}
+        return [SensitivityInfo(ranking=ctx.output("sensitivity.json")),
+                {"top": [r["site"] for r in rep["ranking"][:10]]}]
 
 
 class MixedPrecision(OnnxRule):
@@ -282,8 +295,10 @@ class MixedPrecision(OnnxRule):
            "quantize rule's tensor_overrides; 'nodes_to_exclude' its nodes_to_exclude; "
            "'promoted' lists the chosen tensors. Use it as quantize's `overrides` label.")
     attrs = {
-        "model": attr.label(doc="The float model the overrides refer to.", required=True),
-        "sensitivity": attr.label(doc="A sensitivity target (optional)."),
+        "model": attr.label(doc="The float model the overrides refer to.", required=True,
+                            providers=[OnnxModelInfo]),
+        "sensitivity": attr.label(doc="A sensitivity target (optional).",
+                                  providers=[SensitivityInfo]),
         "top_k": attr.int(default=0, doc="How many ranked activations to promote."),
         "tensors": attr.string_list(default=[], doc="Tensors promoted: names or stable "
                                     "selectors ('op:TYPE', 'upto:TENSOR', globs; "
@@ -294,8 +309,9 @@ class MixedPrecision(OnnxRule):
                                 "consumers from quantization)."),
     }
     outputs = ["overrides.json"]
+    provides = (OverridesInfo,)
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         import json
 
         from ..accuracy.mixed_precision import (
@@ -305,12 +321,12 @@ class MixedPrecision(OnnxRule):
         )
 
         a = ctx.attrs
-        model = model_file(ctx, a["model"], "model")
+        model = _model(a["model"])
         try:
             names = _tensor_selection(model, a["tensors"])
             names += tensors_by_op_type(model, a["op_types"])
             if a["sensitivity"] is not None and a["top_k"]:
-                rep = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
+                rep = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
                 names += ranked_tensors(rep)[: a["top_k"]]
             names = list(dict.fromkeys(names))
             doc = overrides_for_tensors(model, names, a["action"])
@@ -318,7 +334,8 @@ class MixedPrecision(OnnxRule):
         except OnnxError as e:  # a selector that selects nothing, a missing name
             raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("overrides.json"), doc)
-        return {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}
+        return [OverridesInfo(overrides=ctx.output("overrides.json")),
+                {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}]
 
 
 def _tensor_selection(model: Path, entries: list[str]) -> list[str]:
@@ -369,10 +386,10 @@ class SelectBest(OnnxRule):
            "Copies it to {name}.onnx and writes report.json; fails if no candidate meets it. "
            "Only this target reruns when the threshold changes.")
     attrs = {
-        "models": attr.label_list(doc="Candidate model targets (one .onnx output each).",
-                                  required=True),
+        "models": attr.label_list(doc="Candidate model targets.", required=True,
+                                  providers=[OnnxModelInfo]),
         "reports": attr.label_list(doc="evaluate targets that report on the candidates.",
-                                   required=True),
+                                   required=True, providers=[EvaluationInfo]),
         "metric": attr.enum(sorted(_HIGHER_IS_BETTER), default="sqnr_db",
                             doc="Score: worst-output SQNR (dB), cosine or max abs error, or "
                                 "detection F1 (evaluate task = 'yolo')."),
@@ -381,16 +398,16 @@ class SelectBest(OnnxRule):
         "threshold": attr.float(required=True, doc="Target score: >= (<= for max_abs_error)."),
     }
     outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo,)
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         import json
         import shutil
 
         a = ctx.attrs
         entries: dict[str, dict[str, Any]] = {}
         for dep in a["reports"]:
-            path = dep.output("report.json")
-            rep = json.loads(path.read_text())
+            rep = json.loads(dep[EvaluationInfo].report.read_text())
             if not isinstance(rep, dict) or not isinstance(rep.get("models"), dict):
                 raise ctx.fail(f"{dep.label} is not an evaluate report", attr="reports")
             entries.update(rep["models"])
@@ -417,12 +434,12 @@ class SelectBest(OnnxRule):
                            f"{'>=' if _HIGHER_IS_BETTER[a['metric']] else '<='} "
                            f"{a['threshold']}; best is {best['model']} with {best['score']} "
                            f"({len(trials)} candidates)", attr="threshold")
-        src = model_file(ctx, a["models"][chosen["index"]], "models")
-        shutil.copyfile(src, ctx.output("{name}.onnx"))
+        out = ctx.output("{name}.onnx")
+        shutil.copyfile(_model(a["models"][chosen["index"]]), out)
         ctx.log(f"chose {chosen['model']}: {a['metric']} {chosen['score']} with "
                 f"{chosen['promoted']} promoted tensor(s)")
-        return {"chosen": chosen["model"], "promoted": chosen["tensors"],
-                "score": chosen["score"]}
+        return [onnx_model_info(out), {"chosen": chosen["model"], "promoted": chosen["tensors"],
+                                       "score": chosen["score"]}]
 
 
 class BiasCorrection(OnnxRule):
@@ -434,21 +451,24 @@ class BiasCorrection(OnnxRule):
            "quantization measured on a dataset against the float model (empirical bias "
            "correction). Outputs the corrected model and report.json.")
     attrs = {
-        "model": attr.label(doc="The QDQ model.", required=True),
-        "reference": attr.label(doc="The float model it was quantized from.", required=True),
-        "dataset": attr.label(doc="Calibration samples.", required=True),
+        "model": attr.label(doc="The QDQ model.", required=True, providers=[OnnxModelInfo]),
+        "reference": attr.label(doc="The float model it was quantized from.", required=True,
+                                providers=[OnnxModelInfo]),
+        "dataset": attr.label(doc="Calibration samples.", required=True,
+                              providers=[DatasetInfo]),
     }
     outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo,)
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from ..accuracy.bias_correction import bias_correct
 
         a = ctx.attrs
-        ref_path = model_file(ctx, a["reference"], "reference")
+        ref_path = _model(a["reference"])
         feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
+        out = ctx.output("{name}.onnx")
         try:
-            _, rep = bias_correct(model_file(ctx, a["model"], "model"), ref_path, feeds,
-                                  ctx.output("{name}.onnx"))
+            _, rep = bias_correct(_model(a["model"]), ref_path, feeds, out)
         except OnnxError as e:
             raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("report.json"), rep)
@@ -457,7 +477,7 @@ class BiasCorrection(OnnxRule):
         kept = {k: v for k, v in a["model"].info.items()
                 if k in ("promoted", "overrides", "float_joins", "per_channel",
                          "activation_type", "weight_type")}
-        return {**kept, "corrected_nodes": rep["corrected_nodes"]}
+        return [onnx_model_info(out), {**kept, "corrected_nodes": rep["corrected_nodes"]}]
 
 
 @hookimpl

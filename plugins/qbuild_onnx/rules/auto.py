@@ -10,10 +10,12 @@ import json
 import math
 from typing import Any
 
-from qbuild_onnx_common.files import model_file
+from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
 from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import ActionContext, ConfigError, attr
+
+from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
 
 def _clean(x: Any) -> Any:
@@ -40,30 +42,34 @@ class SensitiveRegion(OnnxRule):
            "stable selector string. Use it as quantize's `overrides`.")
     attrs = {
         "model": attr.label(doc="The float model the quantize target quantizes.",
-                            required=True),
-        "sensitivity": attr.label(doc="A sensitivity target.", required=True),
+                            required=True, providers=[OnnxModelInfo]),
+        "sensitivity": attr.label(doc="A sensitivity target.", required=True,
+                                  providers=[SensitivityInfo]),
         "rank": attr.int(default=0, doc="Which ranked activation (0: the most sensitive)."),
         "count": attr.int(default=1, doc="Union of the regions of this many activations "
                           "ranked from `rank` on."),
     }
     outputs = ["overrides.json"]
+    provides = (OverridesInfo,)
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
         from ..auto.regions import region_overrides
 
         a = ctx.attrs
-        model = model_file(ctx, a["model"], "model")
-        rep = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
+        model = a["model"][OnnxModelInfo].model
+        rep = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
         try:
             doc = region_overrides(model, rep, a["rank"], a["count"])
         except OnnxError as e:
             raise ctx.fail(e.message, attr="sensitivity") from None
-        ctx.output("overrides.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        out = ctx.output("overrides.json")
+        out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
         ctx.log(f"region {doc['region']['where']} around {doc['region']['tensor']}: "
                 f"{doc['region']['nodes']} node(s) float")
-        return {"region": doc["region"], "selectors": doc["selectors"]}
+        return [OverridesInfo(overrides=out),
+                {"region": doc["region"], "selectors": doc["selectors"]}]
 
 
 class AutoQuantize(OnnxRule):
@@ -78,10 +84,12 @@ class AutoQuantize(OnnxRule):
            "cheaper, and writes {name}.onnx, report.json and report.html. Changing the bar "
            "or objective reruns only this selection.")
     attrs = {
-        "model": attr.label(doc="The float model (pre-processed).", required=True),
+        "model": attr.label(doc="The float model (pre-processed).", required=True,
+                            providers=[OnnxModelInfo]),
         "calibration_data": attr.label(doc="Dataset to calibrate (and rank sites) on.",
-                                       required=True),
-        "evaluation_data": attr.label(doc="Dataset the trials are judged on.", required=True),
+                                       required=True, providers=[DatasetInfo]),
+        "evaluation_data": attr.label(doc="Dataset the trials are judged on.", required=True,
+                                      providers=[DatasetInfo]),
         "task": attr.string(default="sqnr", doc="Evaluation task (see evaluate)."),
         "task_options": attr.mapping(default={}, doc="Options of the task."),
         "metric_srcs": attr.files(doc="Files of a custom metric."),
@@ -100,12 +108,16 @@ class AutoQuantize(OnnxRule):
         "top_k": attr.int_list(default=[2, 8], doc="Sensitive activations kept float / "
                                "promoted to 16 bits per trial."),
         "sensitivity_samples": attr.int(default=4, doc="Samples the sensitivity uses."),
-        "candidates": attr.label_list(doc="(filled in by the expansion)"),
-        "reports": attr.label_list(doc="(filled in by the expansion)"),
+        "candidates": attr.label_list(doc="(filled in by the expansion)",
+                                      providers=[OnnxModelInfo]),
+        "reports": attr.label_list(doc="(filled in by the expansion)",
+                                   providers=[EvaluationInfo]),
         "trial_names": attr.string_list(default=[], doc="(filled in by the expansion)"),
-        "sensitivity": attr.label(doc="(filled in by the expansion)"),
+        "sensitivity": attr.label(doc="(filled in by the expansion)",
+                                  providers=[SensitivityInfo]),
     }
     outputs = ["{name}.onnx", "report.json", "report.html"]
+    provides = (OnnxModelInfo,)
 
     @staticmethod
     def expand_targets(name: str, raw: dict[str, Any]):
@@ -123,7 +135,7 @@ class AutoQuantize(OnnxRule):
             raise ConfigError("give at least one bar, e.g. bar = { min_sqnr_db = 30 }",
                               attr="bar")
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         import shutil
 
         from ..auto.select import select
@@ -132,7 +144,7 @@ class AutoQuantize(OnnxRule):
         a = ctx.attrs
         reports, entries = [], []
         for dep, cand in zip(a["reports"], a["candidates"], strict=True):
-            rep = json.loads(dep.output("report.json").read_text())
+            rep = json.loads(dep[EvaluationInfo].report.read_text())
             reports.append(rep)
             entries.append(rep["models"][cand.label])
         result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
@@ -145,17 +157,18 @@ class AutoQuantize(OnnxRule):
                 row["float_joins"] = [j["node"] for j in joins]
         result = _clean(result)
         if result["chosen"] == "float":
-            src = model_file(ctx, a["model"], "model")
+            src = a["model"][OnnxModelInfo].model
         else:
             index = a["trial_names"].index(result["chosen"])
-            src = model_file(ctx, a["candidates"][index], "candidates")
-        shutil.copyfile(src, ctx.output("{name}.onnx"))
+            src = a["candidates"][index][OnnxModelInfo].model
+        out = ctx.output("{name}.onnx")
+        shutil.copyfile(src, out)
         sens = None
         if a["sensitivity"] is not None:
-            sens = json.loads(a["sensitivity"].output("sensitivity.json").read_text())
+            sens = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
         ctx.output("report.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
         ctx.output("report.html").write_text(auto_html(ctx.label, result, sens),
                                              encoding="utf-8")
         ctx.log(f"chose {result['chosen']}: {result['note']}")
-        return {"chosen": result["chosen"], "note": result["note"]}
+        return [onnx_model_info(out), {"chosen": result["chosen"], "note": result["note"]}]
 

@@ -13,11 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.files import model_file
+from qbuild_onnx_common.providers import (
+    CalibrationInfo,
+    OnnxModelInfo,
+    QuantizedModelInfo,
+    onnx_model_info,
+)
 from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import ActionContext, ConfigError, Dep, Rule, attr, hookimpl
 
+from ..providers import OverridesInfo
 from ..quantization.options import (
     ACTIVATION_TYPES,
     DYNAMIC_WEIGHT_TYPES,
@@ -34,7 +40,7 @@ _COMMON = {
     "model": attr.label(
         doc="The float model to quantize: a target with one .onnx output (for static "
             "quantization, the exact pre-processed model the calibration ran on).",
-        required=True),
+        required=True, providers=[OnnxModelInfo]),
     "per_channel": attr.bool(default=False, doc="Quantize Conv/Gemm/MatMul weights per "
                              "output channel."),
     "reduce_range": attr.bool(default=False, doc="7-bit weights (helps non-VNNI x86 CPUs)."),
@@ -51,26 +57,11 @@ _COMMON = {
 }
 
 
-def _pick(ctx: ActionContext, dep: Dep, attr_name: str, suffix: str,
-          preferred: str | None = None) -> Path:
-    files = [f for f in dep.files if f.is_file()]
-    if preferred:
-        named = [f for f in files if f.name == preferred]
-        if len(named) == 1:
-            return named[0]
-    matching = [f for f in files if f.name.endswith(suffix)]
-    if len(matching) != 1:
-        names = ", ".join(f.name for f in files) or "none"
-        raise ctx.fail(f"{dep.label} must have exactly one {suffix} output (it has: {names})",
-                       attr=attr_name)
-    return matching[0]
-
-
 def _load_overrides(ctx: ActionContext, dep: Dep) -> dict[str, Any]:
     """The precision-override document of a ``mixed_precision`` target (overrides.json)."""
     import json
 
-    path = _pick(ctx, dep, "overrides", ".json", "overrides.json")
+    path = dep[OverridesInfo].overrides
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -159,7 +150,7 @@ class Quantize(OnnxRule):
     attrs = {
         **_COMMON,
         "calibration": attr.label(doc="The calibrate target (its calibration.json).",
-                                  required=True),
+                                  required=True, providers=[CalibrationInfo]),
         "format": attr.enum(list(FORMATS), default="qdq", doc="QDQ (QuantizeLinear/"
                             "DequantizeLinear pairs) or QOperator (QLinear* operators)."),
         "weight_type": attr.enum(list(WEIGHT_TYPES), default="int8", doc="Weight type; "
@@ -187,19 +178,19 @@ class Quantize(OnnxRule):
         "overrides": attr.label(doc="A mixed_precision target: its overrides.json 'tensors' "
                                 "are merged into tensor_overrides (an inline entry for the "
                                 "same tensor wins whole) and its 'nodes_to_exclude' into "
-                                "nodes_to_exclude (union)."),
+                                "nodes_to_exclude (union).", providers=[OverridesInfo]),
     }
     outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo, QuantizedModelInfo)
 
     def validate(self, attrs: dict[str, Any]) -> None:
         _validate(check_static_options, _static_options(attrs))
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from ..quantization.quantize import quantize_static_model
 
-        model = model_file(ctx, ctx.attrs["model"], "model")
-        calibration = _pick(ctx, ctx.attrs["calibration"], "calibration", ".json",
-                            "calibration.json")
+        model = ctx.attrs["model"][OnnxModelInfo].model
+        calibration = ctx.attrs["calibration"][CalibrationInfo].table
         a = ctx.attrs
         inputs = {model: a["model"], calibration: a["calibration"]}
         promoted = None
@@ -225,7 +216,7 @@ class Quantize(OnnxRule):
             float_joins_ratio=a["float_joins_ratio"]), inputs)
         if promoted is not None:
             info = {**info, "overrides": a["overrides"].label, "promoted": promoted}
-        return info
+        return [*_providers(ctx, info), info]
 
 
 class QuantizeDynamic(OnnxRule):
@@ -249,20 +240,34 @@ class QuantizeDynamic(OnnxRule):
                                    "says so in any case."),
     }
     outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo, QuantizedModelInfo)
 
     def validate(self, attrs: dict[str, Any]) -> None:
         _validate(check_dynamic_options, _dynamic_options(attrs))
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from ..quantization.quantize import quantize_dynamic_model
 
-        model = model_file(ctx, ctx.attrs["model"], "model")
+        model = ctx.attrs["model"][OnnxModelInfo].model
         options = _dynamic_options(ctx.attrs)
-        return _run(ctx, lambda: quantize_dynamic_model(
+        info = _run(ctx, lambda: quantize_dynamic_model(
             model, ctx.output("{name}.onnx"), options, report_path=ctx.output("report.json"),
             log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.attrs["model"]),
             latency_in_report=ctx.attrs["latency_check"]),
             {model: ctx.attrs["model"]})
+        return [*_providers(ctx, info), info]
+
+
+def _providers(ctx: ActionContext, info: dict[str, Any]) -> list[Any]:
+    """The quantized model as dependents read it: the model, and how it was quantized
+    (float_nodes: the nodes kept in float around mixed-range joins)."""
+    out = ctx.output("{name}.onnx")
+    kept = sorted({n for j in info.get("float_joins") or [] for n in j["float_nodes"]})
+    return [onnx_model_info(out),
+            QuantizedModelInfo(model=out, format=info["format"],
+                               weight_type=info["weight_type"],
+                               activation_type=info["activation_type"],
+                               float_nodes=tuple(kept))]
 
 
 @hookimpl

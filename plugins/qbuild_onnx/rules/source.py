@@ -12,7 +12,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qbuild_onnx_common.files import dataset_dir, model_file
+from qbuild_onnx_common.providers import (
+    CalibrationInfo,
+    DatasetInfo,
+    OnnxModelInfo,
+    onnx_model_info,
+)
 from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import (
@@ -43,17 +48,24 @@ def _check_against(ctx: ActionContext, info: dict[str, Any], model: Dep | None) 
     from ..source.datasets import check_dataset_against_model
 
     try:
-        check_dataset_against_model(info, model.info, None)
+        check_dataset_against_model(info, _model_inputs(model), None)
     except OnnxError as e:
         raise _located(ctx, e, "model") from None
 
 
-def _finish_dataset(ctx: ActionContext, out: Path, model: Dep | None) -> dict[str, Any]:
+def _model_inputs(model: Dep) -> dict[str, Any]:
+    """A model dependency's inputs as ``check_dataset_against_model`` reads them."""
+    return {"inputs": list(model[OnnxModelInfo].inputs)}
+
+
+def _finish_dataset(ctx: ActionContext, out: Path, model: Dep | None) -> list[Any]:
     from ..source.datasets import dataset_info
 
     info = dataset_info(out)
     _check_against(ctx, info, model)
-    return info
+    inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
+    return [DatasetInfo(path=out, samples=info["count"], inputs=inputs,
+                        batch_size=info["batch_size"]), info]
 
 
 class OnnxModel(OnnxRule):
@@ -68,6 +80,7 @@ class OnnxModel(OnnxRule):
         "data": attr.files(doc="External data files the model references (same folder)."),
     }
     outputs = ["{name}.onnx"]
+    provides = (OnnxModelInfo,)
 
     def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
         outs = [f"{name}.onnx"]
@@ -77,19 +90,19 @@ class OnnxModel(OnnxRule):
             outs.append(Path(rel).as_posix() if not rel.startswith("..") else Path(d).name)
         return outs
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
         from ..source.model import stage_model
 
+        out = ctx.output("{name}.onnx")
         try:
-            info = stage_model(ctx.attrs["src"], ctx.output("{name}.onnx"),
-                               ctx.attrs.get("data") or [])
+            info = stage_model(ctx.attrs["src"], out, ctx.attrs.get("data") or [])
         except OnnxError as e:
             raise _located(ctx, e, "src") from None
-        info["model_file"] = f"{ctx.name}.onnx"
+        info["model_file"] = out.name
         _note_model_shape(ctx, info)
-        return info
+        return [onnx_model_info(out), info]
 
 
 def _note_model_shape(ctx: ActionContext, info: dict[str, Any]) -> None:
@@ -112,7 +125,8 @@ def _note_model_shape(ctx: ActionContext, info: dict[str, Any]) -> None:
 # Attributes every dataset rule shares.
 _DATASET_COMMON = {
     "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
-    "model": attr.label(doc="Optional model target to check the dataset against."),
+    "model": attr.label(doc="Optional model target to check the dataset against.",
+                        providers=[OnnxModelInfo]),
 }
 
 _IMAGE_ATTRS = {
@@ -150,6 +164,7 @@ class _DatasetRule(OnnxRule):
     one .npy per input) and the library versions in the key."""
 
     outputs = ["data/"]
+    provides = (DatasetInfo,)
 
 
 class ImageDataset(_DatasetRule):
@@ -176,7 +191,7 @@ class ImageDataset(_DatasetRule):
                 raise ConfigError(f"{name} must be one value or one per channel, got "
                                   f"{attrs[name]}", attr=name)
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
         from ..source.images import ImageOptions, build_image_dataset
@@ -214,7 +229,7 @@ class NumpyDataset(_DatasetRule):
         **_DATASET_COMMON,
     }
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
         from ..source.datasets import build_numpy_dataset
@@ -236,7 +251,8 @@ class SyntheticDataset(_DatasetRule):
     doc = ("Seeded random data shaped like a model's inputs, for smoke tests only: random "
            "calibration data ruins accuracy (a warning says so on every build).")
     attrs = {
-        "model": attr.label(doc="The model whose inputs to imitate.", required=True),
+        "model": attr.label(doc="The model whose inputs to imitate.", required=True,
+                            providers=[OnnxModelInfo]),
         "count": attr.int(default=8, doc="Number of samples."),
         "seed": attr.int(default=0, doc="Random seed."),
         "dims": attr.mapping(default={}, doc="Values for symbolic dims (default 1)."),
@@ -245,7 +261,7 @@ class SyntheticDataset(_DatasetRule):
         "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
     }
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
         from ..source.datasets import build_synthetic_dataset
@@ -256,8 +272,8 @@ class SyntheticDataset(_DatasetRule):
                  "numpy_dataset, dataset) for anything you ship")
         out = ctx.output("data/")
         try:
-            build_synthetic_dataset(out, a["model"].info, a["count"], a["seed"], a["dims"],
-                                    a["low"], a["high"], a["batch_size"])
+            build_synthetic_dataset(out, _model_inputs(a["model"]), a["count"], a["seed"],
+                                    a["dims"], a["low"], a["high"], a["batch_size"])
         except OnnxError as e:
             raise _located(ctx, e, "model") from None
         return _finish_dataset(ctx, out, a["model"])
@@ -283,7 +299,7 @@ class CustomDataset(_DatasetRule):
         return [*super().code(attrs),
                 reader if ":" in reader else "hook:qbuild_dataset_readers"]
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
         from ..source.datasets import build_reader_dataset, find_reader
@@ -307,7 +323,8 @@ class QuantPreprocess(OnnxRule):
     doc = ("onnxruntime's quantization pre-processing (symbolic shape inference, graph "
            "optimisation, ONNX shape inference) as its own cached step.")
     attrs = {
-        "model": attr.label(doc="The model target (onnx_model).", required=True),
+        "model": attr.label(doc="The model target (onnx_model).", required=True,
+                            providers=[OnnxModelInfo]),
         "skip_optimization": attr.bool(default=False, doc="Skip ORT graph optimisation."),
         "skip_onnx_shape": attr.bool(default=False, doc="Skip ONNX shape inference."),
         "skip_symbolic_shape": attr.bool(default=False, doc="Skip symbolic shape inference."),
@@ -318,6 +335,7 @@ class QuantPreprocess(OnnxRule):
                                    doc="Write weights to {name}.onnx.data (models > 2 GB)."),
     }
     outputs = ["{name}.onnx"]
+    provides = (OnnxModelInfo,)
 
     def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
         outs = [f"{name}.onnx"]
@@ -325,7 +343,7 @@ class QuantPreprocess(OnnxRule):
             outs.append(f"{name}.onnx.data")
         return outs
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from qbuild_onnx_common.errors import OnnxError
 
         from ..quantization.preprocess import PreprocessOptions, preprocess_model
@@ -337,15 +355,15 @@ class QuantPreprocess(OnnxRule):
             int_max=a["int_max"], guess_output_rank=a["guess_output_rank"])
         from ..ort_logs import ort_output_to_log
 
+        out = ctx.output("{name}.onnx")
         try:
             with ort_output_to_log(ctx.log, ctx.warn):
-                info = preprocess_model(model_file(ctx, a["model"], "model"),
-                                        ctx.output("{name}.onnx"), opts,
+                info = preprocess_model(a["model"][OnnxModelInfo].model, out, opts,
                                         external_data=a["external_data"], log=ctx.log)
         except OnnxError as e:
             raise _located(ctx, e, "model") from None
-        info["model_file"] = f"{ctx.name}.onnx"
-        return info
+        info["model_file"] = out.name
+        return [onnx_model_info(out), info]
 
 
 class Calibrate(OnnxRule):
@@ -358,8 +376,9 @@ class Calibrate(OnnxRule):
            "histograms.npz. Streams one batch at a time; ranges do not depend on batching.")
     attrs = {
         "model": attr.label(doc="The model to calibrate (usually quant_preprocess).",
-                            required=True),
-        "dataset": attr.label(doc="A dataset target.", required=True),
+                            required=True, providers=[OnnxModelInfo]),
+        "dataset": attr.label(doc="A dataset target.", required=True,
+                              providers=[DatasetInfo]),
         "method": attr.enum(["minmax", "entropy", "percentile", "distribution"],
                             default="minmax", doc="How ranges are chosen."),
         "symmetric": attr.bool(default=False, doc="Make every range symmetric about 0."),
@@ -382,6 +401,7 @@ class Calibrate(OnnxRule):
                                            "up to --local_resources cpu)."),
     }
     outputs = ["calibration.json"]
+    provides = (CalibrationInfo,)
 
     def resources(self, attrs: dict[str, Any]) -> tuple[int, int]:
         return max(1, attrs["threads"]), 0
@@ -391,7 +411,7 @@ class Calibrate(OnnxRule):
             return ["calibration.json", "histograms.npz"]
         return ["calibration.json"]
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
+    def run(self, ctx: ActionContext) -> list[Any]:
         from ..calibration.calibrate import CalibrationOptions, calibrate
 
         a = ctx.attrs
@@ -405,12 +425,14 @@ class Calibrate(OnnxRule):
 
         try:
             with ort_output_to_log(ctx.log, ctx.warn):
-                return calibrate(model_file(ctx, a["model"], "model"),
-                                 dataset_dir(ctx, a["dataset"], "dataset"),
+                info = calibrate(a["model"][OnnxModelInfo].model,
+                                 a["dataset"][DatasetInfo].path,
                                  ctx.output("calibration.json").parent, opts, log=ctx.log,
                                  scratch=ctx.scratch)
         except RuleError as e:
             raise _located(ctx, e, "dataset") from None
+        return [CalibrationInfo(table=ctx.output("calibration.json"), method=info["method"],
+                                samples=info["num_samples"]), info]
 
 
 @hookimpl
