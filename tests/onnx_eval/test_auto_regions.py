@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 import pytest
 from eval_paths import MODELS
-from qbuild_onnx.accuracy_metrics import AccuracyError
-from qbuild_onnx.auto_regions import region_for, region_overrides
+from qbuild_onnx.auto.regions import region_for, region_overrides
+from qbuild_onnx_common.errors import OnnxError
 
 Y8 = MODELS / "yolov8_tiny.onnx"
 
@@ -27,7 +27,7 @@ def test_overrides_carry_a_stable_selector():
     doc = region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]})
     assert doc["selectors"] == ["region:stem:stem.out"]
     assert doc["nodes_to_exclude"][0] == "stem/Conv" and doc["region"]["nodes"] == 4
-    with pytest.raises(AccuracyError, match="no rank 1"):
+    with pytest.raises(OnnxError, match="no rank 1"):
         region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]}, 1)
 
 
