@@ -82,6 +82,7 @@ class Evaluate(OnnxRule):
     heavy = True
     def code(self, attrs: dict[str, Any]) -> list[str]:
         return [*super().code(attrs), *_task_code(attrs)]
+
     doc = ("Compares candidate models with a reference model on a dataset and writes "
            "report.json and report.html: per output SQNR (dB), max abs error and cosine, and "
            "the `task` result (classification agreement, detection F1/AP50 against the "
@@ -221,6 +222,7 @@ class Sensitivity(OnnxRule):
     heavy = True
     def code(self, attrs: dict[str, Any]) -> list[str]:
         return [*super().code(attrs), *_task_code(attrs)]
+
     doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
            "effect on the output SQNR against the float model, turning sites back to float "
            "by graph surgery (no re-calibration). mode = 'only': one site quantized at a "
