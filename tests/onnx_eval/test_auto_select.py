@@ -3,7 +3,7 @@ same interleaved run, and a trial replaces float only when clearly faster."""
 
 from __future__ import annotations
 
-from qbuild_onnx.auto_select import select
+from qbuild_onnx.auto.select import select
 
 
 def _entry(f1: float, ms: float) -> dict:
