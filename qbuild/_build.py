@@ -357,7 +357,7 @@ class Build:
                     queued.clear()
                     if ready:
                         continue
-                for item in list(queued):
+                for item in list(queued) if len(running) < self.options.jobs else ():
                     label, action, parts, mib = item
                     if running and (len(running) >= self.options.jobs
                                     or action.threads > free[0] or mib > free[1]):

@@ -25,9 +25,11 @@ class WorkspaceState:
         self.last_keys: dict[str, str] = {
             k: v for k, v in (keys.items() if isinstance(keys, dict) else ())
             if isinstance(k, str) and isinstance(v, str)}
+        # [digest, stat key, executable], as ``Build._place`` writes them.
         self.materialized: dict[str, list[Any]] = {
             k: v for k, v in (placed.items() if isinstance(placed, dict) else ())
-            if isinstance(v, list) and len(v) == 2 and all(isinstance(x, str) for x in v)}
+            if isinstance(v, list) and len(v) == 3 and isinstance(v[0], str)
+            and isinstance(v[1], str) and isinstance(v[2], bool)}
         self._dirty = False
 
     def set_last_key(self, label: str, key: str) -> None:
