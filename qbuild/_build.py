@@ -604,6 +604,13 @@ class Build:
         that are not there."""
         base_rel = label_dir(str(label))
         output_dir = self.session.workspace.output_dir
+        result = self.results[label]
+        if self.state.in_place(output_dir, base_rel, result["outputs"]):
+            self._placed.update(f"{base_rel}/{e['path']}" for e in result["outputs"])
+            base = output_dir / base_rel
+            self.result.outputs[str(label)] = [base / name.rstrip("/")
+                                               for name in result["declared"]]
+            return
         try:
             base = _real_dir(output_dir, base_rel)
             for attempt in range(2):
@@ -631,6 +638,7 @@ class Build:
                 if rel not in wanted:
                     path.unlink()
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
+        self.state.set_folder(output_dir, base_rel, sorted(wanted))
         self.result.outputs[str(label)] = [base / name.rstrip("/") for name in result["declared"]]
 
     def _place(self, base: Path, rel: str, entry: dict[str, Any]) -> bool:

@@ -306,7 +306,12 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
             raise UsageError("-j must be at least 1")
         forget(session.workspace.output_dir, args.patterns, package)
         resources = _local_resources(args.local_resources)
-        labels = session.graph.expand(args.patterns, package)
+        from . import _analysis_cache
+
+        labels = _analysis_cache.restore(session.graph, args.patterns, package)
+        analysed = labels is None
+        if labels is None:
+            labels = session.graph.expand(args.patterns, package)
         reporters: list[Reporter] = [ConsoleReporter(quiet=getattr(args, "quiet", False),
                                                      verbose=getattr(args, "verbose", False))]
         if args.event_log:
@@ -316,6 +321,8 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         build = Build(session, BuildOptions(jobs=jobs, keep_going=args.keep_going,
                                             explain=args.explain, **resources), reporter)
         result = build.run(labels)
+        if analysed:
+            _analysis_cache.save(session.graph, args.patterns, package, labels, started)
         lines, shown = [], []
         root_prefix = len(str(session.workspace.root)) + 1
         for label in result.requested:
@@ -333,7 +340,9 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
                             "actions": len(result.ran) + len(result.cached),
                             "cache_dir": str(session.store.directory),
                             "cache_bytes": session.store.volume()},
-                   code_files=sorted(session.code.files_read) if session._code else ())
+                   code_files=sorted(session.code.files_read) if session._code else (),
+                   sources={rel for action in build.actions.values()
+                            for rel in action.sources})
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
