@@ -8,7 +8,6 @@ import hashlib
 import os
 import re
 import shlex
-import shutil
 import subprocess
 from typing import Any
 
@@ -90,24 +89,18 @@ class Command(Rule):
 
     def target_env(self, attrs: Any) -> dict[str, str]:
         path = os.environ.get("PATH", os.defpath)
-        memo_key = (attrs["cmd"], path, os.environ.get("LANG", ""))
-        known = _facts.get(memo_key)
-        # Valid while every program found and every PATH folder has the same stat (a
-        # tool added to, or replaced in, a PATH folder changes the folder's mtime).
-        if known is not None and all(_stat(f) == st for f, st in known[1]):
-            return dict(known[0])
-        facts = {"PATH": path, "LANG": memo_key[2],
-                 "program /bin/sh": _program_digest("/bin/sh")}
         folders = [d for d in path.split(os.pathsep) if d]
-        watched = ["/bin/sh", *folders]
+        # A tool added to or removed from a PATH folder changes the folder's stat; one
+        # replaced in place changes its own (both are checked on every call).
         state = (path, tuple(_stat(d) for d in folders))
+        facts = {"PATH": path, "LANG": os.environ.get("LANG", ""),
+                 "program /bin/sh": _program("/bin/sh") or _program_digest("/bin/sh")}
         for word in sorted(_program_words(attrs["cmd"])):
             found = word if word.startswith("/") else _which(word, state)
-            if found and os.path.isfile(found) and os.access(found, os.X_OK):
-                facts[f"program {word}"] = _program_digest(found)
-                watched.append(found)
-        _facts[memo_key] = (facts, [(f, _stat(f)) for f in watched])
-        return dict(facts)
+            digest = _program(found) if found else None
+            if digest:
+                facts[f"program {word}"] = digest
+        return facts
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         root = ctx.workdir
@@ -159,17 +152,55 @@ def _matches(src: str, target: str, package: str) -> bool:
     return src == (f"{package}/{target}" if package else target)
 
 
-_facts: dict[tuple[str, str, str], tuple[dict[str, str], list[tuple[str, Any]]]] = {}
+_programs: dict[str, tuple[tuple[int, ...] | None, str | None]] = {}
+
+
+def _program(path: str) -> str | None:
+    """The digest of the executable file at ``path`` (None if it is not one), memoised
+    while its stat stays the same (one stat per call)."""
+    st = _stat(path)
+    known = _programs.get(path)
+    if known is not None and known[0] == st:
+        return known[1]
+    digest = None
+    if st is not None and os.path.isfile(path) and os.access(path, os.X_OK):
+        digest = _program_digest(path)
+    _programs[path] = (st, digest)
+    return digest
 
 
 _found: dict[tuple[str, Any], str | None] = {}
 
 
+_listings: dict[tuple[str, Any], list[tuple[str, frozenset[str] | None]]] = {}
+
+
 def _which(word: str, state: tuple[str, Any]) -> str | None:
-    """``shutil.which`` memoised while PATH and its folders' stats stay the same."""
+    """``shutil.which`` memoised while PATH and its folders' stats stay the same; each
+    PATH folder is listed once for that state, so a word that names no program (an
+    argument) costs no stat calls."""
     key = (word, state)
     if key not in _found:
-        _found[key] = shutil.which(word, path=state[0])
+        listing = _listings.get(state)
+        if listing is None:
+            listing = []
+            for folder in dict.fromkeys(state[0].split(os.pathsep)):
+                try:
+                    names: frozenset[str] | None = frozenset(os.listdir(folder))
+                except OSError:
+                    names = None  # not listable: look for the file itself, as which does
+                listing.append((folder, names))
+            _listings[state] = listing
+        found = None
+        for folder, names in listing:
+            if names is not None and word not in names:
+                continue
+            candidate = os.path.join(folder, word)
+            if os.path.exists(candidate) and not os.path.isdir(candidate) and \
+                    os.access(candidate, os.X_OK):
+                found = candidate
+                break
+        _found[key] = found
     return _found[key]
 
 
@@ -183,11 +214,15 @@ def _stat(path: str) -> tuple[int, ...] | None:
 
 _WORD = re.compile(r"^(/[^\s]+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
 _digests: dict[tuple[str, int, int, int], str] = {}
+_SPECIAL = re.compile(r"['\"\\#]")
+_TOKEN = re.compile(r"[^ \t\r\n();<>|&]+")
 
 
 def _program_words(cmd: str) -> set[str]:
     """Every word of ``cmd`` that could name a program (over-including is harmless: a
     word that is not a program on PATH adds nothing to the key)."""
+    if not _SPECIAL.search(cmd):  # no quoting or comment: shlex's split, done faster
+        return {w for w in _TOKEN.findall(cmd) if _WORD.match(w) and "$(" not in w}
     try:
         lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
         lexer.whitespace_split = True
