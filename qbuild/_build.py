@@ -89,6 +89,7 @@ class Session:
         self.remote = remote
         self._store: Any = None
         self._digests: SourceDigests | None = None
+        self.known_digests: dict[str, tuple[str, str]] = {}  # see SourceDigests
         self._code: CodeDigests | None = None
 
     @property
@@ -107,7 +108,7 @@ class Session:
     @property
     def digests(self) -> SourceDigests:
         if self._digests is None:
-            self._digests = SourceDigests(self.store)
+            self._digests = SourceDigests(self.store, self.known_digests)
         return self._digests
 
     @property
@@ -146,7 +147,7 @@ class Session:
         root = self.workspace.root
         sources = {rel: self.digests.digest(root / rel) for rel in target.sources}
         executable = [rel for rel in target.sources
-                      if os.stat(root / rel).st_mode & stat.S_IXUSR]
+                      if self.digests.mode(root / rel) & stat.S_IXUSR]
         deps = {}
         for dep in target.deps:
             result = results[dep]

@@ -295,6 +295,10 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
     from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
 
     session, package = _session(args)
+    from ._digest import load_known, save_known
+
+    known_file = session.workspace.output_dir / ".qbuild" / "digests.json"
+    session.known_digests = load_known(known_file)
     try:
         from ._toolchain import check as check_toolchain
 
@@ -323,6 +327,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         result = build.run(labels)
         if analysed:
             _analysis_cache.save(session.graph, args.patterns, package, labels, started)
+        save_known(known_file, session.digests, started)
         lines, shown = [], []
         root_prefix = len(str(session.workspace.root)) + 1
         for label in result.requested:

@@ -215,3 +215,21 @@ def qbuild_rule_types():
     assert not g.targets
     session.close()
     sys.modules.pop("perf_probe_rules", None)
+
+
+def test_workspace_digest_memo_never_vouches_for_an_edit(ws):
+    """The digests a workspace remembers (qbuild-out/.qbuild/digests.json) are keyed by
+    the full stat: a same-size edit with the mtime put back is digested again."""
+    ws.write("p/a.txt", "aaaa\n")
+    ws.write("p/BUILD.toml", '[c]\nrule = "command"\nsrcs = ["a.txt"]\nouts = ["o.txt"]\n'
+                             'cmd = "cat $(SRCS) > $(OUT)"\n')
+    time.sleep(0.06)
+    assert ws.cli("build", "//p:c").code == 0
+    assert ws.path("qbuild-out/.qbuild/digests.json").is_file()
+    path = ws.path("p/a.txt")
+    st = os.stat(path)
+    path.write_text("bbbb\n")
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    result = ws.cli("build", "--explain", "//p:c")
+    assert result.code == 0, result.stderr
+    assert ws.path("qbuild-out/p/@c/o.txt").read_text() == "bbbb\n"
