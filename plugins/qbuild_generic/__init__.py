@@ -89,10 +89,7 @@ class Command(Rule):
 
     def target_env(self, attrs: Any) -> dict[str, str]:
         path = os.environ.get("PATH", os.defpath)
-        folders = [d for d in path.split(os.pathsep) if d]
-        # A tool added to or removed from a PATH folder changes the folder's stat; one
-        # replaced in place changes its own (both are checked on every call).
-        state = (path, tuple(_stat(d) for d in folders))
+        state = _path_state(path)
         facts = {"PATH": path, "LANG": os.environ.get("LANG", ""),
                  "program /bin/sh": _program("/bin/sh") or _program_digest("/bin/sh")}
         for word in sorted(_program_words(attrs["cmd"])):
@@ -152,39 +149,66 @@ def _matches(src: str, target: str, package: str) -> bool:
     return src == (f"{package}/{target}" if package else target)
 
 
-_programs: dict[str, tuple[tuple[int, ...] | None, str | None]] = {}
+# A tool added to or removed from a PATH folder changes the folder's stat; one replaced
+# in place changes its own. Both are stat'ed once per build (a build's end starts a new
+# generation), not once per target: a tool replaced while a build keys its targets may
+# be keyed late, the same race as replacing it between keying an action and running it.
+_generation = [0]
+_states: dict[str, tuple[int, int]] = {}  # PATH -> (generation, state id)
+_state_ids: dict[tuple[str, Any], int] = {}
+_programs: dict[str, tuple[tuple[int, ...] | None, str | None, int]] = {}
+
+
+@hookimpl
+def qbuild_build_finished(summary: dict[str, Any]) -> None:
+    _generation[0] += 1
+
+
+def _path_state(path: str) -> int:
+    """An id for PATH and the stats of its folders."""
+    known = _states.get(path)
+    if known is not None and known[0] == _generation[0]:
+        return known[1]
+    state = (path, tuple(_stat(d) for d in path.split(os.pathsep) if d))
+    state_id = _state_ids.setdefault(state, len(_state_ids))
+    _states[path] = (_generation[0], state_id)
+    _paths[state_id] = path
+    return state_id
 
 
 def _program(path: str) -> str | None:
     """The digest of the executable file at ``path`` (None if it is not one), memoised
-    while its stat stays the same (one stat per call)."""
-    st = _stat(path)
+    while its stat stays the same."""
+    generation = _generation[0]
     known = _programs.get(path)
+    if known is not None and known[2] == generation:
+        return known[1]
+    st = _stat(path)
     if known is not None and known[0] == st:
+        _programs[path] = (st, known[1], generation)
         return known[1]
     digest = None
     if st is not None and os.path.isfile(path) and os.access(path, os.X_OK):
         digest = _program_digest(path)
-    _programs[path] = (st, digest)
+    _programs[path] = (st, digest, generation)
     return digest
 
 
-_found: dict[tuple[str, Any], str | None] = {}
+_found: dict[tuple[str, int], str | None] = {}
+_paths: dict[int, str] = {}
+_listings: dict[int, list[tuple[str, frozenset[str] | None]]] = {}
 
 
-_listings: dict[tuple[str, Any], list[tuple[str, frozenset[str] | None]]] = {}
-
-
-def _which(word: str, state: tuple[str, Any]) -> str | None:
-    """``shutil.which`` memoised while PATH and its folders' stats stay the same; each
-    PATH folder is listed once for that state, so a word that names no program (an
-    argument) costs no stat calls."""
+def _which(word: str, state: int) -> str | None:
+    """``shutil.which`` memoised while PATH and its folders' stats stay the same
+    (``state`` from ``_path_state``); each PATH folder is listed once for that state, so
+    a word that names no program (an argument) costs no stat calls."""
     key = (word, state)
     if key not in _found:
         listing = _listings.get(state)
         if listing is None:
             listing = []
-            for folder in dict.fromkeys(state[0].split(os.pathsep)):
+            for folder in dict.fromkeys(_paths[state].split(os.pathsep)):
                 try:
                     names: frozenset[str] | None = frozenset(os.listdir(folder))
                 except OSError:
