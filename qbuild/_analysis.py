@@ -59,7 +59,7 @@ class Graph:
                            os.path.realpath(workspace.output_dir))
         self._real_dirs: dict[str, str] = {}
 
-    def _macro(self, kind: str):
+    def _macro(self, kind: str) -> Any:
         entry = self.registry.get(kind)
         return getattr(entry.cls, "expand_targets", None) if entry is not None else None
 
@@ -103,7 +103,7 @@ class Graph:
 
     def _require(self, label: Label, file: str | None, target: str | None,
                  attr: str | None) -> TargetSpec:
-        where: dict[str, str | None] = {"file": file, "target": target, "attr": attr}
+        where: dict[str, Any] = {"file": file, "target": target, "attr": attr}
         if not self.loader.has_package(label.package):
             raise ConfigError(f"no package '//{label.package}' "
                               f"({self.loader.shown_path(label.package)} does not exist)", **where)
@@ -162,7 +162,7 @@ class Graph:
             return Target(label, MATRIX_KIND, spec.build_file, deps=list(spec.variants),
                           tags=spec.tags)
         entry = self.registry.get(spec.kind)
-        where = {"file": spec.build_file, "target": str(label)}
+        where: dict[str, Any] = {"file": spec.build_file, "target": str(label)}
         if entry is None:
             known = ", ".join(self.registry.kinds())
             raise ConfigError(f"unknown rule '{spec.kind}' (known rules: {known}; "
@@ -336,7 +336,7 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
 
 
-def _check_outputs(outputs: list[str], where: dict[str, str]) -> None:
+def _check_outputs(outputs: list[str], where: dict[str, Any]) -> None:
     seen = set()
     for name in outputs:
         if not isinstance(name, str):

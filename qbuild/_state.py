@@ -44,13 +44,13 @@ class WorkspaceState:
         self._real_dirs: set[str] = set()  # folders seen to be real (no link) this run
         self._dirty = False
 
-    def in_place(self, output_dir: Path, base_rel: str, entries: list[dict[str, Any]]
-                 ) -> bool:
+    def in_place(self, output_dir: Path, base_rel: str,
+                 entries: list[tuple[str, str, bool]]) -> bool:
         """True if a target's output folder holds exactly ``entries`` (flat), each
         file as placed and recorded, and nothing else: its stat is the one recorded
         after it was cleaned, and no folder on the way is a symlink. Then there is
         nothing to copy, hash or delete."""
-        names = sorted(entry["path"] for entry in entries)
+        names = sorted(path for path, _digest, _executable in entries)
         folder = self.folders.get(base_rel)
         if folder is None or folder[1] != names or any("/" in name for name in names):
             return False
@@ -67,11 +67,10 @@ class WorkspaceState:
             st = os.lstat(base)
             if not stat.S_ISDIR(st.st_mode) or stat_key(st) != folder[0]:
                 return False
-            for entry in entries:
-                rel = f"{base_rel}/{entry['path']}"
+            for path, digest, executable in entries:
+                rel = f"{base_rel}/{path}"
                 record = self.materialized.get(rel)
-                executable = bool(entry.get("x"))
-                if record is None or record[0] != entry["digest"] or record[2] != executable:
+                if record is None or record[0] != digest or record[2] != executable:
                     return False
                 st = os.lstat(os.path.join(top, rel))
                 if not stat.S_ISREG(st.st_mode) or stat_key(st) != record[1] or \
