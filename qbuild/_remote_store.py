@@ -182,6 +182,8 @@ def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
         raise ValueError("bad declared outputs")
     if not isinstance(meta.get("info"), dict) or not isinstance(meta.get("warnings"), list):
         raise ValueError("bad info")
+    if not isinstance(meta.get("providers", {}), dict):
+        raise ValueError("bad providers")
     paths = [e["path"] for e in outputs]
     if len(set(paths)) != len(paths):
         raise ValueError("duplicate output paths")
@@ -296,7 +298,8 @@ class LayeredStore:
                 self._sizes[entry["digest"]] = entry["size"]
         result = ActionResult.from_json({
             "outputs": outputs, "declared": meta["declared"], "info": meta["info"],
-            "warnings": meta["warnings"], "origin": "remote"})
+            "warnings": meta["warnings"], "origin": "remote",
+            "providers": meta.get("providers") or {}})
         return result, meta.get("components")
 
     def put_action(self, key: str, result: ActionResult) -> None:
@@ -308,6 +311,8 @@ class LayeredStore:
         meta = {"format": _FORMAT, "declared": list(result.declared),
                 "info": dict(result.info), "warnings": list(result.warnings),
                 "components": self.local.get_components(key)}
+        if result.providers:
+            meta["providers"] = dict(result.providers)
         with self._lock:
             if self._pool is None:
                 import concurrent.futures
