@@ -23,6 +23,7 @@ read (``key_is_racy``) are never recorded, as for the no-op fast path.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -31,13 +32,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ._actions import ActionSpec
 from ._analysis import Graph, Target
 from ._digest import key_is_racy
 from ._label import Label
 from ._loader import MATRIX_KIND
 from ._reads import folder_identities, same_folders
 
-_VERSION = 1
+_VERSION = 2
 
 
 def _stat(path: str) -> str | None:
@@ -77,6 +79,23 @@ def _modules() -> dict[str, str | None]:
     return files
 
 
+_STORED = {"label", "kind", "build_file", "entry", "rule", "attrs", "deps", "sources",
+           "outputs", "tags", "inactive", "actions"}
+
+
+def _storable(target: Target) -> bool:
+    """Every field of ``target`` that is not stored here holds its default (a field
+    added to ``Target`` later is never silently dropped: such targets are not cached)."""
+    for item in dataclasses.fields(target):
+        if item.name in _STORED:
+            continue
+        default = item.default_factory() if item.default_factory is not \
+            dataclasses.MISSING else item.default
+        if getattr(target, item.name) != default:
+            return False
+    return True
+
+
 def _same(a: Any, b: Any) -> bool:
     """Equal and of the same types all the way down (JSON keeps 1.0 and 1 apart, but
     would turn a tuple into a list)."""
@@ -108,9 +127,12 @@ def save(graph: Graph, patterns: list[str], package: str | None, labels: list[La
     sources: set[str] = set()
     links: list[str] = []
     for target in graph.targets.values():
+        if not _storable(target):
+            return
         targets.append([str(target.label), target.kind, target.build_file, target.attrs,
                         [str(d) for d in target.deps], target.sources, target.outputs,
-                        list(target.tags), list(target.inactive)])
+                        list(target.tags), list(target.inactive),
+                        [spec.describe() for spec in target.actions]])
         for rel in target.sources:
             if rel not in sources:
                 sources.add(rel)
@@ -161,8 +183,8 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
         targets: dict[Label, Target] = {}
         checked: set[str] = set()
         kinds: dict[str, Any] = {}
-        for label_text, kind, build_file, attrs, deps, sources, outputs, tags, inactive \
-                in record["targets"]:
+        for label_text, kind, build_file, attrs, deps, sources, outputs, tags, inactive, \
+                actions in record["targets"]:
             label = _label(label_text)
             dep_labels = [_label(d) for d in deps]
             if kind == MATRIX_KIND:
@@ -186,7 +208,11 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
                     return None
             targets[label] = Target(label, kind, build_file, entry, entry.cls(), attrs,
                                     dep_labels, sources, outputs, tuple(tags),
-                                    tuple(inactive))
+                                    tuple(inactive), [
+                                        ActionSpec(a["mnemonic"], a["function"],
+                                                   tuple(a["inputs"]), tuple(a["outputs"]),
+                                                   a["params"], a["heavy"])
+                                        for a in actions])
         labels = [_label(text) for text in record["labels"]]
     except Exception:  # noqa: BLE001 - absent, damaged or stale: analyse as usual
         return None

@@ -9,6 +9,7 @@ import hashlib
 import os
 import re
 import shlex
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
