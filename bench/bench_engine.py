@@ -30,6 +30,9 @@ import time
 from pathlib import Path
 
 PACKAGES = 10
+# Measured as users run qbuild: with the bytecode cache (a PYTHONDONTWRITEBYTECODE left
+# in the caller's environment would recompile every module on every run, ≈ 0.1–0.3 s).
+ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 
 
 def generate(root: Path, targets: int) -> None:
@@ -78,8 +81,12 @@ def generate_trivial(root: Path, targets: int) -> None:
         (package / "BUILD.toml").write_text("\n".join(blocks))
 
 
+CPU: list[float] = []  # CPU seconds (user + system) of each run, in order
+
+
 def run(root: Path, *args: str, event_log: bool = True) -> tuple[float, int, dict]:
-    """Run qbuild; return (seconds, peak RSS bytes, build_finished event)."""
+    """Run qbuild; return (seconds, peak RSS bytes, build_finished event). Its CPU time
+    (steadier than wall-clock time on a shared machine) is appended to ``CPU``."""
     log = root / "events.jsonl"
     argv = [sys.executable, "-m", "qbuild", *args]
     event_log = event_log and bool(args) and args[0] == "build"
@@ -88,9 +95,11 @@ def run(root: Path, *args: str, event_log: bool = True) -> tuple[float, int, dic
     start = time.perf_counter()
     # stderr to a file: a pipe nobody reads while waiting fills up at 10,000 targets.
     with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=errors)
+        proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=errors,
+                                env=ENV)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
+        CPU.append(usage.ru_utime + usage.ru_stime)
         errors.seek(0)
         err = errors.read().decode(errors="replace")
     if os.waitstatus_to_exitcode(status) != 0:
@@ -108,6 +117,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="20,1000")
     args = parser.parse_args()
     rows = []
+    loads = [os.getloadavg()[0]]
+    subprocess.run([sys.executable, "-m", "qbuild", "--version"], env=ENV,
+                   stdout=subprocess.DEVNULL, check=True)  # bytecode written once
     base = Path(tempfile.mkdtemp(prefix="qbuild-bench-"))
     try:
         for size in (int(s) for s in args.sizes.split(",")):
@@ -127,12 +139,15 @@ def main() -> None:
             # With an event log the fast path is off: the full no-op path (analysis,
             # stat memo, action-cache lookups), which also reports bytes hashed.
             noop = [run(root, "build", "//...") for _ in range(args.runs)]
-            explain = [run(root, "build", "--explain", "//...", event_log=False)
-                       for _ in range(args.runs)]
-            edited = []
+            explain, explain_cpu = [], []
+            for _ in range(args.runs):
+                explain.append(run(root, "build", "--explain", "//...", event_log=False))
+                explain_cpu.append(CPU[-1])
+            edited, edited_cpu = [], []
             for k in range(args.runs):
                 (root / "p0" / "leaf.txt").write_text(f"leaf {k}\n")
                 edited.append(run(root, "build", "//...", event_log=False)[0])
+                edited_cpu.append(CPU[-1])
             rows.append({
                 "targets": size,
                 "cold_s": statistics.median(cold),
@@ -145,6 +160,8 @@ def main() -> None:
                 "noop_peak_rss_mb": max(r[1] for r in noop) / 2**20,
                 "explain_s": statistics.median(r[0] for r in explain),
                 "edited_s": statistics.median(edited),
+                "explain_cpu": statistics.median(explain_cpu),
+                "edited_cpu": statistics.median(edited_cpu),
             })
             trivial = base / f"trivial{size}"
             generate_trivial(trivial, size)
@@ -155,19 +172,21 @@ def main() -> None:
                 cold_trivial.append(run(trivial, "build", "//...", event_log=False)[0])
             full_trivial = [run(trivial, "build", "--explain", "//...", event_log=False)[0]
                             for _ in range(args.runs)]
+            loads.append(os.getloadavg()[0])
             rows[-1]["per_action_ms"] = (statistics.median(cold_trivial)
                                          - statistics.median(full_trivial)) / size * 1000
         version = [run(base, "--version")[0] for _ in range(args.runs)]
         bare = []
         for _ in range(args.runs):
             start = time.perf_counter()
-            subprocess.run([sys.executable, "-c", "pass"], check=True)
+            subprocess.run([sys.executable, "-c", "pass"], check=True, env=ENV)
             bare.append(time.perf_counter() - start)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     print(f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python "
           f"{platform.python_version()}, {platform.system()} {platform.release()}; "
-          f"medians of {args.runs} runs (cold/warm: {max(1, args.runs // 3)})\n")
+          f"medians of {args.runs} runs (cold/warm: {max(1, args.runs // 3)}); "
+          f"load average {min(loads):.1f}–{max(loads):.1f}\n")
     print("| targets | cold build | warm build (cache, no outputs) | no-op build (fast path) "
           "| no-op build (full path, `--explain`) | one source edited | cold cost per trivial "
           "action | no-op bytes hashed | no-op actions run | no-op peak RSS (fast / full) |")
@@ -178,6 +197,13 @@ def main() -> None:
               f"{r['edited_s'] * 1000:.0f} ms | {r['per_action_ms']:.2f} ms | "
               f"{r['noop_bytes_hashed']} | {r['noop_actions_run']} | "
               f"{r['fast_rss_mb']:.1f} / {r['noop_peak_rss_mb']:.1f} MB |")
+    print("\nCPU time (user + system) of the same runs, steadier than wall-clock time on a "
+          "shared machine:\n")
+    print("| targets | no-op (full path, `--explain`) | one source edited |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r['targets']} | {r['explain_cpu'] * 1000:.0f} ms | "
+              f"{r['edited_cpu'] * 1000:.0f} ms |")
     print(f"\nInterpreter alone (`python -c pass`): {statistics.median(bare) * 1000:.0f} ms")
     print(f"\n`qbuild --version`: {statistics.median(version) * 1000:.0f} ms")
 

@@ -9,6 +9,7 @@ runs here.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,11 @@ class Graph:
         self.registry = registry
         self.loader = PackageLoader(workspace, self._macro)
         self.targets: dict[Label, Target] = {}
+        self._tops = (str(workspace.output_dir), str(workspace.cache_dir),
+                      str(workspace.root / OUT_PREFIX))
+        self._real_tops = (os.path.realpath(workspace.root),
+                           os.path.realpath(workspace.output_dir))
+        self._real_dirs: dict[str, str] = {}
 
     def _macro(self, kind: str) -> Any:
         entry = self.registry.get(kind)
@@ -327,21 +333,29 @@ class Graph:
     def _reserved(self, path: Path) -> bool:
         """Inside the output folder, the cache, or what an action's sandbox keeps for
         outputs (``qbuild-out/``): never a source, whatever a glob says."""
-        ws = self.workspace
-        rel = path.relative_to(ws.root)
-        return (path.is_relative_to(ws.output_dir) or path.is_relative_to(ws.cache_dir)
-                or rel.parts[:1] == (OUT_PREFIX,))
+        text = str(path)
+        return any(text == top or text.startswith(top + os.sep) for top in self._tops)
+
+    def _realpath(self, path: Path) -> str:
+        """``os.path.realpath(path)``, with the real path of each folder worked out once
+        per command (a package's sources share it)."""
+        parent, name = os.path.split(str(path))
+        real_parent = self._real_dirs.get(parent)
+        if real_parent is None:
+            real_parent = self._real_dirs[parent] = os.path.realpath(parent)
+        candidate = os.path.join(real_parent, name)
+        return os.path.realpath(candidate) if os.path.islink(candidate) else candidate
 
     def _check_inside(self, path: Path, text: str) -> None:
         """A source reached through a symlink must still be a file of this workspace."""
-        real = path.resolve()
+        real = self._realpath(path)
         ws = self.workspace
-        root = ws.root.resolve()
-        if not real.is_relative_to(root):
+        root, output_dir = self._real_tops
+        if not _under(real, root):
             raise ConfigError(f"source file '{text}' ({path.relative_to(ws.root).as_posix()}) "
                               f"is a symlink to {real}, outside the workspace; copy the file "
                               "into the workspace")
-        if real.is_relative_to(ws.output_dir.resolve()) or real.is_relative_to(ws.cache_dir):
+        if _under(real, output_dir) or _under(real, str(ws.cache_dir)):
             raise ConfigError(f"source file '{text}' is a symlink into qbuild's output or "
                               "cache folder; depend on the target that makes it (a label)")
 
@@ -358,6 +372,10 @@ class Graph:
             raise ConfigError(f"folder '{text}' holds no files ({kinds}) in "
                               f"{label.package or '.'}/")
         return matches
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def _check_outputs(outputs: list[str], where: dict[str, Any]) -> None:

@@ -101,22 +101,38 @@ class Memo(Protocol):
 
 
 class SourceDigests:
-    """Digests of source files, memoised persistently by stat. Counts bytes hashed."""
+    """Digests of source files, memoised persistently by stat. Counts bytes hashed.
 
-    def __init__(self, memo: Memo) -> None:
+    ``known`` (path -> (digest, stat key)) is what this workspace digested last time
+    (``load_known``): the same stat-keyed memo as the cache's, read in one piece instead
+    of one cache lookup per file."""
+
+    def __init__(self, memo: Memo, known: dict[str, tuple[str, str]] | None = None) -> None:
         self._memo = memo
+        self._known = known or {}
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[str, str]] = {}
+        self._modes: dict[str, int] = {}
         self.bytes_hashed = 0
         self.files_hashed = 0
+
+    def mode(self, path: Path) -> int:
+        """``st_mode`` of ``path`` from the stat its digest was taken with."""
+        mode = self._modes.get(str(path))
+        return mode if mode is not None else os.stat(path).st_mode
 
     def digest(self, path: Path) -> tuple[str, str]:
         """Return (digest, stat key) of ``path``; hashes only if the stat is new."""
         st = os.stat(path)
         key = stat_key(st)
+        self._modes[str(path)] = st.st_mode
         seen = self._seen.get(str(path))
         if seen is not None and seen[1] == key:
             return seen
+        known = self._known.get(str(path))
+        if known is not None and known[1] == key:
+            self._seen[str(path)] = known
+            return known
         digest = self._memo.memo_get(key)
         if digest is None:
             digest = hash_file(path)
@@ -145,3 +161,34 @@ class SourceDigests:
         if key_is_racy(expected_key, time.time()):
             return hash_file(path) == expected_digest  # the stat cannot vouch for it
         return True
+
+
+def load_known(path: Path) -> dict[str, tuple[str, str]]:
+    """The digests a workspace recorded with ``save_known`` (empty if absent or damaged)."""
+    try:
+        import json
+
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return {name: (entry[0], entry[1]) for name, entry in data.items()
+                if isinstance(entry, list) and len(entry) == 2
+                and all(isinstance(x, str) for x in entry)}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def save_known(path: Path, digests: SourceDigests, started: float) -> None:
+    """Record the digests of this run's files whose stats can vouch for them (taken
+    safely before ``started``), for the next run's ``SourceDigests(known=...)``."""
+    import json
+
+    entries = {name: [digest, key] for name, (digest, key) in digests._seen.items()
+               if not key_is_racy(key, started)}
+    if entries == {name: list(entry) for name, entry in digests._known.items()}:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        temp.write_text(json.dumps(entries), encoding="utf-8")
+        os.replace(temp, path)
+    except OSError:
+        pass

@@ -206,6 +206,7 @@ class LocalExecutor:
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        self._trash = _Trash()
 
     def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
         """Run ``action`` in one of ``jobs`` threads (heavy rules then in a worker process)."""
@@ -225,6 +226,7 @@ class LocalExecutor:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+        self._trash.drain()
 
     def kill(self) -> None:
         """Stop at once: kill worker processes and every process actions started."""
@@ -311,10 +313,7 @@ class LocalExecutor:
                                   providers=providers)
             return Outcome(result, time.monotonic() - started)
         finally:
-            _remove_tree(sandbox)
-            if lock is not None:
-                (self.store.tmp / f"{name}.lock").unlink(missing_ok=True)
-                os.close(lock)
+            self._trash.put(sandbox, lock)
 
     def _collect(self, action: Action, out_root: Path, log_path: Path,
                  names: tuple[str, ...] | None = None) -> list[OutputEntry]:
@@ -338,9 +337,10 @@ class LocalExecutor:
                     raise ActionFailed(RuleError(f"output {file.relative_to(out_root)} is a "
                                                  "symlink; write real files",
                                                  target=str(action.label)))
-                digest = hash_file(file)
                 st = file.stat()
-                self.store.put_blob(file, digest, adopt=True)  # the sandbox is thrown away
+                digest = hash_file(file)
+                self.store.put_blob(file, digest, adopt=True,  # the sandbox is thrown away
+                                    hashed=st)
                 entries.append(OutputEntry(file.relative_to(out_root).as_posix(), digest,
                                            st.st_size, bool(st.st_mode & stat.S_IXUSR)))
         return entries
@@ -413,6 +413,50 @@ class LocalExecutor:
                                          target=str(action.label)))
         os.chmod(dest, 0o555 if st.st_mode & stat.S_IXUSR else 0o444)
         return stat_key(os.lstat(dest))
+
+
+class _Trash:
+    """Deletes finished sandboxes in one background thread, off the actions' critical
+    path (deleting a sandbox's folders costs more than setting them up). A sandbox keeps
+    its lock until it is gone, so no other process's sweep touches it meanwhile; one left
+    by a process that died is swept by the next build (``clean_stale_sandboxes``)."""
+
+    def __init__(self) -> None:
+        self._queue: Any = None
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    def put(self, sandbox: Path, lock: int | None) -> None:
+        import queue
+
+        with self._start:
+            if self._thread is None:
+                self._queue = queue.SimpleQueue()
+                self._thread = threading.Thread(target=self._run, args=(self._queue,),
+                                                name="qbuild-trash", daemon=True)
+                self._thread.start()
+            self._queue.put((sandbox, lock))
+
+    @staticmethod
+    def _run(items: Any) -> None:
+        while (item := items.get()) is not None:
+            sandbox, lock = item
+            try:
+                _remove_tree(sandbox)
+            except Exception:  # noqa: BLE001 - left for the next build's sweep
+                pass
+            if lock is not None:
+                sandbox.with_name(f"{sandbox.name}.lock").unlink(missing_ok=True)
+                os.close(lock)
+
+    def drain(self) -> None:
+        """Wait until every sandbox handed over so far is deleted."""
+        with self._start:
+            thread, items = self._thread, self._queue
+            self._thread = self._queue = None
+        if thread is not None:
+            items.put(None)
+            thread.join()
 
 
 def _remove_tree(path: Path) -> None:

@@ -42,6 +42,12 @@ class Materializer:
         be placed even after running the action again, raises ActionFailed (or OSError):
         a path is never printed for files that are not there."""
         base_rel = output_folder(label)
+        result = self.result(label)
+        if self.state.in_place(self.output_dir, base_rel,
+                               [(e.path, e.digest, e.executable) for e in result.outputs]):
+            self.placed.update(f"{base_rel}/{e.path}" for e in result.outputs)
+            base = self.output_dir / base_rel
+            return [base / name.rstrip("/") for name in result.declared]
         base = real_dir(self.output_dir, base_rel)
         for attempt in range(2):
             result = self.result(label)
@@ -63,6 +69,7 @@ class Materializer:
                 if rel not in wanted:
                     path.unlink()
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
+        self.state.set_folder(self.output_dir, base_rel, sorted(wanted))
         return [base / name.rstrip("/") for name in result.declared]
 
     def remove(self, label: Label) -> None:

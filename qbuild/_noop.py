@@ -3,10 +3,12 @@
 After a fully successful ``qbuild build``, a snapshot records the stats the full path
 itself used: ``qbuild.toml`` and every BUILD file as stat'ed just before parsing, every
 directory a glob or package walk listed (and those it skipped for holding a nested
-workspace), every source file as stat'ed when its digest was taken, every materialized
-output as placed, every Python module file the process had loaded (qbuild, the plugins),
-the ``sys.path`` fingerprint (installing or upgrading any distribution, e.g. onnxruntime,
-changes it) and the interpreter. When a later build with the same patterns from the same
+workspace), every source file as stat'ed when its digest was taken, the identity
+(lstat device and inode) of every folder from the root down to each source (so one
+swapped for a symlink is seen), every materialized output as placed, every Python
+module file the process had loaded (qbuild, the plugins), the ``sys.path`` fingerprint
+(installing or upgrading any distribution, e.g. onnxruntime, changes it) and the
+interpreter. When a later build with the same patterns from the same
 directory finds every one of those stats unchanged, every action key is necessarily
 unchanged and every output is in place, so it prints the same result without loading
 plugins, parsing BUILD files or opening the cache.
@@ -30,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from ._digest import key_is_racy
+from ._reads import folder_identities, same_folders
 
-_VERSION = 2
+_VERSION = 3
 
 
 def _stat(path: str) -> str | None:
@@ -76,6 +79,8 @@ def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | N
         for name, key in snapshot["files"].items():
             if _stat(_where(root, name)) != key:
                 return None
+        if not same_folders(root, snapshot["folders"]):
+            return None
         if not (isinstance(snapshot["lines"], list) and isinstance(snapshot["summary"], dict)
                 and all(isinstance(line, str) for line in snapshot["lines"])):
             return None
@@ -88,12 +93,16 @@ def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | N
 def record(root: Path, output_dir: Path, patterns: list[str], package: str | None, *,
            reads: Mapping[str, str | None], outputs: Mapping[str, str], started: float,
            env: dict[str, Any], lines: list[str], summary: dict[str, Any],
-           code_files: Iterable[str] = ()) -> bool:
+           code_files: Iterable[str] = (), sources: Iterable[str] = ()) -> bool:
     """Write the snapshot of a successful build (best effort); False if refused.
 
     ``reads`` are the stats the build took as it read things (names relative to
     ``root`` or absolute); ``outputs`` the stats of the outputs it placed itself.
-    ``started`` is the wall-clock time the build started."""
+    ``started`` is the wall-clock time the build started; ``sources`` the source files
+    the actions read (every folder on their way must stay the same real folder)."""
+    folders = folder_identities(root, sources)
+    if folders is None:
+        return False
     files: dict[str, str | None] = dict(reads)
     for file in code_files:  # rule code hashed for the keys (stat-checked, never re-read)
         files.setdefault(file, _stat(file))
@@ -111,8 +120,8 @@ def record(root: Path, output_dir: Path, patterns: list[str], package: str | Non
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"environment": env, "files": files, "lines": lines,
-                                    "summary": summary}), encoding="utf-8")
+        temp.write_text(json.dumps({"environment": env, "files": files, "folders": folders,
+                                    "lines": lines, "summary": summary}), encoding="utf-8")
         os.replace(temp, path)
     except OSError:
         return False

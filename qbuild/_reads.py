@@ -10,6 +10,8 @@ outside the workspace keep their absolute form.
 from __future__ import annotations
 
 import os
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from ._digest import stat_key
@@ -53,3 +55,38 @@ class Reads:
                 return list(entries)
         except OSError:
             return []
+
+
+def folder_identities(root: Path, files: Iterable[str]) -> dict[str, str] | None:
+    """(device, inode) of every folder from ``root`` down to each of ``files``
+    (workspace-relative), taken with lstat; None if one is not a real folder. A folder
+    swapped for a symlink (to where it was moved, say) changes this, though the stats of
+    the files reached through it do not."""
+    out: dict[str, str] = {}
+    for rel in files:
+        parent = rel.rpartition("/")[0]
+        while parent not in out:
+            try:
+                st = os.lstat(os.path.join(root, parent) if parent else root)
+            except OSError:
+                return None
+            if not stat.S_ISDIR(st.st_mode):
+                return None
+            out[parent] = f"{st.st_dev}:{st.st_ino}"
+            if not parent:
+                break
+            parent = parent.rpartition("/")[0]
+    return out
+
+
+def same_folders(root: Path, folders: dict[str, str]) -> bool:
+    """True if every folder in ``folders`` (from ``folder_identities``) is still the
+    same real folder."""
+    try:
+        for rel, key in folders.items():
+            st = os.lstat(os.path.join(root, rel) if rel else root)
+            if not stat.S_ISDIR(st.st_mode) or f"{st.st_dev}:{st.st_ino}" != key:
+                return False
+    except OSError:
+        return False
+    return True

@@ -99,7 +99,8 @@ class Scheduler:
                 queue.clear()
                 if plan.has_ready():
                     continue
-            for item in list(queue):
+            # With every slot taken nothing can start: no scan of a long queue.
+            for item in list(queue) if len(running) < self.jobs else ():
                 label, action = item
                 if running and (len(running) >= self.jobs or action.threads > free_cpu
                                 or action.memory_mib > free_memory):

@@ -9,7 +9,6 @@ dependencies' results into the key's parts, the key and the ``Action`` record.
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -45,6 +44,7 @@ class Session:
         self.remote = remote
         self._store: Store | None = None
         self._digests: SourceDigests | None = None
+        self.known_digests: dict[str, tuple[str, str]] = {}  # see SourceDigests
         self._code: CodeDigests | None = None
 
     @classmethod
@@ -90,7 +90,7 @@ class Session:
     @property
     def digests(self) -> SourceDigests:
         if self._digests is None:
-            self._digests = SourceDigests(self.store)
+            self._digests = SourceDigests(self.store, self.known_digests)
         return self._digests
 
     @property
@@ -110,14 +110,24 @@ class Session:
             self._store.close()
 
     def build(self, patterns: list[str], package: str | None, options: BuildOptions,
-              reporter: Reporter) -> Build:
+              reporter: Reporter, started: float | None = None) -> Build:
         """Build ``patterns`` (relative to ``package``); the returned ``Build`` holds the
-        result and what the no-op fast path may rely on."""
+        result and what the no-op fast path may rely on. ``started`` (the wall-clock
+        start of a command-line build) turns the analysis cache on (``_analysis_cache``).
+        """
+        from . import _analysis_cache
         from ._build import Build
 
-        labels = self.graph.expand(patterns, package)
+        labels = None
+        if started is not None:
+            labels = _analysis_cache.restore(self.graph, patterns, package)
+        analysed = labels is None
+        if labels is None:
+            labels = self.graph.expand(patterns, package)
         build = Build(self, options, reporter)
         build.run(labels)
+        if started is not None and analysed:
+            _analysis_cache.save(self.graph, patterns, package, labels, started)
         return build
 
     # -- keys ---------------------------------------------------------------------------
@@ -156,7 +166,7 @@ class Session:
         root = self.workspace.root
         sources = {rel: self.digests.digest(root / rel) for rel in target.sources}
         executable = [rel for rel in target.sources
-                      if os.stat(root / rel).st_mode & stat.S_IXUSR]
+                      if self.digests.mode(root / rel) & stat.S_IXUSR]
         deps = {str(dep): results[dep] for dep in target.deps}
         hooks = self.registry.hook_plugins(target)
         parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,

@@ -152,6 +152,9 @@ class LocalStore:
             raise CacheError(f"cannot use the cache directory {directory}: "
                              f"{exc.strerror or exc} (set cache_dir in qbuild.toml or "
                              "QBUILD_CACHE_DIR)") from None
+        # digest -> stat key of blobs this process stored from files it hashed itself
+        self._trusted: dict[str, str] = {}
+        self._code_saved: set[str] = set()
         self._ac = self._open("ac")
         self._cas = self._open("cas")
         self._memo = self._open("memo")
@@ -301,8 +304,11 @@ class LocalStore:
         return json.loads(raw) if raw is not None else None
 
     def put_code(self, digest: str, files: dict[str, str]) -> None:
+        if digest in self._code_saved:
+            return
         if "code:" + digest not in self._ac:
             self._ac.set("code:" + digest, json.dumps(files, sort_keys=True))
+        self._code_saved.add(digest)
 
     # -- blobs --------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
@@ -331,12 +337,15 @@ class LocalStore:
         except OSError:
             return False
 
-    def put_blob(self, path: Path, digest: str, adopt: bool = False) -> None:
+    def put_blob(self, path: Path, digest: str, adopt: bool = False,
+                 hashed: os.stat_result | None = None) -> None:
         """Store the file at ``path`` (already hashed to ``digest``); a stored copy that
         is missing or damaged is replaced.
 
         ``adopt``: the file is the caller's to give away (an action's output in its
         sandbox, on the cache's filesystem): it is renamed into the store, not copied.
+        ``hashed``: its stat when it was hashed; if the adopted blob still has that
+        inode, size and mtime, this process trusts it without hashing it again.
         """
         stored = self._blob_path(digest)
         if stored is not None:
@@ -345,9 +354,22 @@ class LocalStore:
             self._read("cas", lambda c: c.delete(digest), False)
         if adopt:
             self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
+            if hashed is not None:
+                self._trust_adopted(digest, hashed)
             return
         with open(path, "rb") as handle:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
+
+    def _trust_adopted(self, digest: str, hashed: os.stat_result) -> None:
+        stored = self._blob_path(digest)
+        try:
+            st = os.stat(stored) if stored is not None else None
+        except OSError:
+            return
+        # Renaming and chmod move the ctime; a write since the hash moves the mtime.
+        if st is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+                hashed.st_dev, hashed.st_ino, hashed.st_size, hashed.st_mtime_ns):
+            self._trusted[digest] = stat_key(st)
 
     def _verified(self, path: Path, digest: str) -> bool:
         """The blob matched its digest when last checked and has not been touched since."""
@@ -376,7 +398,8 @@ class LocalStore:
             if source is None or st is None:
                 self._read("cas", lambda c: c.delete(digest), False)
                 return False
-            trusted = self._read("memo", lambda c: c.get(verified_key), None) == stat_key(st)
+            trusted = self._trusted.get(digest) == stat_key(st) or \
+                self._read("memo", lambda c: c.get(verified_key), None) == stat_key(st)
             dest.parent.mkdir(parents=True, exist_ok=True)
             temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:

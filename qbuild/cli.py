@@ -311,6 +311,10 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
     from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
 
     session, package = _session(args)
+    from ._digest import load_known, save_known
+
+    known_file = session.workspace.output_dir / ".qbuild" / "digests.json"
+    session.known_digests = load_known(known_file)
     try:
         from ._toolchain import check as check_toolchain
 
@@ -330,8 +334,10 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         clean_stale_sandboxes(session.store.tmp)
         build = session.build(args.patterns, package,
                               BuildOptions(jobs=jobs, keep_going=args.keep_going,
-                                           explain=args.explain, **resources), reporter)
+                                           explain=args.explain, **resources), reporter,
+                              started=started)
         result = build.result
+        save_known(known_file, session.digests, started)
         lines, shown = [], []
         root_prefix = len(str(session.workspace.root)) + 1
         for label in result.requested:
@@ -349,7 +355,9 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
                             "actions": len(result.ran) + len(result.cached),
                             "cache_dir": str(session.store.directory),
                             "cache_bytes": session.store.volume()},
-                   code_files=sorted(session.code.files_read) if session.code_used else ())
+                   code_files=sorted(session.code.files_read) if session.code_used else (),
+                   sources={rel for action in build.actions.values()
+                            for rel in action.sources})
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()

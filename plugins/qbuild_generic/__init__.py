@@ -103,24 +103,15 @@ class Command(Rule):
 
     def target_env(self, attrs: Any) -> dict[str, str]:
         path = os.environ.get("PATH", os.defpath)
-        memo_key = (attrs["cmd"], path, os.environ.get("LANG", ""))
-        known = _facts.get(memo_key)
-        # Valid while every program found and every PATH folder has the same stat (a
-        # tool added to, or replaced in, a PATH folder changes the folder's mtime).
-        if known is not None and all(_stat(f) == st for f, st in known[1]):
-            return dict(known[0])
-        facts = {"PATH": path, "LANG": memo_key[2],
-                 "program /bin/sh": _program_digest("/bin/sh")}
-        folders = [d for d in path.split(os.pathsep) if d]
-        watched = ["/bin/sh", *folders]
-        state = (path, tuple(_stat(d) for d in folders))
+        state = _path_state(path)
+        facts = {"PATH": path, "LANG": os.environ.get("LANG", ""),
+                 "program /bin/sh": _program("/bin/sh") or _program_digest("/bin/sh")}
         for word in sorted(_program_words(attrs["cmd"])):
             found = word if word.startswith("/") else _which(word, state)
-            if found and os.path.isfile(found) and os.access(found, os.X_OK):
-                facts[f"program {word}"] = _program_digest(found)
-                watched.append(found)
-        _facts[memo_key] = (facts, [(f, _stat(f)) for f in watched])
-        return dict(facts)
+            digest = _program(found) if found else None
+            if digest:
+                facts[f"program {word}"] = digest
+        return facts
 
     def analyze(self, ctx: AnalysisContext) -> None:
         package = ctx.label[2:].rsplit(":", 1)[0]
@@ -222,17 +213,82 @@ def _matches(src: str, target: str, package: str) -> bool:
     return src == (f"{package}/{target}" if package else target)
 
 
-_facts: dict[tuple[str, str, str], tuple[dict[str, str], list[tuple[str, Any]]]] = {}
+# A tool added to or removed from a PATH folder changes the folder's stat; one replaced
+# in place changes its own. Both are stat'ed once per build (a build's end starts a new
+# generation), not once per target: a tool replaced while a build keys its targets may
+# be keyed late, the same race as replacing it between keying an action and running it.
+_generation = [0]
+_states: dict[str, tuple[int, int]] = {}  # PATH -> (generation, state id)
+_state_ids: dict[tuple[str, Any], int] = {}
+_programs: dict[str, tuple[tuple[int, ...] | None, str | None, int]] = {}
 
 
-_found: dict[tuple[str, Any], str | None] = {}
+@hookimpl
+def qbuild_build_finished(summary: dict[str, Any]) -> None:
+    _generation[0] += 1
 
 
-def _which(word: str, state: tuple[str, Any]) -> str | None:
-    """``shutil.which`` memoised while PATH and its folders' stats stay the same."""
+def _path_state(path: str) -> int:
+    """An id for PATH and the stats of its folders."""
+    known = _states.get(path)
+    if known is not None and known[0] == _generation[0]:
+        return known[1]
+    state = (path, tuple(_stat(d) for d in path.split(os.pathsep) if d))
+    state_id = _state_ids.setdefault(state, len(_state_ids))
+    _states[path] = (_generation[0], state_id)
+    _paths[state_id] = path
+    return state_id
+
+
+def _program(path: str) -> str | None:
+    """The digest of the executable file at ``path`` (None if it is not one), memoised
+    while its stat stays the same."""
+    generation = _generation[0]
+    known = _programs.get(path)
+    if known is not None and known[2] == generation:
+        return known[1]
+    st = _stat(path)
+    if known is not None and known[0] == st:
+        _programs[path] = (st, known[1], generation)
+        return known[1]
+    digest = None
+    if st is not None and os.path.isfile(path) and os.access(path, os.X_OK):
+        digest = _program_digest(path)
+    _programs[path] = (st, digest, generation)
+    return digest
+
+
+_found: dict[tuple[str, int], str | None] = {}
+_paths: dict[int, str] = {}
+_listings: dict[int, list[tuple[str, frozenset[str] | None]]] = {}
+
+
+def _which(word: str, state: int) -> str | None:
+    """``shutil.which`` memoised while PATH and its folders' stats stay the same
+    (``state`` from ``_path_state``); each PATH folder is listed once for that state, so
+    a word that names no program (an argument) costs no stat calls."""
     key = (word, state)
     if key not in _found:
-        _found[key] = shutil.which(word, path=state[0])
+        listing = _listings.get(state)
+        if listing is None:
+            listing = []
+            for folder in dict.fromkeys(_paths[state].split(os.pathsep)):
+                try:
+                    names: frozenset[str] | None = frozenset(os.listdir(folder))
+                except OSError:
+                    names = None  # not listable: look for the file itself, as which does
+                listing.append((folder, names))
+            _listings[state] = listing
+        found = None
+        for folder, names in listing:
+            if names is not None and word not in names:
+                continue
+            candidate = os.path.join(folder, word)
+            if os.path.exists(candidate) and not os.path.isdir(candidate) and \
+                    os.access(candidate, os.X_OK):
+                found = candidate
+                break
+        _found[key] = found
     return _found[key]
 
 
@@ -246,11 +302,15 @@ def _stat(path: str) -> tuple[int, ...] | None:
 
 _WORD = re.compile(r"^(/[^\s]+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
 _digests: dict[tuple[str, int, int, int], str] = {}
+_SPECIAL = re.compile(r"['\"\\#]")
+_TOKEN = re.compile(r"[^ \t\r\n();<>|&]+")
 
 
 def _program_words(cmd: str) -> set[str]:
     """Every word of ``cmd`` that could name a program (over-including is harmless: a
     word that is not a program on PATH adds nothing to the key)."""
+    if not _SPECIAL.search(cmd):  # no quoting or comment: shlex's split, done faster
+        return {w for w in _TOKEN.findall(cmd) if _WORD.match(w) and "$(" not in w}
     try:
         lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
         lexer.whitespace_split = True

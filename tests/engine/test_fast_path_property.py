@@ -4,14 +4,17 @@ answer the full path gives (same exit code, same printed outputs, same bytes).
 A seeded random walk over edits (edit, same-size edit with the mtime put back, add,
 delete, rename, new directories, BUILD edits, nested workspaces appearing and going),
 each followed by a normal build (fast path if it says nothing changed) and, when the fast
-path answered, a full build (``--explain``) to compare with. Runs in-process through the
-real command line entry point. QBUILD_PROPERTY_STEPS raises the number of steps.
+path answered, a full build (``--explain``) to compare with; when it did not, the full
+path's answer (which may reuse the cached analysis) is compared with a build after
+deleting the analysis cache. Runs in-process through the real command line entry point.
+QBUILD_PROPERTY_STEPS raises the number of steps.
 """
 
 import contextlib
 import io
 import os
 import random
+import shutil
 import time
 
 from qbuild import cli
@@ -152,7 +155,8 @@ def test_fast_path_always_agrees_with_the_full_path(qbuild_workspace, monkeypatc
     steps = int(os.environ.get("QBUILD_PROPERTY_STEPS", "120"))
     rng = random.Random(20261123)
     walker = Walker(ws.root, rng)
-    fast_answers = 0
+    fast_answers = fresh_checks = 0
+    checker = random.Random(7)
     history = []
     for step in range(steps):
         ops = [walker.step() for _ in range(rng.choice([0, 0, 1, 1, 2, 3]))]
@@ -161,6 +165,15 @@ def test_fast_path_always_agrees_with_the_full_path(qbuild_workspace, monkeypatc
             time.sleep(0.06)  # let the edits age past the racy window so snapshots record
         code, stdout, stderr = _run(["build", "//..."])
         if "(nothing changed)" not in stderr:
+            # The full path may have reused the cached analysis: a fresh one must agree.
+            if checker.random() < 0.5:
+                cached = _answer(ws.root, code, stdout)
+                shutil.rmtree(ws.root / "qbuild-out/.qbuild/analysis", ignore_errors=True)
+                code, stdout, stderr = _run(["build", "--explain", "//..."])
+                assert cached == _answer(ws.root, code, stdout), (
+                    f"step {step}: with the cached analysis {cached}, with a fresh one "
+                    f"{_answer(ws.root, code, stdout)}; edits since the start: {history}")
+                fresh_checks += 1
             continue
         fast_answers += 1
         fast = _answer(ws.root, code, stdout)
@@ -168,5 +181,5 @@ def test_fast_path_always_agrees_with_the_full_path(qbuild_workspace, monkeypatc
         full = _answer(ws.root, code, stdout)
         assert fast == full, (f"step {step}: the fast path answered {fast}, the full path "
                               f"{full}; edits since the start: {history}")
-    print(f"{fast_answers} fast answers in {steps} steps")
+    print(f"{fast_answers} fast answers, {fresh_checks} fresh analyses in {steps} steps")
     assert fast_answers >= steps // 8  # the property was really exercised

@@ -146,6 +146,7 @@ def test_a_write_error_in_the_store_is_one_line(ws):
     assert "File too large" in proc.stderr
 
 
+@pytest.mark.non_root
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores read-only modes")
 def test_a_read_only_cache_is_one_line(ws):
     _cmd_target(ws)
