@@ -47,6 +47,7 @@ class BuildOptions:
     explain: bool = False
     cpu: int | None = None  # --local_resources cpu=N (default: the CPU count)
     memory: int | None = None  # --local_resources memory=MiB (default: 2/3 of RAM)
+    remote_executor: Any = None  # _dask_executor.RemoteExecution: run actions on a cluster
 
 
 def _default_memory_mib() -> int:
@@ -67,6 +68,7 @@ class BuildResult:
     cached: list[str] = field(default_factory=list)
     remote_hits: list[str] = field(default_factory=list)
     remote: dict[str, Any] | None = None
+    remote_execution: dict[str, Any] | None = None
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
@@ -162,6 +164,7 @@ class Session:
             attr_types={name: schema.type for name, schema in target.rule.attrs.items()},
             sources=sources, deps=deps, outputs=target.outputs, key=key,
             reproducible=target.rule.is_reproducible(target.attrs),
+            parts=parts, resources=target.rule.resources(target.attrs),
         )
         return parts, key, action
 
@@ -220,6 +223,16 @@ class Build:
                                       options.jobs)
         self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
         self.memory_budget = max(1, options.memory or _default_memory_mib())
+        self.workers: dict[Label, str] = {}  # remote worker that ran each action
+        if options.remote_executor is not None:
+            from ._dask_executor import DaskExecutor
+
+            self.executor = DaskExecutor(  # type: ignore[assignment]
+                self.executor, self.store, options.remote_executor,
+                dict(session.workspace.toolchain), self.cpu_budget, reporter.message)
+            # Placement is the cluster's; actions run here share this machine's cores
+            # inside the executor.
+            self.cpu_budget = self.memory_budget = 1 << 40
 
     def run(self, roots: list[Label]) -> BuildResult:
         started = time.monotonic()
@@ -261,6 +274,8 @@ class Build:
         self.result.ok = not self.result.failed and not self.result.skipped and not interrupted
         self.result.bytes_hashed = self.session.digests.bytes_hashed
         self.result.remote = self.remote.summary() if self.remote is not None else None
+        if hasattr(self.executor, "summary"):
+            self.result.remote_execution = self.executor.summary()
         self.result.seconds = time.monotonic() - started
         summary = {
             "ok": self.result.ok, "targets": len(requested), "actions_run": len(self.result.ran),
@@ -279,6 +294,8 @@ class Build:
         if self.result.remote is not None:
             summary["remote_cache_hits"] = len(self.result.remote_hits)
             summary["remote"] = self.result.remote
+        if self.result.remote_execution is not None:
+            summary["remote_execution"] = self.result.remote_execution
         self.reporter.build_finished(summary)
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
 
@@ -430,9 +447,10 @@ class Build:
             return True
         with self._result_lock:
             self.result.ran.append(str(label))
+        where = {"worker": self.workers[label]} if label in self.workers else {}
         self._event(label, "ran", seconds, origin="ran",
                     warnings=self.results[label].get("warnings", []),
-                    rule=self.graph.targets[label].kind)
+                    rule=self.graph.targets[label].kind, **where)
         return True
 
     def _execute(self, label: Label, action: Action, parts: dict[str, Any]
@@ -478,11 +496,19 @@ class Build:
             # Blobs are durable (stored and fsync'ed by the executor) before this commits.
             self.store.put_components(action.key, parts)
             self.session.save_code(parts)
-            self.store.put_action(action.key, result)
+            self._keep(label, action.key, result, outcome)
         self.results[label] = result
         self.state.set_last_key(str(label), action.key)
         self.result.infos[str(label)] = outcome.info
         return "ran", outcome.seconds
+
+    def _keep(self, label: Label, key: str, result: dict[str, Any], outcome: Any) -> None:
+        """Store a result; one a remote worker made is already on the cache server."""
+        if outcome.worker:
+            self.store.record(key, result)  # type: ignore[attr-defined]
+            self.workers[label] = outcome.worker
+        else:
+            self.store.put_action(key, result)
 
     def _rebuild(self, label: Label) -> bool:
         """Run a cached action again because its stored outputs are gone or corrupt.
@@ -532,7 +558,7 @@ class Build:
                                        "non-reproducible); run the build again")
                 result = {"outputs": outcome.outputs, "declared": action.outputs,
                           "info": outcome.info, "warnings": outcome.warnings}
-                self.store.put_action(action.key, result)
+                self._keep(current, action.key, result, outcome)
                 self.results[current] = result
                 self.state.set_last_key(str(current), action.key)
                 self.result.infos[str(current)] = outcome.info

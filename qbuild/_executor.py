@@ -46,6 +46,10 @@ class Action:
     key: str
     reproducible: bool = True  # False: may give other bytes when run again (timings)
     threads: int = 1  # cores granted by the scheduler (ctx.threads)
+    # For executors elsewhere: the key's components (what a remote worker checks its own
+    # code and environment against) and the rule's declared (cores, MiB).
+    parts: dict[str, Any] | None = None
+    resources: tuple[int, int] | None = None
 
 
 @dataclass
@@ -56,6 +60,7 @@ class Outcome:
     info: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    worker: str = ""  # the remote worker that ran it (empty: this machine)
 
 
 class ActionFailed(Exception):

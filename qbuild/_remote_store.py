@@ -34,7 +34,8 @@ from ._toml import load_toml
 
 RESULT_PATH = ".qbuild/result.json"  # the output file of an ActionResult holding our metadata
 _FORMAT = 1
-_KNOWN = {"cache", "upload_local_results", "timeout", "headers"}
+_KNOWN = {"cache", "upload_local_results", "timeout", "headers",
+          "executor", "local_fallback", "strategy"}  # the last three: _dask_executor
 _UPLOAD_THREADS = 4
 
 
@@ -200,6 +201,7 @@ class LayeredStore:
     def __init__(self, local: LocalStore, config: RemoteConfig) -> None:
         self.local = local
         self.tmp = local.tmp
+        self.remote_config = config
         self.remote = HttpCache(config)
         self.upload = config.upload
         self.warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
@@ -312,6 +314,10 @@ class LayeredStore:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     _UPLOAD_THREADS, thread_name_prefix="qbuild-upload")
             self._futures.append(self._pool.submit(self._upload, key, result["outputs"], meta))
+
+    def record(self, key: str, result: dict[str, Any]) -> None:
+        """Keep locally a result a remote worker already uploaded (with its entry)."""
+        self.local.put_action(key, {**result, "origin": "remote"})
 
     def _upload(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         if not self.usable:

@@ -50,6 +50,7 @@ class BuildOutcome:
     cached: list[str] = field(default_factory=list)
     remote_hits: list[str] = field(default_factory=list)
     remote: dict[str, Any] | None = None
+    remote_execution: dict[str, Any] | None = None  # per-worker counts, refusals, fallback
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     error: str = ""
@@ -132,7 +133,9 @@ class Workspace:
               explain: bool = False, cwd: str = "", cpu: int | None = None,
               memory: int | None = None, remote_cache: str | None = None,
               remote_upload: bool | None = None, remote_timeout: float | None = None,
-              remote_headers: list[str] | None = None) -> BuildOutcome:
+              remote_headers: list[str] | None = None, remote_executor: str | None = None,
+              strategy: list[str] | None = None,
+              remote_local_fallback: bool | None = None) -> BuildOutcome:
         """Build in-process with the real engine; configuration errors become
         ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``.
 
@@ -156,11 +159,19 @@ class Workspace:
             remote = resolve_remote(workspace.root, {
                 "cache": remote_cache, "upload": remote_upload, "timeout": remote_timeout,
                 "headers": remote_headers}, environ={})
+            from ._dask_executor import resolve_executor
+
+            executor = resolve_executor(workspace.root, {
+                "executor": remote_executor, "strategy": strategy,
+                "local_fallback": remote_local_fallback}, environ={})
+            if executor is not None and remote is None:
+                raise QbuildError("remote_executor needs a remote cache")
             session = Session(workspace, load_registry(self.plugins), remote)
             package = workspace.package_of(self.root / cwd)
             labels = session.graph.expand(list(patterns), package)
             build = Build(session, BuildOptions(jobs=jobs, keep_going=keep_going,
-                                                explain=explain, cpu=cpu, memory=memory),
+                                                explain=explain, cpu=cpu, memory=memory,
+                                                remote_executor=executor),
                           ConsoleReporter(log, tty=False))
             result = build.run(labels)
         except QbuildError as exc:
@@ -178,6 +189,7 @@ class Workspace:
             failed=result.failed, skipped=result.skipped, error=errors,
             log=log.getvalue(), bytes_hashed=result.bytes_hashed,
             explanations=result.explanations, _outputs=result.outputs, _infos=result.infos,
+            remote_execution=result.remote_execution,
         )
 
     def cli(self, *args: str, cwd: str = "", timeout: float = 300,
