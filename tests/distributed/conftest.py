@@ -58,7 +58,8 @@ class DaskProcesses:
 
     def worker(self, name: str, pythonpath: list[Path]) -> subprocess.Popen:
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(str(p) for p in pythonpath)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(p) for p in pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])
         env["QBUILD_WORKER_CACHE_DIR"] = str(self.log_dir / f"cache-{name}")
         return self._start(name, ["worker", f"tcp://{self.address}", "--nthreads", "1",
                                   "--host", "127.0.0.1", "--no-dashboard", "--name", name],
