@@ -56,13 +56,14 @@ class DaskProcesses:
         self.procs.append(proc)
         return proc
 
-    def worker(self, name: str, pythonpath: list[Path]) -> subprocess.Popen:
+    def worker(self, name: str, pythonpath: list[Path], *extra: str) -> subprocess.Popen:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(p) for p in pythonpath] + [p for p in [env.get("PYTHONPATH")] if p])
         env["QBUILD_WORKER_CACHE_DIR"] = str(self.log_dir / f"cache-{name}")
         return self._start(name, ["worker", f"tcp://{self.address}", "--nthreads", "1",
-                                  "--host", "127.0.0.1", "--no-dashboard", "--name", name],
+                                  "--host", "127.0.0.1", "--no-dashboard", "--name", name,
+                                  *extra],
                            env)
 
     def wait_for_workers(self, count: int, seconds: float = 60) -> None:

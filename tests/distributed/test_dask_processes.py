@@ -42,7 +42,7 @@ def _prefix(server, name: str) -> str:
 
 def test_cli_on_real_scheduler_and_workers(tmp_path, cache_server, dask_processes):
     for name in ("w1", "w2"):
-        dask_processes.worker(name, [ENGINE_TESTS, HERE])
+        dask_processes.worker(name, [ENGINE_TESTS, HERE], "--resources", "CPU=2 MEMORY=1000")
     dask_processes.wait_for_workers(2)
     here = _workspace(tmp_path, "here")
     local = here.build("//m:int8")
@@ -66,6 +66,19 @@ def test_cli_on_real_scheduler_and_workers(tmp_path, cache_server, dask_processe
     finished = json.loads(events.read_text().splitlines()[-1])
     assert finished["remote_execution"]["remote_actions"] == 2
     assert "Dask workers" in remote.stderr and "dashboard http://" in remote.stderr
+    # Declared cores and memory become Dask resources: 4 cores asked, 2 granted (the
+    # largest worker's CPU); more memory than any worker offers fails at once.
+    spans = Workspace(tmp_path / "spans", tmp_path / "cache-spans")
+    spans.register(toy_rules)
+    spans.write("s/BUILD.toml", '[wide]\nrule = "span"\ncores = 4\nseconds = 0.1\n\n'
+                '[big]\nrule = "span"\nmib = 5000\nseconds = 0.1\n')
+    settings = {"remote_cache": _prefix(cache_server, "spans"), "strategy": ["*=remote"],
+                "remote_executor": f"dask://{dask_processes.address}"}
+    wide = spans.build("//s:wide", **settings)
+    assert wide.ok, wide.error
+    assert wide.output("//s:wide").read_text().split()[0] == "2"
+    big = spans.build("//s:big", **settings)
+    assert not big.ok and "needs 5000 MiB" in big.error and "MEMORY=1000" in big.error
     # The no-op fast path answers without contacting the scheduler.
     again = there.cli("build", "//m:int8", "--remote_cache", url,
                       "--remote_executor=dask://127.0.0.1:9")
