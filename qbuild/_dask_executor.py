@@ -175,7 +175,7 @@ class DaskExecutor:
             # --remote_timeout bounds the wait too (Dask retries a refused connection).
             timeout = min(self.settings.connect_timeout, self.store.remote_config.timeout)
             self.client = Client(self.settings.address, timeout=timeout, set_as_default=False)
-            info = self.client.scheduler_info()
+            info = self._info()
         except (OSError, TimeoutError) as exc:
             self.client = None
             why = f"cannot reach the Dask scheduler at {self.settings.shown} ({_short(exc)})"
@@ -197,6 +197,14 @@ class DaskExecutor:
             pass
         self.message(f"remote execution on {self.settings.shown}: {len(workers)} workers, "
                      f"{self.threads} threads{link}")
+
+    def _info(self) -> dict[str, Any]:
+        """The scheduler's description of every worker (some releases list 5 unless
+        asked for all)."""
+        try:
+            return self.client.scheduler_info(n_workers=-1)
+        except TypeError:
+            return self.client.scheduler_info()
 
     def close(self) -> None:
         self.local.close()
@@ -272,7 +280,7 @@ class DaskExecutor:
 
     def _others(self, excluded: set[str]) -> list[str]:
         try:
-            workers = list(self.client.scheduler_info().get("workers", {}))
+            workers = list(self._info().get("workers", {}))
         except (OSError, TimeoutError):
             return []
         return [w for w in workers if w not in excluded]
