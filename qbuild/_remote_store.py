@@ -304,9 +304,7 @@ class LayeredStore:
             return
         if any(e["path"] == RESULT_PATH for e in result["outputs"]):
             return  # cannot be told apart from our metadata: keep it local
-        meta = {"format": _FORMAT, "declared": result["declared"], "info": result["info"],
-                "warnings": result.get("warnings", []),
-                "components": self.local.get_components(key)}
+        meta = self._meta(key, result)
         with self._lock:
             if self._pool is None:
                 import concurrent.futures
@@ -319,22 +317,42 @@ class LayeredStore:
         """Keep locally a result a remote worker already uploaded (with its entry)."""
         self.local.put_action(key, {**result, "origin": "remote"})
 
+    def _meta(self, key: str, result: dict[str, Any]) -> dict[str, Any]:
+        return {"format": _FORMAT, "declared": result["declared"], "info": result["info"],
+                "warnings": result.get("warnings", []),
+                "components": self.local.get_components(key)}
+
+    def publish(self, key: str, result: dict[str, Any]) -> None:
+        """Upload a result now, in this thread, whatever ``upload`` says (a remote
+        worker's results): every blob, then the metadata, then the entry. Raises
+        RemoteError or OSError; the store stays usable for the next call."""
+        if any(e["path"] == RESULT_PATH for e in result["outputs"]):
+            raise RemoteError(f"an output is named {RESULT_PATH}, which qbuild's metadata "
+                              "uses")
+        if not self._send(key, result["outputs"], self._meta(key, result)):
+            raise RemoteError("an output blob left the local cache before its upload")
+
+    def _send(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> bool:
+        meta_bytes = json.dumps(meta, sort_keys=True).encode()
+        meta_digest = hash_bytes(meta_bytes)
+        for entry in outputs:
+            if self.remote.cas_size(entry["digest"]) == entry["size"]:
+                continue
+            path = self.local._blob_path(entry["digest"])
+            if path is None:
+                return False  # evicted meanwhile: better no entry than one without blobs
+            self.remote.put_cas(entry["digest"], path, entry["size"])
+        if self.remote.cas_size(meta_digest) != len(meta_bytes):
+            self.remote.put_cas_bytes(meta_digest, meta_bytes)
+        self.remote.put_ac(key, to_action_result(outputs, meta_digest, len(meta_bytes)))
+        return True
+
     def _upload(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         if not self.usable:
             return
-        meta_bytes = json.dumps(meta, sort_keys=True).encode()
-        meta_digest = hash_bytes(meta_bytes)
         try:
-            for entry in outputs:
-                if self.remote.cas_size(entry["digest"]) == entry["size"]:
-                    continue
-                path = self.local._blob_path(entry["digest"])
-                if path is None:
-                    return  # evicted meanwhile: better no entry than one without blobs
-                self.remote.put_cas(entry["digest"], path, entry["size"])
-            if self.remote.cas_size(meta_digest) != len(meta_bytes):
-                self.remote.put_cas_bytes(meta_digest, meta_bytes)
-            self.remote.put_ac(key, to_action_result(outputs, meta_digest, len(meta_bytes)))
+            if not self._send(key, outputs, meta):
+                return
         except RemoteError as exc:
             self._give_up(f"upload failed ({exc})")
             return

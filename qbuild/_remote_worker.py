@@ -36,7 +36,7 @@ from ._executor import (
     _invoke,
     clean_stale_sandboxes,
 )
-from ._remote_http import RemoteConfig
+from ._remote_http import RemoteConfig, RemoteError
 from ._remote_store import LayeredStore
 from ._store import LocalStore
 
@@ -221,14 +221,13 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
         executor.executable.pop(action.key, None)
     result = {"outputs": outcome.outputs, "declared": action.outputs, "info": outcome.info,
               "warnings": outcome.warnings}
-    uploaded = store.uploads_done
     store.put_components(action.key, request["parts"])
-    store.put_action(action.key, result)
-    store.flush()
-    if store.uploads_done == uploaded:
+    try:
+        store.publish(action.key, result)  # blobs, metadata, then the entry
+    except (RemoteError, OSError) as exc:
         return {**reply, "status": "error",
                 "error": f"outputs could not be uploaded to {store.remote.display_url}: "
-                         f"{store.problem or 'unknown reason'}"}
+                         f"{exc}"}
     return {**reply, "status": "ok", "outputs": outcome.outputs, "info": outcome.info,
             "warnings": outcome.warnings, "seconds": outcome.seconds,
             "code": request["parts"]["code"],
