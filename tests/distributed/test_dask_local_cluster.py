@@ -170,3 +170,15 @@ def test_unreachable_scheduler_is_one_error_or_a_local_build(tmp_path, cache_ser
     assert fallback.ok, fallback.error
     assert len(fallback.ran) == 3 and fallback.remote_execution["local_actions"] == 3
     assert "building here" in fallback.log
+
+
+def test_usage_errors_exit_2(tmp_path):
+    ws = make(tmp_path, "ws")
+    alone = ws.cli("build", "//p:top", "--remote_executor=dask://127.0.0.1:1")
+    assert alone.code == 2 and "--remote_executor needs a remote cache" in alone.stderr
+    bad = ws.build("//p:top", remote_cache="http://127.0.0.1:1",
+                   remote_executor="http://127.0.0.1:1")
+    assert bad.exit_code == 2 and "write dask://host:port" in bad.error
+    strategy = ws.build("//p:top", remote_cache="http://127.0.0.1:1",
+                        remote_executor="dask://127.0.0.1:1", strategy=["concat=cloud"])
+    assert strategy.exit_code == 2 and "KIND=remote or KIND=local" in strategy.error
