@@ -22,14 +22,14 @@ from remote_servers import Wsgidav, free_port  # noqa: E402
 distributed = pytest.importorskip("distributed")
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def cache_server(tmp_path_factory):
     server = Wsgidav(tmp_path_factory.mktemp("dav") / "root")
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def local_cluster():
     cluster = distributed.LocalCluster(processes=True, n_workers=2, threads_per_worker=1,
                                        host="127.0.0.1", dashboard_address=":0")
