@@ -50,7 +50,8 @@ class DaskProcesses:
 
     def _start(self, name: str, args: list[str], env) -> subprocess.Popen:
         log = open(self.log_dir / f"{name}-{len(self.procs)}.log", "wb")  # noqa: SIM115
-        proc = subprocess.Popen([str(Path(sys.executable).parent / "dask"), *args],
+        # ``python -m dask`` is the ``dask`` command, wherever pip put its script.
+        proc = subprocess.Popen([sys.executable, "-m", "dask", *args],
                                 stdout=log, stderr=subprocess.STDOUT, env=dict(env),
                                 start_new_session=True)
         self.procs.append(proc)
