@@ -96,14 +96,15 @@ def test_a_worker_with_other_rule_code_refuses(tmp_path, cache_server, dask_proc
     ws = Workspace(tmp_path / "ws", tmp_path / "cache")
     ws.register(toy_rules)
     ws.write("p/a.txt", "alpha\n")
-    ws.write("p/BUILD.toml", '[one]\nrule = "heavy_concat"\nsrcs = ["a.txt"]\n')
+    ws.write("p/BUILD.toml", '[one]\nrule = "concat"\nsrcs = ["a.txt"]\n')
     url = _prefix(cache_server, tmp_path.name)
-    outcome = ws.build("//p:one", remote_cache=url,
+    outcome = ws.build("//p:one", remote_cache=url, strategy=["*=remote"],
                        remote_executor=f"dask://{dask_processes.address}")
     assert not outcome.ok and outcome.exit_code == 1
     assert "refused" in outcome.error and "rule code toy_rules differs" in outcome.error
     assert outcome.remote_execution["remote_actions"] == 0
     assert not list((cache_server.root / tmp_path.name / "ac").iterdir())  # nothing cached
     fallback = ws.build("//p:one", remote_cache=url, remote_local_fallback=True,
+                        strategy=["*=remote"],
                         remote_executor=f"dask://{dask_processes.address}")
     assert fallback.ok and fallback.remote_execution["local_actions"] == 1
