@@ -53,7 +53,7 @@ class Graph:
         self.loader = PackageLoader(workspace, self._macro)
         self.targets: dict[Label, Target] = {}
 
-    def _macro(self, kind: str):
+    def _macro(self, kind: str) -> Any:
         entry = self.registry.get(kind)
         return getattr(entry.cls, "expand_targets", None) if entry is not None else None
 
@@ -97,7 +97,7 @@ class Graph:
 
     def _require(self, label: Label, file: str | None, target: str | None,
                  attr: str | None) -> TargetSpec:
-        where: dict[str, str | None] = {"file": file, "target": target, "attr": attr}
+        where: dict[str, Any] = {"file": file, "target": target, "attr": attr}
         if not self.loader.has_package(label.package):
             raise ConfigError(f"no package '//{label.package}' "
                               f"({self.loader.shown_path(label.package)} does not exist)", **where)
@@ -156,7 +156,7 @@ class Graph:
             return Target(label, MATRIX_KIND, spec.build_file, deps=list(spec.variants),
                           tags=spec.tags)
         entry = self.registry.get(spec.kind)
-        where = {"file": spec.build_file, "target": str(label)}
+        where: dict[str, Any] = {"file": spec.build_file, "target": str(label)}
         if entry is None:
             known = ", ".join(self.registry.kinds())
             raise ConfigError(f"unknown rule '{spec.kind}' (known rules: {known}; "
@@ -318,7 +318,7 @@ class Graph:
         return matches
 
 
-def _check_outputs(outputs: list[str], where: dict[str, str]) -> None:
+def _check_outputs(outputs: list[str], where: dict[str, Any]) -> None:
     seen = set()
     for name in outputs:
         if not isinstance(name, str):

@@ -23,18 +23,24 @@ unreachable scheduler is one error (exit 2), or local execution with the fallbac
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import CancelledError
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import ConfigError, RuleError, UsageError
-from ._executor import Action, ActionFailed, LocalExecutor, MissingBlob, Outcome
+from ._executor import ActionFailed, LocalExecutor, MissingBlob
+from ._label import Label
+from ._records import Action, ActionResult, KeyParts, Outcome, OutputEntry
 from ._toml import load_toml
+
+if TYPE_CHECKING:
+    from ._remote_store import LayeredStore
 
 STRATEGIES = ("remote", "local")
 _MAX_REFUSALS = 8  # different workers asked before an action gives up
@@ -145,9 +151,11 @@ class DaskExecutor:
     """An executor sending actions to a Dask cluster; the rest run on ``local``."""
 
     def __init__(self, local: LocalExecutor, store: Any, settings: RemoteExecution,
-                 pins: Mapping[str, str], local_cores: int, message: Any) -> None:
+                 pins: Mapping[str, str], local_cores: int,
+                 message: Callable[[str], None]) -> None:
         self.local = local
-        self.store = store  # a LayeredStore: the remote cache is required
+        self.store: LayeredStore = store  # the remote cache is required
+        self.parts: Mapping[Label, KeyParts] = {}  # each action's key parts (the build's)
         self.settings = settings
         self.pins = dict(pins)
         self.message = message
@@ -162,6 +170,7 @@ class DaskExecutor:
         self._present: set[str] = set()  # digests known to be on the cache server
         self._lock = threading.Lock()
         self._futures: set[Any] = set()
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._connect()
 
     # -- the cluster ----------------------------------------------------------------------
@@ -174,7 +183,9 @@ class DaskExecutor:
         try:
             # --remote_timeout bounds the wait too (Dask retries a refused connection).
             timeout = min(self.settings.connect_timeout, self.store.remote_config.timeout)
-            self.client = Client(self.settings.address, timeout=timeout, set_as_default=False)
+            connect: Any = Client  # distributed is not typed throughout
+            self.client = connect(self.settings.address, timeout=timeout,
+                                  set_as_default=False)
             info = self._info()
         except (OSError, TimeoutError) as exc:
             self.client = None
@@ -202,11 +213,24 @@ class DaskExecutor:
         """The scheduler's description of every worker (some releases list 5 unless
         asked for all)."""
         try:
-            return self.client.scheduler_info(n_workers=-1)
+            return dict(self.client.scheduler_info(n_workers=-1))
         except TypeError:
-            return self.client.scheduler_info()
+            return dict(self.client.scheduler_info())
+
+    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+        """Run ``action`` on the cluster or here, from a thread of this executor's (one
+        per action in flight: each waits on the scheduler or on this machine's cores)."""
+        with self._lock:
+            if self._threads is None:
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    256, thread_name_prefix="qbuild-remote")
+            threads = self._threads
+        return threads.submit(self.execute, action)
 
     def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
         self.local.close()
         if self.client is not None:
             client, self.client = self.client, None
@@ -214,6 +238,8 @@ class DaskExecutor:
 
     def kill(self) -> None:
         self.local.kill()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
         with self._lock:
             futures = list(self._futures)
         if self.client is not None and futures:
@@ -229,12 +255,13 @@ class DaskExecutor:
 
     # -- one action -----------------------------------------------------------------------
     def execute(self, action: Action) -> Outcome:
-        parts = action.parts or {}
-        where = self.settings.where(str(parts.get("rule", "")), action.heavy)
-        if where == "local" or self.client is None:
+        parts = self.parts.get(action.label)
+        if parts is None or self.client is None:
+            return self._here(action)
+        if self.settings.where(str(parts.get("rule", "")), action.heavy) == "local":
             return self._here(action)
         try:
-            resources = self._placement(action)
+            action, resources = self._placement(action)
         except ActionFailed:
             if not self.settings.local_fallback:
                 raise
@@ -242,7 +269,7 @@ class DaskExecutor:
         self._ensure_inputs(action)
         excluded: set[str] = set()
         for _attempt in range(_MAX_REFUSALS):
-            reply = self._submit(action, resources, excluded)
+            reply = self._submit(action, parts, resources, excluded)
             if reply is None:  # the cluster went away; fallback chosen
                 return self._here(action)
             status = reply["status"]
@@ -257,7 +284,7 @@ class DaskExecutor:
                 if not self._others(excluded):
                     break
                 continue
-            return self._accept(action, reply)
+            return self._accept(action, parts, reply)
         if self.settings.local_fallback:
             return self._here(action)
         reasons = "; ".join(f"{w}: {r}" for w, r in sorted(self.refused.items())
@@ -265,13 +292,13 @@ class DaskExecutor:
         raise ActionFailed(RuleError(f"every Dask worker refused the action because its "
                                      f"installation differs from this client's ({reasons}); "
                                      "install the same lock on the workers",
-                                     target=action.label))
+                                     target=str(action.label)))
 
     def _here(self, action: Action) -> Outcome:
         taken = self.slots.take(action.threads)
-        action.threads = min(action.threads, self.slots.total)
         try:
-            outcome = self.local.execute(action)
+            outcome = self.local.execute(
+                replace(action, threads=min(action.threads, self.slots.total)))
         finally:
             self.slots.give(taken)
         with self._lock:
@@ -285,23 +312,24 @@ class DaskExecutor:
             return []
         return [w for w in workers if w not in excluded]
 
-    def _placement(self, action: Action) -> dict[str, float]:
+    def _placement(self, action: Action) -> tuple[Action, dict[str, float]]:
         """Dask resources for the action's declared cores and memory, for the resource
-        names the cluster's workers advertise (none: Dask's one task per thread)."""
+        names the cluster's workers advertise (none: Dask's one task per thread), and
+        the action with the cores it is granted."""
         out: dict[str, float] = {}
-        cores, mib = action.resources or (action.threads, 0)
+        cores, mib = action.threads, action.memory_mib
         if "CPU" in self.resources:
             # As here: a rule asking for more cores than a machine has gets them all.
             out["CPU"] = float(min(max(1, cores), self.resources["CPU"]))
-            action.threads = int(out["CPU"])
+            action = replace(action, threads=int(out["CPU"]))
         if "MEMORY" in self.resources and mib > 0:
             if mib > self.resources["MEMORY"]:
                 raise ActionFailed(RuleError(
                     f"needs {mib} MiB of memory; the largest Dask worker offers MEMORY="
                     f"{self.resources['MEMORY']:g} (start workers with more, or pass "
-                    "--remote_local_fallback to run it here)", target=action.label))
+                    "--remote_local_fallback to run it here)", target=str(action.label)))
             out["MEMORY"] = float(mib)
-        return out
+        return action, out
 
     def _ensure_inputs(self, action: Action) -> None:
         """Every input blob on the cache server before the action is sent: sources from
@@ -311,7 +339,7 @@ class DaskExecutor:
         wanted: list[tuple[str, str | None, str]] = [
             (digest, rel, "") for rel, (digest, _key) in action.sources.items()]
         for label, dep in action.deps.items():
-            wanted += [(e["digest"], None, label) for e in dep["outputs"]]
+            wanted += [(e.digest, None, label) for e in dep.outputs]
         for digest, rel, label in wanted:
             with self._lock:
                 if digest in self._present:
@@ -328,7 +356,7 @@ class DaskExecutor:
             except (OSError, _remote_error()) as exc:
                 raise ActionFailed(RuleError(f"cannot send the inputs of the action to the "
                                              f"remote cache ({_short(exc)})",
-                                             target=action.label)) from None
+                                             target=str(action.label))) from None
             with self._lock:
                 self._present.add(digest)
 
@@ -339,22 +367,22 @@ class DaskExecutor:
         try:
             if copy_hashing(self.local.root / rel, temp) != digest:
                 raise ActionFailed(RuleError(f"input {rel} changed while the build ran; run "
-                                             "the build again", target=action.label))
+                                             "the build again", target=str(action.label)))
             self.store.remote.put_cas(digest, temp, temp.stat().st_size)
         finally:
             temp.unlink(missing_ok=True)
 
-    def _request(self, action: Action) -> dict[str, Any]:
+    def _request(self, action: Action, parts: KeyParts) -> dict[str, Any]:
         from ._remote_worker import PROTOCOL
 
         config = self.store.remote_config
-        return {"protocol": PROTOCOL, "action": action, "parts": action.parts,
+        return {"protocol": PROTOCOL, "action": action, "parts": parts,
                 "pins": self.pins,
                 "remote": {"url": config.url, "timeout": config.timeout,
                            "headers": dict(config.headers)}}
 
-    def _submit(self, action: Action, resources: dict[str, float], excluded: set[str]
-                ) -> dict[str, Any] | None:
+    def _submit(self, action: Action, parts: KeyParts, resources: dict[str, float],
+                excluded: set[str]) -> dict[str, Any] | None:
         from distributed import KilledWorker
 
         from ._remote_worker import run_remote
@@ -365,24 +393,26 @@ class DaskExecutor:
             kwargs["allow_other_workers"] = False
         key = f"qbuild-{action.label}-{action.key[:12]}-{uuid.uuid4().hex[:8]}"
         try:
-            future = self.client.submit(run_remote, self._request(action), key=key,
+            future = self.client.submit(run_remote, self._request(action, parts), key=key,
                                         pure=False, resources=resources or None, **kwargs)
             with self._lock:
                 self._futures.add(future)
             try:
-                return future.result()
+                reply: dict[str, Any] = future.result()
+                return reply
             finally:
                 with self._lock:
                     self._futures.discard(future)
         except KilledWorker as exc:
             raise ActionFailed(RuleError(
                 f"the Dask workers running it died every time it was tried ({_short(exc)}); "
-                "the action may take more memory than a worker has", target=action.label)
+                "the action may take more memory than a worker has", target=str(action.label))
             ) from None
         except (OSError, TimeoutError, CancelledError) as exc:  # scheduler lost
             if self.client is None or not self.settings.local_fallback:
                 raise ActionFailed(RuleError(f"the Dask scheduler {self.settings.shown} was "
-                                             f"lost ({_short(exc)})", target=action.label)
+                                             f"lost ({_short(exc)})",
+                                             target=str(action.label))
                                    ) from None
             with self._lock:
                 if not self.fell_back:
@@ -392,9 +422,9 @@ class DaskExecutor:
             return None
         except Exception as exc:  # noqa: BLE001 - raised by run_remote itself: a bug
             raise ActionFailed(RuleError(f"internal error on a Dask worker: {_short(exc)} "
-                                         "(report it)", target=action.label)) from None
+                                         "(report it)", target=str(action.label))) from None
 
-    def _accept(self, action: Action, reply: dict[str, Any]) -> Outcome:
+    def _accept(self, action: Action, parts: KeyParts, reply: dict[str, Any]) -> Outcome:
         status = reply["status"]
         if status == "missing":
             raise MissingBlob(reply["dep"])
@@ -403,16 +433,19 @@ class DaskExecutor:
                                reply.get("log_tail", ""))
         if status != "ok":
             raise ActionFailed(RuleError(f"worker {reply['worker']}: {reply.get('error')}",
-                                         target=action.label))
-        if reply.get("code") != (action.parts or {}).get("code"):
+                                         target=str(action.label)))
+        if reply.get("code") != parts.get("code"):
             raise ActionFailed(RuleError(f"worker {reply['worker']} answered for other rule "
-                                         "code; its result is not used", target=action.label))
+                                         "code; its result is not used",
+                                         target=str(action.label)))
+        outputs = tuple(OutputEntry.from_json(e) for e in reply["outputs"])
         with self._lock:
             self.ran_on[reply["worker"]] = self.ran_on.get(reply["worker"], 0) + 1
-            self._present.update(e["digest"] for e in reply["outputs"])
-        return Outcome(outputs=reply["outputs"], info=reply["info"],
-                       warnings=list(reply["warnings"]), seconds=reply["seconds"],
-                       worker=reply["worker"])
+            self._present.update(e.digest for e in outputs)
+        # origin "remote": the worker wrote the entry; the store keeps it locally only.
+        result = ActionResult(outputs, action.outputs, dict(reply["info"]),
+                              tuple(str(w) for w in reply["warnings"]), "remote")
+        return Outcome(result, float(reply["seconds"]), worker=str(reply["worker"]))
 
 
 def _remote_error() -> type[Exception]:

@@ -1,9 +1,11 @@
-"""Running one action: stage its declared inputs in a private sandbox, call the rule
-(in a worker process when the rule is heavy), check and store its declared outputs.
+"""Running one action on this machine: stage its declared inputs in a private sandbox,
+call the rule (in a worker process when the rule is heavy), check and store its declared
+outputs.
 
-``Action`` is a plain, picklable description (rule reference, attributes, input digests),
-so a distributed executor can take the same object: it needs only the store's blobs and
-the rule's importable module. ``LocalExecutor`` is the implementation on this machine.
+``LocalExecutor`` implements the ``_protocols.Executor`` seam: ``submit`` takes an
+``Action`` record (plain and picklable: rule reference, attributes, input digests) and
+returns a future of its ``Outcome``. A distributed executor takes the same record: it
+needs only the store's blobs and the rule's importable module.
 """
 
 from __future__ import annotations
@@ -15,52 +17,18 @@ import signal
 import stat
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
 from ._errors import QbuildError, RuleError
 from ._label import OUT_PREFIX, output_folder
+from ._protocols import Store
+from ._records import Action, ActionResult, Outcome, OutputEntry
 from ._rule import ActionContext, Dep
-from ._store import LocalStore
 
 if TYPE_CHECKING:
     import concurrent.futures
-
-
-
-@dataclass
-class Action:
-    """Everything needed to run one target's action, with no absolute paths."""
-
-    label: str
-    build_file: str
-    rule_ref: str
-    heavy: bool
-    attrs: dict[str, Any]
-    attr_types: dict[str, str]
-    sources: dict[str, tuple[str, str]]  # workspace-relative path -> (digest, stat key)
-    deps: dict[str, dict[str, Any]]  # label -> {"outputs": [...], "declared": [...], "info"}
-    outputs: list[str]
-    key: str
-    reproducible: bool = True  # False: may give other bytes when run again (timings)
-    threads: int = 1  # cores granted by the scheduler (ctx.threads)
-    # For executors elsewhere: the key's components (what a remote worker checks its own
-    # code and environment against) and the rule's declared (cores, MiB).
-    parts: dict[str, Any] | None = None
-    resources: tuple[int, int] | None = None
-
-
-@dataclass
-class Outcome:
-    """What an action produced: output entries, info, warnings, timing."""
-
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    worker: str = ""  # the remote worker that ran it (empty: this machine)
 
 
 class ActionFailed(Exception):
@@ -77,7 +45,7 @@ class MissingBlob(Exception):
 
     def __init__(self, dep_label: str) -> None:
         super().__init__(dep_label)
-        self.dep_label = dep_label
+        self.dep_label = dep_label  # as the action's ``deps`` name it
 
 
 label_dir = output_folder
@@ -223,15 +191,30 @@ class LocalExecutor:
     """Runs actions on this machine: light ones in the calling thread, heavy ones in a
     pool of worker processes."""
 
-    def __init__(self, store: LocalStore, root: Path, digests: SourceDigests, jobs: int) -> None:
+    def __init__(self, store: Store, root: Path, digests: SourceDigests, jobs: int) -> None:
         self.store = store
         self.root = root
         self.digests = digests
         self.jobs = jobs
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
+    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+        """Run ``action`` in one of ``jobs`` threads (heavy rules then in a worker process)."""
+        with self._pool_lock:
+            if self._threads is None:  # created on the first miss: no-op builds skip it
+                import concurrent.futures
+
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    self.jobs, thread_name_prefix="qbuild-action")
+            threads = self._threads
+        return threads.submit(self.execute, action)
+
     def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -239,9 +222,12 @@ class LocalExecutor:
     def kill(self) -> None:
         """Stop at once: kill worker processes and every process actions started."""
         pool, self._pool = self._pool, None
+        threads, self._threads = self._threads, None
         kill_children()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
 
     def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
         with self._pool_lock:  # one pool, however many actions ask at once
@@ -279,7 +265,7 @@ class LocalExecutor:
             return alone.submit(_invoke, action.rule_ref, ctx).result()
         except BrokenProcessPool:
             raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
-                                         target=action.label), _tail(log_path)) from None
+                                         target=str(action.label)), _tail(log_path)) from None
         finally:
             alone.shutdown(wait=False, cancel_futures=True)
 
@@ -301,52 +287,48 @@ class LocalExecutor:
                     info, warnings = _invoke(action.rule_ref, ctx)
             except QbuildError as exc:
                 raise ActionFailed(exc, _tail(log_path)) from None
-            outcome = Outcome(info=info, warnings=list(warnings))
             out_root = sandbox / OUT_PREFIX / label_dir(action.label)
             self._check_inputs(action, sandbox, staged)
-            outcome.outputs = self._collect(action, out_root, log_path)
+            outputs = self._collect(action, out_root, log_path)
             for path, (digest, key) in action.sources.items():
                 if not self.digests.still(self.root / path, digest, key):
                     raise ActionFailed(RuleError(
                         f"input {path} changed while the action ran; its result was not "
-                        "cached. Run the build again.", target=action.label))
-            outcome.seconds = time.monotonic() - started
-            return outcome
+                        "cached. Run the build again.", target=str(action.label)))
+            result = ActionResult(tuple(outputs), action.outputs, info, tuple(warnings))
+            return Outcome(result, time.monotonic() - started)
         finally:
             _remove_tree(sandbox)
             if lock is not None:
                 (self.store.tmp / f"{name}.lock").unlink(missing_ok=True)
                 os.close(lock)
 
-    def _collect(self, action: Action, out_root: Path, log_path: Path) -> list[dict[str, Any]]:
+    def _collect(self, action: Action, out_root: Path, log_path: Path) -> list[OutputEntry]:
         entries = []
         for name in action.outputs:
             path = out_root / name.rstrip("/")
             if name.endswith("/"):
                 if not path.is_dir() or path.is_symlink():
                     raise ActionFailed(RuleError(f"the rule did not create declared output "
-                                                 f"directory '{name}'", target=action.label),
+                                                 f"directory '{name}'", target=str(action.label)),
                                        _tail(log_path))
                 files = sorted(p for p in path.rglob("*") if p.is_file() or p.is_symlink())
             else:
                 if not path.is_file():
                     raise ActionFailed(RuleError(f"the rule did not write declared output "
-                                                 f"'{name}'", target=action.label),
+                                                 f"'{name}'", target=str(action.label)),
                                        _tail(log_path))
                 files = [path]
             for file in files:
                 if file.is_symlink():
                     raise ActionFailed(RuleError(f"output {file.relative_to(out_root)} is a "
                                                  "symlink; write real files",
-                                                 target=action.label))
+                                                 target=str(action.label)))
                 digest = hash_file(file)
                 st = file.stat()
                 self.store.put_blob(file, digest, adopt=True)  # the sandbox is thrown away
-                entry = {"path": file.relative_to(out_root).as_posix(), "digest": digest,
-                         "size": st.st_size}
-                if st.st_mode & stat.S_IXUSR:
-                    entry["x"] = True
-                entries.append(entry)
+                entries.append(OutputEntry(file.relative_to(out_root).as_posix(), digest,
+                                           st.st_size, bool(st.st_mode & stat.S_IXUSR)))
         return entries
 
     def _check_inputs(self, action: Action, sandbox: Path,
@@ -362,7 +344,7 @@ class LocalExecutor:
                 raise ActionFailed(RuleError(
                     f"the rule modified its input {path.relative_to(sandbox).as_posix()}; "
                     "inputs are read-only: write outputs instead",
-                    target=action.label))
+                    target=str(action.label)))
 
     def _stage(self, action: Action, sandbox: Path, log_path: Path
                ) -> tuple[ActionContext, dict[Path, tuple[str, str]]]:
@@ -374,14 +356,13 @@ class LocalExecutor:
         dep_objects: dict[str, Dep] = {}
         for dep_label, dep in action.deps.items():
             base = sandbox / OUT_PREFIX / label_dir(dep_label)
-            for entry in dep["outputs"]:
-                dest = base / entry["path"]
-                if not self.store.restore_blob(entry["digest"], dest, bool(entry.get("x"))):
+            for entry in dep.outputs:
+                dest = base / entry.path
+                if not self.store.restore_blob(entry.digest, dest, entry.executable):
                     raise MissingBlob(dep_label)
-                staged[dest] = (entry["digest"], stat_key(os.lstat(dest)))
-            files = [base / name.rstrip("/") for name in dep["declared"]]
-            digests = {e["path"]: e["digest"] for e in dep["outputs"]}
-            dep_objects[dep_label] = Dep(dep_label, files, dict(dep["info"]), base, digests)
+                staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
+            files = [base / name.rstrip("/") for name in dep.declared]
+            dep_objects[dep_label] = Dep(dep_label, files, dict(dep.info), base, dep.digests())
         out_root = sandbox / OUT_PREFIX / label_dir(action.label)
         outputs = {}
         for name in action.outputs:
@@ -395,9 +376,9 @@ class LocalExecutor:
         scratch.mkdir()
         attrs = {name: _resolve(value, action.attr_types[name], sandbox, dep_objects)
                  for name, value in action.attrs.items()}
-        ctx = ActionContext(label=action.label, build_file=action.build_file, attrs=attrs,
+        ctx = ActionContext(label=str(action.label), build_file=action.build_file, attrs=attrs,
                             outputs=outputs, scratch=scratch, log_path=log_path,
-                            workdir=sandbox, threads=action.threads)
+                            workdir=sandbox, threads=action.threads, hooks=action.hooks)
         return ctx, staged
 
     def _stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
@@ -410,11 +391,11 @@ class LocalExecutor:
             st = os.stat(path)
         except OSError as exc:
             raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",
-                                         target=action.label)) from None
+                                         target=str(action.label))) from None
         if before != key or stat_key(st) != key:
             raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
                                          "result was not cached. Run the build again.",
-                                         target=action.label))
+                                         target=str(action.label)))
         os.chmod(dest, 0o555 if st.st_mode & stat.S_IXUSR else 0o444)
         return stat_key(os.lstat(dest))
 

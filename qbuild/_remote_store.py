@@ -24,10 +24,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ._digest import hash_bytes
 from ._errors import ConfigError, UsageError
+from ._records import ActionResult, KeyParts
 from ._remote_http import DigestMismatch, HttpCache, RemoteConfig, RemoteError, is_digest
 from ._store import LocalStore
 from ._toml import load_toml
@@ -155,14 +156,14 @@ def parse_action_result(raw: bytes) -> tuple[list[dict[str, Any]], tuple[str, in
     if not isinstance(files, list):
         raise ValueError("no outputFiles")
     outputs: list[dict[str, Any]] = []
-    meta = None
+    meta: tuple[str, int] | None = None
     for item in files:
         digest = item.get("digest") if isinstance(item, dict) else None
         if not isinstance(digest, dict) or not _safe_path(item.get("path")):
             raise ValueError("malformed output file")
         value = digest.get("hash")
         size = _size(digest.get("sizeBytes", digest.get("size_bytes", 0)))
-        if not is_digest(value):
+        if not isinstance(value, str) or not is_digest(value):
             raise ValueError("malformed digest")
         if item["path"] == RESULT_PATH:
             meta = (value, size)
@@ -233,21 +234,21 @@ class LayeredStore:
                   "with the local cache only for the rest of this build")
 
     # -- action cache -----------------------------------------------------------------------
-    def get_action(self, key: str) -> dict[str, Any] | None:
+    def get_action(self, key: str) -> ActionResult | None:
         return self.find_action(key)[0]
 
     def find_action(self, key: str, record: bool = True
-                    ) -> tuple[dict[str, Any] | None, str]:
+                    ) -> tuple[ActionResult | None, Literal["local", "remote"]]:
         """(result, "local" | "remote"); a remote hit is recorded locally unless
         ``record`` is False (``qbuild explain`` only looks)."""
         result = self.local.get_action(key)
         if result is not None or not self.usable:
             return result, "local"
-        result = self._remote_action(key)
-        if result is None:
+        found = self._remote_action(key)
+        if found is None:
             return None, "local"
+        result, components = found
         if record:
-            components = result.pop("components", None)
             if isinstance(components, dict):
                 self.local.put_components(key, components)
             self.local.put_action(key, result)
@@ -255,7 +256,8 @@ class LayeredStore:
             self.remote_hits += 1
         return result, "remote"
 
-    def _remote_action(self, key: str) -> dict[str, Any] | None:
+    def _remote_action(self, key: str) -> tuple[ActionResult, Any] | None:
+        """The remote result of ``key`` and the key parts stored with it."""
         try:
             raw = self.remote.get_ac(key)
             if raw is None:
@@ -294,15 +296,18 @@ class LayeredStore:
         with self._lock:
             for entry in outputs:
                 self._sizes[entry["digest"]] = entry["size"]
-        return {"outputs": outputs, "declared": meta["declared"], "info": meta["info"],
-                "warnings": meta["warnings"], "origin": "remote",
-                "components": meta.get("components")}
+        result = ActionResult.from_json({
+            "outputs": outputs, "declared": meta["declared"], "info": meta["info"],
+            "warnings": meta["warnings"], "origin": "remote"})
+        return result, meta.get("components")
 
-    def put_action(self, key: str, result: dict[str, Any]) -> None:
+    def put_action(self, key: str, result: ActionResult) -> None:
         self.local.put_action(key, result)
+        if result.origin == "remote":
+            return  # a remote worker made it and wrote its entry (``publish``)
         if not self.upload or not self.usable:
             return
-        if any(e["path"] == RESULT_PATH for e in result["outputs"]):
+        if any(e.path == RESULT_PATH for e in result.outputs):
             return  # cannot be told apart from our metadata: keep it local
         meta = self._meta(key, result)
         with self._lock:
@@ -311,25 +316,23 @@ class LayeredStore:
 
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     _UPLOAD_THREADS, thread_name_prefix="qbuild-upload")
-            self._futures.append(self._pool.submit(self._upload, key, result["outputs"], meta))
+            self._futures.append(self._pool.submit(
+                self._upload, key, [e.to_json() for e in result.outputs], meta))
 
-    def record(self, key: str, result: dict[str, Any]) -> None:
-        """Keep locally a result a remote worker already uploaded (with its entry)."""
-        self.local.put_action(key, {**result, "origin": "remote"})
-
-    def _meta(self, key: str, result: dict[str, Any]) -> dict[str, Any]:
-        return {"format": _FORMAT, "declared": result["declared"], "info": result["info"],
-                "warnings": result.get("warnings", []),
+    def _meta(self, key: str, result: ActionResult) -> dict[str, Any]:
+        return {"format": _FORMAT, "declared": list(result.declared),
+                "info": dict(result.info), "warnings": list(result.warnings),
                 "components": self.local.get_components(key)}
 
-    def publish(self, key: str, result: dict[str, Any]) -> None:
+    def publish(self, key: str, result: ActionResult) -> None:
         """Upload a result now, in this thread, whatever ``upload`` says (a remote
         worker's results): every blob, then the metadata, then the entry. Raises
         RemoteError or OSError; the store stays usable for the next call."""
-        if any(e["path"] == RESULT_PATH for e in result["outputs"]):
+        if any(e.path == RESULT_PATH for e in result.outputs):
             raise RemoteError(f"an output is named {RESULT_PATH}, which qbuild's metadata "
                               "uses")
-        if not self._send(key, result["outputs"], self._meta(key, result)):
+        if not self._send(key, [e.to_json() for e in result.outputs],
+                          self._meta(key, result)):
             raise RemoteError("an output blob left the local cache before its upload")
 
     def _send(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> bool:
@@ -390,10 +393,10 @@ class LayeredStore:
     def drop_action(self, key: str) -> None:
         self.local.drop_action(key)
 
-    def get_components(self, key: str) -> dict[str, Any] | None:
+    def get_components(self, key: str) -> KeyParts | None:
         return self.local.get_components(key)
 
-    def put_components(self, key: str, components: dict[str, Any]) -> None:
+    def put_components(self, key: str, components: KeyParts) -> None:
         self.local.put_components(key, components)
 
     # -- blobs --------------------------------------------------------------------------------

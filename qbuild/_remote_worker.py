@@ -28,16 +28,11 @@ from . import __version__, dist_version
 from ._code import CodeDigests
 from ._digest import SourceDigests, stat_key
 from ._errors import QbuildError, RuleError
-from ._executor import (
-    Action,
-    ActionFailed,
-    LocalExecutor,
-    MissingBlob,
-    _invoke,
-    clean_stale_sandboxes,
-)
+from ._executor import ActionFailed, LocalExecutor, MissingBlob, _invoke, clean_stale_sandboxes
+from ._records import Action
 from ._remote_http import RemoteConfig, RemoteError
 from ._remote_store import LayeredStore
+from ._rule import ActionContext
 from ._store import LocalStore
 
 PROTOCOL = 1  # bump when the request or reply changes shape
@@ -54,7 +49,7 @@ class _Unchanging:
 class WorkerExecutor(LocalExecutor):
     """The engine's executor, staging source files from the cache by digest."""
 
-    def __init__(self, store: Any, jobs: int) -> None:
+    def __init__(self, store: LayeredStore, jobs: int) -> None:
         super().__init__(store, Path(store.tmp), _Unchanging(), jobs)  # type: ignore[arg-type]
         self.executable: dict[str, set[str]] = {}  # action key -> executable sources
 
@@ -64,11 +59,12 @@ class WorkerExecutor(LocalExecutor):
         if not self.store.restore_blob(digest, dest, executable):
             raise ActionFailed(RuleError(f"input {rel} ({digest[:12]}) is not in the remote "
                                          "cache (the client uploads sources before sending "
-                                         "an action; was it evicted?)", target=action.label))
+                                         "an action; was it evicted?)",
+                                         target=str(action.label)))
         return stat_key(os.lstat(dest))
 
 
-    def _run_in_worker(self, action: Action, ctx: Any, log_path: Path
+    def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
                        ) -> tuple[dict[str, Any], list[str]]:
         # A Dask worker is itself the process that isolates actions (its nanny restarts
         # it, the scheduler reschedules what it ran) and, being daemonic, cannot start
@@ -117,8 +113,8 @@ def _worker_name() -> tuple[str, int]:
     try:
         from distributed import get_worker
 
-        worker = get_worker()
-        return worker.address, int(getattr(worker.state, "nthreads", 0) or worker.nthreads)
+        worker: Any = get_worker()
+        return str(worker.address), int(getattr(worker, "nthreads", 0) or 1)
     except (ImportError, ValueError, AttributeError):
         import socket
 
@@ -170,11 +166,12 @@ def differences(request: dict[str, Any], digests: SourceDigests) -> list[str]:
         from ._keys import target_env
 
         rule = _rule_class(request["action"].rule_ref)()
-        env = target_env(SimpleNamespace(rule=rule, attrs=request["action"].attrs))  # type: ignore[arg-type]
+        shim: Any = SimpleNamespace(rule=rule, attrs=request["action"].attrs)
+        env = target_env(shim)
     except Exception as exc:  # importing the rule here is part of the check
         return [f"rule {request['action'].rule_ref} cannot be loaded "
                 f"({type(exc).__name__}: {exc})"]
-    want = parts["env"]
+    want: dict[str, str] = parts["env"]
     for name in sorted(set(want) | set(env)):
         if want.get(name) != env.get(name):
             out.append(f"environment fact {name}: {want.get(name, '<absent>')!r} (client) "
@@ -219,8 +216,7 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
         return {**reply, "status": "error", "error": f"{type(exc).__name__}: {exc}"}
     finally:
         executor.executable.pop(action.key, None)
-    result = {"outputs": outcome.outputs, "declared": action.outputs, "info": outcome.info,
-              "warnings": outcome.warnings}
+    result = outcome.result
     store.put_components(action.key, request["parts"])
     try:
         store.publish(action.key, result)  # blobs, metadata, then the entry
@@ -228,7 +224,8 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
         return {**reply, "status": "error",
                 "error": f"outputs could not be uploaded to {store.remote.display_url}: "
                          f"{exc}"}
-    return {**reply, "status": "ok", "outputs": outcome.outputs, "info": outcome.info,
-            "warnings": outcome.warnings, "seconds": outcome.seconds,
+    return {**reply, "status": "ok", "outputs": [e.to_json() for e in result.outputs],
+            "info": dict(result.info), "warnings": list(result.warnings),
+            "seconds": outcome.seconds,
             "code": request["parts"]["code"],
             "worker_seconds": round(time.monotonic() - started, 4)}

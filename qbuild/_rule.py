@@ -185,6 +185,7 @@ class ActionContext:
         log_path: Path,
         workdir: Path,
         threads: int = 1,
+        hooks: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.label = label
         self.name = label.rsplit(":", 1)[1]
@@ -199,6 +200,19 @@ class ActionContext:
         thread pool) exactly this many threads, so parallel actions never oversubscribe."""
         self.log_path = log_path
         self.warnings: list[str] = []
+        self._hooks = dict(hooks or {})
+        self._resolved: Any = None
+
+    @property
+    def hooks(self) -> Any:
+        """The plugin hooks this rule declared in ``code()`` (``"hook:<name>"``), with
+        the implementations the main process resolved: ``ctx.hooks.<name>(...)``, or
+        ``ctx.hooks.pluginmanager`` for code that takes a pluggy plugin manager."""
+        from ._hooks import ResolvedHooks
+
+        if self._resolved is None:
+            self._resolved = ResolvedHooks(self._hooks)
+        return self._resolved
 
     @property
     def outputs(self) -> dict[str, Path]:

@@ -74,20 +74,20 @@ def _target(ctx: ActionContext, name: str):
     from .errors import DtypeError
     from .targets import get_target
 
-    pm = None
-    if name not in {t.name for t in BUILTIN_TARGETS}:
-        # Rules run in worker processes: collect hook targets from the entry points here.
-        import pluggy
-
-        from . import hookspecs
-
-        pm = pluggy.PluginManager("qbuild")
-        pm.add_hookspecs(hookspecs)
-        pm.load_setuptools_entrypoints("qbuild")
+    # A plugin's target comes from the qbuild_dtype_targets implementers the engine
+    # resolved (and keyed, see _target_code), whatever process runs the action.
+    pm = None if name in _BUILTIN_SET else ctx.hooks.pluginmanager
     try:
         return get_target(name, pm)
     except DtypeError as e:
         raise ctx.fail(str(e), attr="target") from None
+
+
+_BUILTIN_SET = frozenset(t.name for t in BUILTIN_TARGETS)
+
+
+def _target_code(attrs: dict[str, Any]) -> list[str]:
+    return [] if attrs.get("target") in _BUILTIN_SET else ["hook:qbuild_dtype_targets"]
 
 
 def _info(report: dict, out: Path) -> dict[str, Any]:
@@ -119,6 +119,7 @@ class QdqRetarget(Rule):
            "unchanged) and a load-and-run in the target's runtime. Outputs the model and "
            "report.json (sizes, tensor counts per dtype, conversion counters, fused ops).")
     heavy = True
+    code = staticmethod(_target_code)
     attrs = dict(_COMMON)
     outputs = ["{name}.onnx", "report.json"]
 
@@ -157,6 +158,7 @@ class RequantizeWeights(Rule):
            "the spec. Default policy: MatMul int4 blocked (32), Conv and Gemm int8 per "
            "channel. Outputs the model and report.json (per-weight SQNR, sizes, dtype counts).")
     heavy = True
+    code = staticmethod(_target_code)
     attrs = {
         **_COMMON,
         "policy": attr.mapping(default={}, doc="Per op type: {dtype, granularity "

@@ -91,7 +91,7 @@ def test_builds_on_the_cluster_byte_identical_to_local(tmp_path, cache_server, l
         store.close()
     here_store = LocalStore(here.cache_dir)
     try:
-        digests = {label: {e["digest"] for e in here_store.get_action(key)["outputs"]}
+        digests = {label: {e.digest for e in here_store.get_action(key).outputs}
                    for label, key in _last_keys(here).items()}
     finally:
         here_store.close()
