@@ -123,7 +123,9 @@ class Build:
 
             inner = self.remote_executor = DaskExecutor(
                 local, self.store, options.remote_executor, dict(session.workspace.toolchain),
-                self.cpu_budget, reporter.message)
+                self.cpu_budget, reporter.message,
+                verbose=any(getattr(r, "verbose", False)
+                            for r in getattr(reporter, "reporters", (reporter,))))
             # Placement is the cluster's; actions that run here share this machine's
             # cores inside the executor.
             self.cpu_budget = self.memory_budget = 1 << 40

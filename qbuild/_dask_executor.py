@@ -24,6 +24,7 @@ unreachable scheduler is one error (exit 2), or local execution with the fallbac
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import threading
 import uuid
@@ -152,13 +153,14 @@ class DaskExecutor:
 
     def __init__(self, local: LocalExecutor, store: Any, settings: RemoteExecution,
                  pins: Mapping[str, str], local_cores: int,
-                 message: Callable[[str], None]) -> None:
+                 message: Callable[[str], None], verbose: bool = False) -> None:
         self.local = local
         self.store: LayeredStore = store  # the remote cache is required
         self.parts: Mapping[Label, KeyParts] = {}  # each action's key parts (the build's)
         self.settings = settings
         self.pins = dict(pins)
         self.message = message
+        self.verbose = verbose
         self.slots = _Slots(local_cores)
         self.client: Any = None
         self.resources: dict[str, float] = {}  # largest of each resource a worker offers
@@ -180,6 +182,15 @@ class DaskExecutor:
         except ImportError:
             raise UsageError("--remote_executor needs Dask's distributed package: "
                              "pip install 'qbuild[dask]'") from None
+        # Dask logs its reconnection attempts with tracebacks; the build reports a lost
+        # scheduler in one line instead (--verbose keeps Dask's own logs).
+        self._dask_levels: dict[str, int] = {}
+        if not self.verbose:
+            names = ["distributed", *(n for n in logging.root.manager.loggerDict
+                                      if n.startswith("distributed."))]
+            for name in names:  # Dask's configuration sets levels on child loggers
+                self._dask_levels[name] = logging.getLogger(name).level
+                logging.getLogger(name).setLevel(logging.CRITICAL)
         try:
             # --remote_timeout bounds the wait too (Dask retries a refused connection).
             timeout = min(self.settings.connect_timeout, self.store.remote_config.timeout)
@@ -235,6 +246,8 @@ class DaskExecutor:
         if self.client is not None:
             client, self.client = self.client, None
             client.close()
+        for name, level in self._dask_levels.items():
+            logging.getLogger(name).setLevel(level)
 
     def kill(self) -> None:
         self.local.kill()
