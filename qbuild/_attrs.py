@@ -77,6 +77,9 @@ class Attr:
     # For ``files``: a folder expands to the files directly in it with these suffixes
     # (any suffix if empty); None refuses folders.
     folder_suffixes: tuple[str, ...] | None = None
+    # For ``label``/``label_list``: provider classes every dependency must give,
+    # checked at analysis against the dependency rule's ``provides``.
+    providers: tuple[builtins.type, ...] = ()
 
     def applies(self, values: Mapping[str, Any]) -> bool:
         """Whether this attribute applies given the target's other attribute values."""
@@ -180,14 +183,19 @@ class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's 
     ["percentile"]}``); otherwise it keeps its default and does not enter the key."""
 
     @staticmethod
-    def label(*, doc: str = "", required: builtins.bool = False) -> Attr:
-        """Another target (``:name`` or ``//pkg:name``); the rule gets a ``Dep``."""
-        return Attr("label", doc, None, required)
+    def label(*, doc: str = "", required: builtins.bool = False,
+              providers: Sequence[builtins.type] = ()) -> Attr:
+        """Another target (``:name`` or ``//pkg:name``); the rule gets a ``Dep``. With
+        ``providers``, a target whose rule does not declare each of them is refused at
+        analysis, before anything runs."""
+        return Attr("label", doc, None, required, providers=tuple(providers))
 
     @staticmethod
-    def label_list(*, doc: str = "", required: builtins.bool = False) -> Attr:
-        """A list of targets; the rule gets ``list[Dep]``."""
-        return Attr("label_list", doc, None, required)
+    def label_list(*, doc: str = "", required: builtins.bool = False,
+                   providers: Sequence[builtins.type] = ()) -> Attr:
+        """A list of targets; the rule gets ``list[Dep]``. ``providers`` as for
+        ``label``, checked for every item."""
+        return Attr("label_list", doc, None, required, providers=tuple(providers))
 
     @staticmethod
     def file(*, doc: str = "", required: builtins.bool = False) -> Attr:

@@ -75,6 +75,8 @@ class BuildResult:
     skip_reasons: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Path]] = field(default_factory=dict)
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    steps: dict[str, dict[str, str]] = field(default_factory=dict)  # v2: action -> ran/cached
     explanations: dict[str, list[str]] = field(default_factory=dict)
     bytes_hashed: int = 0
     seconds: float = 0.0
@@ -196,6 +198,7 @@ class Build:
             result.remote_execution = self.remote_executor.summary()
         result.seconds = time.monotonic() - started
         result.infos = {str(label): dict(r.info) for label, r in self.results.items()}
+        result.providers = {str(label): dict(r.providers) for label, r in self.results.items()}
         summary = BuildSummary(
             ok=result.ok, targets=len(requested), actions_run=len(result.ran),
             cache_hits=len(result.cached), failed=len(result.failed),
@@ -246,6 +249,8 @@ class Build:
             self._cached(label, self.rebuilder.actions[label].key, outcome.result, "local")
             return True
         self.result.ran.append(str(label))
+        if outcome.steps:
+            self.result.steps[str(label)] = {name: status for name, _, status in outcome.steps}
         self._event(ActionEvent(str(label), "ran", outcome.seconds,
                                 key=self.rebuilder.actions[label].key, origin="ran",
                                 rule=self.graph.targets[label].kind,

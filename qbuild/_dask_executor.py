@@ -457,8 +457,11 @@ class DaskExecutor:
             self._present.update(e.digest for e in outputs)
         # origin "remote": the worker wrote the entry; the store keeps it locally only.
         result = ActionResult(outputs, action.outputs, dict(reply["info"]),
-                              tuple(str(w) for w in reply["warnings"]), "remote")
-        return Outcome(result, float(reply["seconds"]), worker=str(reply["worker"]))
+                              tuple(str(w) for w in reply["warnings"]), origin="remote",
+                              providers=dict(reply.get("providers") or {}))
+        steps = tuple((str(a), str(b), str(c)) for a, b, c in reply.get("steps") or ())
+        return Outcome(result, float(reply["seconds"]), worker=str(reply["worker"]),
+                       steps=steps)
 
 
 def _remote_error() -> type[Exception]:

@@ -24,6 +24,7 @@ from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
 from ._errors import QbuildError, RuleError
 from ._label import OUT_PREFIX, output_folder
 from ._protocols import Store
+from ._providers import provider_name, returned_providers
 from ._records import Action, ActionResult, Outcome, OutputEntry
 from ._rule import ActionContext, Dep
 
@@ -51,14 +52,16 @@ class MissingBlob(Exception):
 label_dir = output_folder
 
 
-def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str]]:
-    """Import and run a rule; also the entry point of worker processes."""
+def _invoke(rule_ref: str, ctx: ActionContext
+            ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Import and run a rule; also the entry point of worker processes. Returns (info,
+    providers, warnings)."""
     module_name, qualname = rule_ref.split(":", 1)
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     try:
-        info = obj().run(ctx)
+        value = obj().run(ctx)
     except QbuildError as exc:
         raise exc.located(file=ctx.build_file, target=ctx.label) from None
     except BaseException as exc:  # sys.exit() and the like too: the action fails, not qbuild
@@ -69,12 +72,16 @@ def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str
         if isinstance(exc, SystemExit):
             what = f"the rule called sys.exit({exc.code!r})"
         raise RuleError(what, file=ctx.build_file, target=ctx.label) from None
-    if info is None:
-        info = {}
-    if not isinstance(info, dict):
-        raise RuleError(f"rule returned {type(info).__name__} from run(); expected a dict",
-                        target=ctx.label)
-    return info, ctx.warnings
+    out_root = ctx.workdir / OUT_PREFIX / label_dir(ctx.label)
+    try:
+        info, providers = returned_providers(value, out_root, tuple(obj.provides))
+        missing = [p.__qualname__ for p in obj.provides if provider_name(p) not in providers]
+        if missing:
+            raise RuleError(f"run() did not return the declared provider(s) "
+                            f"{', '.join(missing)}")
+    except RuleError as exc:
+        raise exc.located(file=ctx.build_file, target=ctx.label) from None
+    return info or {}, providers, ctx.warnings
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -245,8 +252,8 @@ class LocalExecutor:
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_init, initargs=(os.getpid(),))
 
-    def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
-                       ) -> tuple[dict[str, Any], list[str]]:
+    def _run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+                       ) -> Any:
         from concurrent.futures.process import BrokenProcessPool
 
         # A worker killed (out of memory) breaks the whole pool and every action in
@@ -254,7 +261,7 @@ class LocalExecutor:
         # action that kills its worker fails.
         pool = self._workers()
         try:
-            return pool.submit(_invoke, action.rule_ref, ctx).result()
+            return pool.submit(function, *args).result()
         except BrokenProcessPool:
             with self._pool_lock:
                 if self._pool is pool:
@@ -262,7 +269,7 @@ class LocalExecutor:
                     pool.shutdown(wait=False, cancel_futures=True)
         alone = self._new_pool(1)
         try:
-            return alone.submit(_invoke, action.rule_ref, ctx).result()
+            return alone.submit(function, *args).result()
         except BrokenProcessPool:
             raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
                                          target=str(action.label)), _tail(log_path)) from None
@@ -271,6 +278,10 @@ class LocalExecutor:
 
     def execute(self, action: Action) -> Outcome:
         """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""
+        if action.steps:
+            from ._steps import execute_steps
+
+            return execute_steps(self, action)
         started = time.monotonic()
         name = f"{os.getpid()}-{os.urandom(6).hex()}"
         lock = _try_lock(self.store.tmp / f"{name}.lock")  # held while the sandbox lives
@@ -282,9 +293,10 @@ class LocalExecutor:
             ctx, staged = self._stage(action, sandbox, log_path)
             try:
                 if action.heavy:
-                    info, warnings = self._run_in_worker(action, ctx, log_path)
+                    info, providers, warnings = self._run_in_worker(
+                        action, log_path, _invoke, action.rule_ref, ctx)
                 else:
-                    info, warnings = _invoke(action.rule_ref, ctx)
+                    info, providers, warnings = _invoke(action.rule_ref, ctx)
             except QbuildError as exc:
                 raise ActionFailed(exc, _tail(log_path)) from None
             out_root = sandbox / OUT_PREFIX / label_dir(action.label)
@@ -295,7 +307,8 @@ class LocalExecutor:
                     raise ActionFailed(RuleError(
                         f"input {path} changed while the action ran; its result was not "
                         "cached. Run the build again.", target=str(action.label)))
-            result = ActionResult(tuple(outputs), action.outputs, info, tuple(warnings))
+            result = ActionResult(tuple(outputs), action.outputs, info, tuple(warnings),
+                                  providers=providers)
             return Outcome(result, time.monotonic() - started)
         finally:
             _remove_tree(sandbox)
@@ -303,9 +316,10 @@ class LocalExecutor:
                 (self.store.tmp / f"{name}.lock").unlink(missing_ok=True)
                 os.close(lock)
 
-    def _collect(self, action: Action, out_root: Path, log_path: Path) -> list[OutputEntry]:
+    def _collect(self, action: Action, out_root: Path, log_path: Path,
+                 names: tuple[str, ...] | None = None) -> list[OutputEntry]:
         entries = []
-        for name in action.outputs:
+        for name in action.outputs if names is None else names:
             path = out_root / name.rstrip("/")
             if name.endswith("/"):
                 if not path.is_dir() or path.is_symlink():
@@ -362,7 +376,8 @@ class LocalExecutor:
                     raise MissingBlob(dep_label)
                 staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
             files = [base / name.rstrip("/") for name in dep.declared]
-            dep_objects[dep_label] = Dep(dep_label, files, dict(dep.info), base, dep.digests())
+            dep_objects[dep_label] = Dep(dep_label, files, dict(dep.info), base, dep.digests(),
+                                         dict(dep.providers))
         out_root = sandbox / OUT_PREFIX / label_dir(action.label)
         outputs = {}
         for name in action.outputs:

@@ -6,7 +6,7 @@ rule kind and version, the providing distribution and its version, qbuild's vers
 digests of the code units implementing the rule (``_code``), every attribute after
 defaults, the content digests and executable bits of all inputs (sources and dependency
 outputs, by workspace-relative path, and each dependency's declared output order), the
-dependencies' info, and the environment facts the rule declares (per rule and per
+dependencies' info and providers, and the environment facts the rule declares (per rule and per
 target). No absolute path enters a key, so moved or copied workspaces and caches hit.
 """
 
@@ -70,21 +70,27 @@ def components(
         "outputs": target.outputs,
         "sources": sources,
         "executable_sources": sorted(executable),
-        "deps": {
-            label: {
-                "outputs": dep.digests(),
-                "executable": sorted(e.path for e in dep.outputs if e.executable),
-                "declared": list(dep.declared),
-                "info": dep.info,
-            }
-            for label, dep in deps.items()
-        },
+        "deps": {label: dep_part(dep) for label, dep in deps.items()},
         "env": target_env(target),
     }
     if hooks:  # only rules that call hooks have the part (other keys stay as they were)
         parts["hooks"] = {name: [list(item) for item in found]
                           for name, found in hooks.items()}
     return parts
+
+
+def dep_part(dep: ActionResult) -> dict[str, Any]:
+    """What a dependency's result contributes to a key: its files' digests, executable
+    bits, declared outputs, info and providers."""
+    part: dict[str, Any] = {
+        "outputs": dep.digests(),
+        "executable": sorted(e.path for e in dep.outputs if e.executable),
+        "declared": list(dep.declared),
+        "info": dep.info,
+    }
+    if dep.providers:  # absent for v1 dependencies: their keys stay as they were
+        part["providers"] = dep.providers
+    return part
 
 
 def action_key(parts: dict[str, Any]) -> str:
@@ -132,6 +138,8 @@ def diff(old: dict[str, Any] | None, new: dict[str, Any],
                                  new_deps[label]["outputs"])
             if old_deps[label]["info"] != new_deps[label]["info"]:
                 lines.append(f"info of {label} changed")
+            if old_deps[label].get("providers") != new_deps[label].get("providers"):
+                lines.append(f"providers of {label} changed")
             for part in ("declared", "executable"):
                 if old_deps[label].get(part) != new_deps[label].get(part):
                     lines.append(f"{part} outputs of {label}: {old_deps[label].get(part)} -> "

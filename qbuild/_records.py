@@ -49,6 +49,8 @@ class ActionResult:
     info: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     origin: Literal["local", "remote"] = "local"
+    providers: Mapping[str, Any] = field(default_factory=dict)
+    """Provider data by provider name (``_providers``), as the actions returned it."""
 
     def digests(self) -> dict[str, str]:
         """Digest of each output file by its path."""
@@ -60,6 +62,8 @@ class ActionResult:
                                   "warnings": list(self.warnings)}
         if self.origin == "remote":
             record["origin"] = "remote"
+        if self.providers:
+            record["providers"] = dict(self.providers)
         return record
 
     @classmethod
@@ -68,7 +72,8 @@ class ActionResult:
         return cls(tuple(OutputEntry.from_json(e) for e in record["outputs"]),
                    tuple(record["declared"]), dict(record["info"]),
                    tuple(str(w) for w in record.get("warnings", [])),
-                   "remote" if record.get("origin") == "remote" else "local")
+                   "remote" if record.get("origin") == "remote" else "local",
+                   dict(record.get("providers") or {}))
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,13 @@ class Action:
     hooks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Plugin hooks the rule calls, resolved in the main process: hook name -> the
     importable modules implementing it (see ``_hooks``)."""
+    # v2 rules: the declared actions (``_actions.ActionSpec``, each cached on its own
+    # key, see ``_steps``), the key parts they share and each one's code digests.
+    steps: tuple[Any, ...] = ()
+    step_base: Mapping[str, Any] = field(default_factory=dict)
+    step_code: tuple[Mapping[str, str], ...] = ()
+    executable: tuple[str, ...] = ()  # executable sources
+    keyed_by_step: bool = False  # one action: ``key`` is that action's own key
 
 
 @dataclass(frozen=True)
@@ -105,3 +117,5 @@ class Outcome:
     seconds: float = 0.0
     status: Literal["ran", "cached"] = "ran"
     worker: str = ""  # the remote worker that ran it (empty: this machine)
+    steps: tuple[tuple[str, str, str], ...] = ()
+    """v2 targets: (mnemonic, key, "ran" | "cached") of each declared action."""

@@ -183,6 +183,8 @@ def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
         raise ValueError("bad declared outputs")
     if not isinstance(meta.get("info"), dict) or not isinstance(meta.get("warnings"), list):
         raise ValueError("bad info")
+    if not isinstance(meta.get("providers", {}), dict):
+        raise ValueError("bad providers")
     paths = [e["path"] for e in outputs]
     if len(set(paths)) != len(paths):
         raise ValueError("duplicate output paths")
@@ -298,7 +300,8 @@ class LayeredStore:
                 self._sizes[entry["digest"]] = entry["size"]
         result = ActionResult.from_json({
             "outputs": outputs, "declared": meta["declared"], "info": meta["info"],
-            "warnings": meta["warnings"], "origin": "remote"})
+            "warnings": meta["warnings"], "origin": "remote",
+            "providers": meta.get("providers") or {}})
         return result, meta.get("components")
 
     def put_action(self, key: str, result: ActionResult) -> None:
@@ -320,9 +323,12 @@ class LayeredStore:
                 self._upload, key, [e.to_json() for e in result.outputs], meta))
 
     def _meta(self, key: str, result: ActionResult) -> dict[str, Any]:
-        return {"format": _FORMAT, "declared": list(result.declared),
+        meta = {"format": _FORMAT, "declared": list(result.declared),
                 "info": dict(result.info), "warnings": list(result.warnings),
                 "components": self.local.get_components(key)}
+        if result.providers:
+            meta["providers"] = dict(result.providers)
+        return meta
 
     def publish(self, key: str, result: ActionResult) -> None:
         """Upload a result now, in this thread, whatever ``upload`` says (a remote

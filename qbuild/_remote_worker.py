@@ -28,11 +28,10 @@ from . import __version__, dist_version
 from ._code import CodeDigests
 from ._digest import SourceDigests, stat_key
 from ._errors import QbuildError, RuleError
-from ._executor import ActionFailed, LocalExecutor, MissingBlob, _invoke, clean_stale_sandboxes
+from ._executor import ActionFailed, LocalExecutor, MissingBlob, clean_stale_sandboxes
 from ._records import Action
 from ._remote_http import RemoteConfig, RemoteError
 from ._remote_store import LayeredStore
-from ._rule import ActionContext
 from ._store import LocalStore
 
 PROTOCOL = 1  # bump when the request or reply changes shape
@@ -64,12 +63,12 @@ class WorkerExecutor(LocalExecutor):
         return stat_key(os.lstat(dest))
 
 
-    def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
-                       ) -> tuple[dict[str, Any], list[str]]:
+    def _run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+                       ) -> Any:
         # A Dask worker is itself the process that isolates actions (its nanny restarts
         # it, the scheduler reschedules what it ran) and, being daemonic, cannot start
         # a pool: heavy actions run in its thread, as light ones do.
-        return _invoke(action.rule_ref, ctx)
+        return function(*args)
 
 
 class _State:
@@ -226,6 +225,7 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
                          f"{exc}"}
     return {**reply, "status": "ok", "outputs": [e.to_json() for e in result.outputs],
             "info": dict(result.info), "warnings": list(result.warnings),
+            "providers": dict(result.providers), "steps": list(outcome.steps),
             "seconds": outcome.seconds,
             "code": request["parts"]["code"],
             "worker_seconds": round(time.monotonic() - started, 4)}

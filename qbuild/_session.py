@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from ._keys import action_key, components
 from ._label import Label
 from ._plugins import Registry, load_registry
 from ._protocols import Store
+from ._providers import provider_name
 from ._records import Action, ActionResult, KeyParts
 from ._workspace import Workspace, load_workspace
 
@@ -120,10 +122,20 @@ class Session:
 
     # -- keys ---------------------------------------------------------------------------
     def code_parts(self, target: Target) -> dict[str, str]:
-        """Digest of every code unit ``target``'s action runs (see ``_code``)."""
+        """Digest of every code unit ``target``'s action runs (see ``_code``): the rule's,
+        its providers' and, for a v2 rule, its action functions'."""
         assert target.rule is not None
-        refs = target.rule.code(target.attrs) or []
+        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target)]
+        refs += [spec.function for spec in target.actions]
         units = self.code.units_for(type(target.rule), refs, self.registry.pm)
+        return {unit: self.code.unit(unit)[0] for unit in units}
+
+    def step_code(self, target: Target, function: str) -> dict[str, str]:
+        """Code units of one declared action: the engine, its function's package, the
+        providers involved and what the rule's ``code()`` names, not the rule class."""
+        assert target.rule is not None
+        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target), function]
+        units = self.code.units_for(None, refs, self.registry.pm)
         return {unit: self.code.unit(unit)[0] for unit in units}
 
     def code_files(self, digest: str) -> dict[str, str] | None:
@@ -149,7 +161,9 @@ class Session:
         hooks = self.registry.hook_plugins(target)
         parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
                            self.code_parts(target), executable, hooks)
-        key = action_key(parts)
+        single = len(target.actions) == 1 and list(target.actions[0].outputs) == target.outputs
+        # (A single action's own key replaces the target's below: no need to hash it.)
+        key = "" if single else action_key(parts)
         assert target.entry is not None and target.rule is not None
         action = Action(
             label=target.label, build_file=target.build_file, rule_ref=target.entry.ref,
@@ -160,4 +174,30 @@ class Session:
             hooks={name: tuple(module for module, _ in found)
                    for name, found in hooks.items()},
         )
+        if target.actions:
+            action = replace(
+                action, steps=tuple(target.actions), executable=tuple(executable),
+                step_base={
+                    "rule": target.entry.kind, "rule_version": target.entry.cls.version,
+                    "plugin": target.entry.dist, "plugin_version": target.entry.dist_version,
+                    "qbuild_version": parts["qbuild_version"], "env": parts["env"],
+                    "hooks": parts.get("hooks", {}),
+                    "provides": sorted(provider_name(p) for p in target.rule.provides)},
+                step_code=tuple(self.step_code(target, spec.function)
+                                for spec in target.actions))
+            if single:
+                # One action making every output: the target's key is the action's own
+                # (label-free) key, so it costs one lookup and one entry, as a v1 target.
+                from ._steps import step_components, step_key
+
+                key = step_key(step_components(action, 0, {}))
+                action = replace(action, key=key, keyed_by_step=True)
         return parts, key, action
+
+
+def _provider_refs(target: Target) -> list[str]:
+    """Modules of the providers a target gives and asks its dependencies for."""
+    assert target.rule is not None
+    classes = [*target.rule.provides,
+               *(p for schema in target.rule.attrs.values() for p in schema.providers)]
+    return sorted({cls.__module__ for cls in classes})

@@ -133,7 +133,8 @@ def valid_result(value: Any) -> bool:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
                 and isinstance(entry.get("digest"), str) and _DIGEST.match(entry["digest"])):
             return False
-    return isinstance(value.get("warnings", []), list)
+    return isinstance(value.get("warnings", []), list) and \
+        isinstance(value.get("providers", {}), dict)
 
 
 class LocalStore:

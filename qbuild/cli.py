@@ -95,6 +95,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="label: one per line; json: records with attributes; build: "
                        "the targets as BUILD.toml tables, matrix variants expanded")
 
+    aquery = sub.add_parser("aquery", parents=[common],
+                            help="list the actions of targets: inputs, outputs, keys")
+    aquery.add_argument("patterns", nargs="+", metavar="PATTERN")
+    aquery.add_argument("--output", choices=["text", "json"], default="text")
+
     graph = sub.add_parser("graph", parents=[common], help="draw the target graph")
     graph.add_argument("patterns", nargs="+", metavar="PATTERN")
     graph.add_argument("--format", choices=["dot", "mermaid"], default="dot")
@@ -391,6 +396,21 @@ def cmd_query(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_aquery(args: argparse.Namespace) -> int:
+    from ._aquery import actions, as_text
+
+    session, package = _session(args)
+    try:
+        records = actions(session, session.graph.expand(args.patterns, package))
+    finally:
+        session.close()
+    if args.output == "json":
+        print(json.dumps(records, indent=2))
+    else:
+        sys.stdout.write(as_text(records))
+    return EXIT_OK
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from ._graphviz import render
 
@@ -522,6 +542,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print("machine-dependent: " + ("yes (keyed by CPU architecture and instruction sets; "
                                    "not shared with other machine classes)"
                                    if cls.machine_dependent else "no (shareable across machines)"))
+    print("provides: " + ", ".join(["DefaultInfo", *(p.__qualname__ for p in cls.provides)])
+          + ("" if cls.is_v2() or cls.provides else " (v1 rule: not checked at analysis)"))
     if cls.requires:
         missing = cls.missing_requirements()
         print(f"requires: {', '.join(cls.requires)}" + (
@@ -529,6 +551,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print("attributes:")
     for name, schema in cls.attrs.items():
         when = f"; {schema.describe_when()}" if schema.when else ""
+        if schema.providers:
+            when += "; must provide " + ", ".join(p.__qualname__ for p in schema.providers)
         print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()}{when})")
         if schema.doc:
             print(f"      {schema.doc}")
@@ -537,7 +561,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"build": cmd_build, "query": cmd_query, "graph": cmd_graph, "info": cmd_info,
              "explain": cmd_explain, "clean": cmd_clean, "cache": cmd_cache,
-             "rules": cmd_rules, "outputs": cmd_outputs}
+             "rules": cmd_rules, "outputs": cmd_outputs, "aquery": cmd_aquery}
 
 
 def main(argv: list[str] | None = None) -> int:

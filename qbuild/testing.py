@@ -62,8 +62,12 @@ class BuildOutcome:
     log: str = ""
     bytes_hashed: int = 0
     explanations: dict[str, list[str]] = field(default_factory=dict)
+    steps: dict[str, dict[str, str]] = field(default_factory=dict)
+    """v2 targets whose target key missed: each declared action's "ran" or "cached"."""
     _outputs: dict[str, list[Path]] = field(default_factory=dict)
     _infos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _output_dir: Path | None = None
 
     def outputs(self, label: str) -> list[Path]:
         """Paths of a requested target's outputs under the workspace's qbuild-out."""
@@ -77,6 +81,19 @@ class BuildOutcome:
     def info(self, label: str) -> dict[str, Any]:
         """The info the target's rule returned (also for cached actions)."""
         return self._infos[label]
+
+    def provider(self, label: str, cls: type) -> Any:
+        """A requested target's provider ``cls``, typed, its paths in qbuild-out
+        (``KeyError`` if the target does not give it)."""
+        from ._providers import decode, provider_name
+
+        data = self._providers.get(label, {}).get(provider_name(cls))
+        if data is None:
+            raise KeyError(f"{label} gives no {cls.__qualname__}")
+        from ._label import output_folder
+
+        root = self._output_dir / output_folder(label) if self._output_dir else None
+        return decode(cls, data, root)
 
 
 @dataclass
@@ -176,6 +193,7 @@ class Workspace:
                                                 explain=explain, cpu=cpu, memory=memory,
                                                 remote_executor=executor),
                                    ConsoleReporter(log, tty=False)).result
+            output_dir = session.workspace.output_dir
         except QbuildError as exc:
             return BuildOutcome(ok=False, exit_code=exc.exit_code, error=str(exc),
                                 log=log.getvalue())
@@ -192,7 +210,22 @@ class Workspace:
             log=log.getvalue(), bytes_hashed=result.bytes_hashed,
             explanations=result.explanations, _outputs=result.outputs, _infos=result.infos,
             remote_execution=result.remote_execution,
+            steps=result.steps, _providers=result.providers,
+            _output_dir=output_dir,
         )
+
+    def aquery(self, *patterns: str) -> list[dict[str, Any]]:
+        """The records ``qbuild aquery --output=json`` prints, computed in-process with
+        this workspace's plugins (keys from what the cache holds; nothing runs)."""
+        from ._aquery import actions
+        from ._session import Session
+
+        session, package = Session.open(self.root, plugins=self.plugins,
+                                        entry_point_cache=False)
+        try:
+            return actions(session, session.graph.expand(list(patterns), package))
+        finally:
+            session.close()
 
     def cli(self, *args: str, cwd: str = "", timeout: float = 300,
             env: dict[str, str] | None = None) -> CliOutcome:
