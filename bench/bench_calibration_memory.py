@@ -25,14 +25,14 @@ CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 import numpy as np, onnx, onnxruntime
-from qbuild_onnx.datasets import open_dataset
+from qbuild_onnx.source.datasets import open_dataset
 kind, model, data, method, n = sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
 onnx.load(model)
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t = time.perf_counter()
 if kind == "qbuild":
     import tempfile
-    from qbuild_onnx.calibration import CalibrationOptions, calibrate
+    from qbuild_onnx.calibration.calibrate import CalibrationOptions, calibrate
     calibrate(model, data, tempfile.mkdtemp(), CalibrationOptions(method=method, batch_size=1))
 else:
     import tempfile, os
@@ -61,7 +61,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--model", default=str(ROOT / "examples/yolo/yolox_nano.onnx"))
     args = ap.parse_args()
-    from qbuild_onnx.dataset_images import ImageOptions, build_image_dataset
+    from qbuild_onnx.source.images import ImageOptions, build_image_dataset
 
     tmp = Path(tempfile.mkdtemp())
     cases = [("qbuild", "entropy", args.samples), ("qbuild", "minmax", args.samples),

@@ -29,7 +29,14 @@ def as_records(graph: Graph, labels: list[Label]) -> list[dict[str, Any]]:
 def as_build(graph: Graph, labels: list[Label]) -> str:
     """The targets as BUILD.toml tables (matrix variants as their own tables)."""
     chunks = []
+    # a matrix group named on its own stands for its variants: print them too
+    wanted = set(labels)
+    shown: list[Label] = []
     for label in labels:
+        shown.append(label)
+        if graph.targets[label].is_group:
+            shown += [d for d in graph.targets[label].deps if d not in wanted]
+    for label in dict.fromkeys(shown):
         target = graph.targets[label]
         lines = [f"# {target.build_file}"]
         if target.is_group:

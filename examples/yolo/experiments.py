@@ -16,13 +16,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "plugins"))
 
-from qbuild_onnx import accuracy_yolo as ay  # noqa: E402
-from qbuild_onnx.accuracy_metrics import (  # noqa: E402
+from qbuild_onnx.accuracy import yolo as ay  # noqa: E402
+from qbuild_onnx.accuracy.metrics import (  # noqa: E402
     compare_outputs,
-    make_session,
     median_latency_ms,
     run_model,
 )
+from qbuild_onnx_common.ort import session  # noqa: E402
 
 IMAGES = ROOT / "testdata" / "images"
 CALIB = ["pineapple.jpg", "super_res_input.png", "test_colors.jpg", "wolves.jpg"]
@@ -52,8 +52,8 @@ def feeds(names):
 
 def evaluate(float_model, cand_model, eval_feeds, ref_outs=None, latency=True):
     if ref_outs is None:
-        ref_outs = run_model(make_session(float_model), eval_feeds)
-    cs = make_session(cand_model)
+        ref_outs = run_model(session(float_model), eval_feeds)
+    cs = session(cand_model)
     cand_outs = run_model(cs, eval_feeds)
     f1 = ay.detection_f1([o["output"] for o in ref_outs], [o["output"] for o in cand_outs])
     err = compare_outputs(ref_outs, cand_outs)["output"]
@@ -66,11 +66,11 @@ def evaluate(float_model, cand_model, eval_feeds, ref_outs=None, latency=True):
 
 
 if __name__ == "__main__":
-    from qbuild_onnx.accuracy_ortq import quantize_qdq
+    from qbuild_onnx.accuracy.ortq import quantize_qdq
 
     pre = prepared_model()
     cf, ef = feeds(CALIB), feeds(EVAL)
-    ref = run_model(make_session(pre), ef)
+    ref = run_model(session(pre), ef)
     variants = {
         "fp32": None,
         "u8_minmax": dict(activation_type="uint8"),
@@ -79,7 +79,7 @@ if __name__ == "__main__":
         "u16_all": dict(activation_type="uint16"),
     }
     import onnx
-    from qbuild_onnx.accuracy_bias_correction import bias_correct
+    from qbuild_onnx.accuracy.bias_correction import bias_correct
 
     nodes = [n.name for n in onnx.load(pre).graph.node]
     stem = nodes[: nodes.index("Mul_75") + 1]  # Focus slices, stem and dark2 stay float

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from onnx import TensorProto
-
-from .errors import DtypeError
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.summary import onnx_type_name
 
 
 @dataclass(frozen=True)
@@ -72,24 +72,16 @@ SCALE_TYPES: dict[int, int] = {TensorProto.FLOAT: 10, TensorProto.FLOAT16: 19,
                                TensorProto.BFLOAT16: 19}
 
 
-def type_name(elem_type: int) -> str:
-    """TensorProto enum -> its upper-case name ("INT4"), for messages and reports."""
-    try:
-        return TensorProto.DataType.Name(elem_type)
-    except ValueError:
-        return f"type#{elem_type}"
-
-
 def qtype(name_or_enum: str | int, where: str = "dtype") -> QType:
     """Look a quantized type up by canonical name or TensorProto enum."""
     if isinstance(name_or_enum, int):
         q = _BY_ENUM.get(name_or_enum)
         if q is None:
-            raise DtypeError(f"{where}: {type_name(name_or_enum)} is not a quantized type")
+            raise OnnxError(f"{where}: {onnx_type_name(name_or_enum)} is not a quantized type")
         return q
     key = str(name_or_enum).lower().replace("_", "")
     if key not in QTYPES:
-        raise DtypeError(f"{where}: unknown dtype {name_or_enum!r}; "
+        raise OnnxError(f"{where}: unknown dtype {name_or_enum!r}; "
                          f"expected one of {', '.join(QTYPES)}")
     return QTYPES[key]
 
@@ -164,7 +156,7 @@ def make_qtensor(name: str, q: QType, values: np.ndarray) -> TensorProto:
         return t
     ints = values.astype(np.int64)
     if ints.size and (ints.min() < q.qmin or ints.max() > q.qmax):
-        raise DtypeError(f"tensor {name!r}: values outside the {q.name} range "
+        raise OnnxError(f"tensor {name!r}: values outside the {q.name} range "
                          f"[{int(q.qmin)}, {int(q.qmax)}]")
     if q.packed:
         t.raw_data = _pack(ints & ((1 << q.bits) - 1), q.bits)

@@ -17,9 +17,11 @@ from collections import Counter
 
 import numpy as np
 from onnx import ModelProto, TensorProto
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import consumers
+from qbuild_onnx_common.summary import onnx_type_name
 
-from .dtypes import is_qtype, make_qtensor, qtype, type_name
-from .errors import DtypeError
+from .dtypes import is_qtype, make_qtensor, qtype
 from .graph import copy_model, del_attr, prune_initializers, set_attr, taken_names, unique_name
 from .qdq import QdqNode, analyze
 from .targets import FORMS, DtypeTarget
@@ -42,33 +44,30 @@ def check_target_types(nodes: list[QdqNode], target: DtypeTarget,
         if qn.qelem is not None and is_qtype(qn.qelem):
             q = qtype(qn.qelem)
             if not target.allows_qtype(q.name):
-                raise DtypeError(f"target {target.name!r} cannot run {qn.label} with "
-                                 f"{type_name(qn.qelem)} (supported: "
+                raise OnnxError(f"target {target.name!r} cannot run {qn.label} with "
+                                 f"{onnx_type_name(qn.qelem)} (supported: "
                                  f"{', '.join(sorted(target.qtypes or []))})")
         if qn.scale_elem is not None:
             sname = {TensorProto.FLOAT: "float", TensorProto.FLOAT16: "float16",
                      TensorProto.BFLOAT16: "bfloat16"}.get(qn.scale_elem,
-                                                          type_name(qn.scale_elem).lower())
+                                                          onnx_type_name(qn.scale_elem).lower())
             if not target.allows_scale_type(sname):
-                raise DtypeError(f"target {target.name!r} cannot run {qn.label} with a "
-                                 f"{type_name(qn.scale_elem)} scale")
+                raise OnnxError(f"target {target.name!r} cannot run {qn.label} with a "
+                                 f"{onnx_type_name(qn.scale_elem)} scale")
 
 
 def _check_float8_groups(nodes: list[QdqNode], target: DtypeTarget, model: ModelProto) -> None:
-    consumers: dict[str, list] = {}
-    for n in model.graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    readers = consumers(model.graph)
     for qn in nodes:
         if qn.is_q or not qn.x_const or qn.qelem not in _FLOAT8:
             continue
-        for op in consumers.get(qn.node.output[0], []):
+        for op in readers.get(qn.node.output[0], []):
             if op.op_type not in _GROUP_OPS:
                 continue
             if any(c.op_type == "QuantizeLinear" for o in op.output
-                   for c in consumers.get(o, [])):
-                raise DtypeError(
-                    f"target {target.name!r} cannot run {qn.label}: a {type_name(qn.qelem)} "
+                   for c in readers.get(o, [])):
+                raise OnnxError(
+                    f"target {target.name!r} cannot run {qn.label}: a {onnx_type_name(qn.qelem)} "
                     f"weight inside a quantized {op.op_type} group ({op.name or op.output[0]!r}"
                     f" -> QuantizeLinear) makes onnxruntime fuse it into an 8-bit QLinear "
                     f"kernel and reject the session; use an integer dtype for this weight or "
@@ -82,7 +81,7 @@ def _zero_zp(model: ModelProto, qn: QdqNode, cache: dict, taken: set[str]) -> st
     if key in cache:
         return cache[key]
     if qn.scale is None:
-        raise DtypeError(f"{qn.label}: cannot materialize a zero point for a scale computed "
+        raise OnnxError(f"{qn.label}: cannot materialize a zero point for a scale computed "
                          f"at run time")
     q = qtype(qn.qelem, where=qn.label)
     name = unique_name(f"{scale_name}_zero_point", taken)
@@ -111,7 +110,7 @@ def convert_form(model: ModelProto, target: DtypeTarget, form: str,
     and every other node is left in the zero-point form, which the stats report.
     """
     if form not in FORMS:
-        raise DtypeError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
+        raise OnnxError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
     model = copy_model(model)
     nodes = analyze(model)
     check_target_types(nodes, target, model)

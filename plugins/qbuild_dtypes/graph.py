@@ -10,21 +10,7 @@ from collections.abc import Iterator
 import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
-
-
-def opset(model: ModelProto, domain: str = "") -> int | None:
-    for o in model.opset_import:
-        if o.domain in ((domain,) if domain else ("", "ai.onnx")):
-            return o.version
-    return None
-
-
-def set_opset_import(model: ModelProto, version: int, domain: str = "") -> None:
-    for o in model.opset_import:
-        if o.domain in ((domain,) if domain else ("", "ai.onnx")):
-            o.version = version
-            return
-    model.opset_import.append(onnx.helper.make_opsetid(domain, version))
+from qbuild_onnx_common.graph import attr
 
 
 def walk_graphs(graph: GraphProto) -> Iterator[GraphProto]:
@@ -44,13 +30,6 @@ def walk_nodes(model: ModelProto) -> Iterator[NodeProto]:
         yield from g.node
     for f in model.functions:
         yield from f.node
-
-
-def attr(node: NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
 
 
 def set_attr(node: NodeProto, name: str, value) -> None:

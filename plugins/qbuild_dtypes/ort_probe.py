@@ -26,6 +26,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from qbuild_onnx_common.ort import FATAL, session
+
 PROBE_VERSION = 1
 # Domains whose highest loadable opset is measured (ai.onnx is "").
 DOMAINS = ("", "ai.onnx.ml", "com.microsoft")
@@ -131,14 +133,7 @@ def _identity(ir: int = 10, opsets=(("", 21),)):
 
 
 def _session(model, optimized: str | None = None):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
-    if optimized:
-        so.optimized_model_filepath = optimized
-    return ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    return session(model, log_severity=FATAL, optimized_path=optimized)
 
 
 def _loads(model) -> bool:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import onnx
 from onnx import ModelProto
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import opset
 
 from . import forms, qdq, requant, runtime_compat, validate
-from .errors import DtypeError
-from .graph import opset
 from .report import model_summary
 from .targets import FORMS, DtypeTarget, get_target
 
@@ -27,7 +27,7 @@ def _resolve_form(form: str, target: DtypeTarget) -> str:
     if form == "auto":
         return target.preferred_form
     if form not in FORMS:
-        raise DtypeError(f"form must be auto, {' or '.join(FORMS)}; got {form!r}")
+        raise OnnxError(f"form must be auto, {' or '.join(FORMS)}; got {form!r}")
     return form
 
 
@@ -37,16 +37,16 @@ def _fit_opset(model: ModelProto, target: DtypeTarget) -> ModelProto:
     if cur is not None and cur > limit:
         try:
             return runtime_compat.set_opset(model, limit)
-        except DtypeError as e:
-            raise DtypeError(f"target {target.name!r} loads ai.onnx opset <= {limit}: "
-                             f"{e}") from None
+        except OnnxError as e:
+            raise OnnxError(f"target {target.name!r} loads ai.onnx opset <= {limit}: "
+                             f"{e.message}") from None
     return model
 
 
 def _raise_opset(model: ModelProto, need: int, why: str, target: DtypeTarget) -> ModelProto:
     limit = target.opset_limit("")
     if need > limit:
-        raise DtypeError(f"target {target.name!r} cannot express this: {why} needs ai.onnx "
+        raise OnnxError(f"target {target.name!r} cannot express this: {why} needs ai.onnx "
                          f"opset {need}, but it loads opset <= {limit}")
     cur = opset(model) or 1
     return runtime_compat.set_opset(model, need) if need > cur else model
@@ -63,7 +63,7 @@ def retarget(model: ModelProto, target: DtypeTarget | str,
     limit = target.opset_limit("")
     converted, stats = forms.convert_form(m, target, form, max_opset=limit)
     if stats.get("output_dtype_unavailable"):
-        raise DtypeError(f"target {target.name!r} cannot express the output_dtype form: it "
+        raise OnnxError(f"target {target.name!r} cannot express the output_dtype form: it "
                          f"loads ai.onnx opset <= {limit} and output_dtype needs 21 "
                          f"({stats['output_dtype_unavailable']} QuantizeLinear nodes)")
     need, why = runtime_compat.required_opset(converted)
@@ -94,7 +94,7 @@ def requantize_weights(model: ModelProto, target: DtypeTarget | str, form: str =
     plans, _ = requant.plan(m, policy, tensors, min_elements)
     for w in plans:
         if not target.allows_qtype(w.spec.q.name):
-            raise DtypeError(f"target {target.name!r} cannot run {w.spec.q.name} "
+            raise OnnxError(f"target {target.name!r} cannot run {w.spec.q.name} "
                              f"(tensor {w.key!r})")
     need = requant.needed_opset(plans)
     if need > (opset(m) or 1):
@@ -137,7 +137,7 @@ def _drift(source_path, out_path, input_dims) -> float | None:
     feeds = validate.synthetic_feeds(m, input_dims)
     try:
         ref = validate.run_onnxruntime(source_path, feeds)
-    except DtypeError:
+    except OnnxError:
         return None
     got = validate.run_onnxruntime(out_path, feeds)
     return float(f"{validate.max_abs_diff(ref, got):.6g}")

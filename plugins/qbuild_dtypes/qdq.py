@@ -10,11 +10,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from onnx import ModelProto, NodeProto, TensorProto
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import attr
+from qbuild_onnx_common.summary import onnx_type_name
 
 from . import qmath
-from .dtypes import is_qtype, qtype, type_name
-from .errors import DtypeError
-from .graph import Constants, attr, inferred_types
+from .dtypes import is_qtype, qtype
+from .graph import Constants, inferred_types
 
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
 
@@ -99,20 +101,20 @@ def find_qdq(model: ModelProto, types=None) -> list[QdqNode]:
 
 
 def validate(qn: QdqNode) -> None:
-    """Raise DtypeError for a node the spec makes invalid (or that runtimes reject)."""
+    """Raise OnnxError for a node the spec makes invalid (or that runtimes reject)."""
     n = qn.node
     if qn.is_q and qn.output_dtype and qn.zp_name:
         zelem = qn.zp_elem
         if zelem is not None and zelem != qn.output_dtype:
-            raise DtypeError(f"{qn.label}: output_dtype {type_name(qn.output_dtype)} "
+            raise OnnxError(f"{qn.label}: output_dtype {onnx_type_name(qn.output_dtype)} "
                              f"conflicts with zero point {qn.zp_name!r} of type "
-                             f"{type_name(zelem)}")
+                             f"{onnx_type_name(zelem)}")
     if qn.qelem is not None and qn.qelem != TensorProto.INT32 and not is_qtype(qn.qelem):
-        raise DtypeError(f"{qn.label}: {type_name(qn.qelem)} is not a quantized type")
+        raise OnnxError(f"{qn.label}: {onnx_type_name(qn.qelem)} is not a quantized type")
     if qn.qelem is not None and is_qtype(qn.qelem):
         q = qtype(qn.qelem)
         if q.kind == "float" and qn.zp is not None and np.any(qn.zp != 0):
-            raise DtypeError(f"{qn.label}: {q.name} zero point {qn.zp_name!r} is not zero "
+            raise OnnxError(f"{qn.label}: {q.name} zero point {qn.zp_name!r} is not zero "
                              f"(float8/float4 take no zero point)")
     if qn.block_size:
         if qn.scale is None or qn.x_shape is None:
@@ -120,13 +122,13 @@ def validate(qn: QdqNode) -> None:
         rank = len(qn.x_shape)
         ax = qmath.normalize_axis(qn.axis, rank, qn.label)
         if qn.scale.ndim != rank:
-            raise DtypeError(f"{qn.label}: blocked scale must have rank {rank}, "
+            raise OnnxError(f"{qn.label}: blocked scale must have rank {rank}, "
                              f"has shape {list(qn.scale.shape)}")
         qmath.validate_block_size(qn.x_shape[ax], qn.scale.shape[ax], qn.block_size,
                                   f"{qn.label} (attribute block_size)")
     if n.op_type == "DequantizeLinear" and qn.qelem == TensorProto.INT32 and qn.zp is not None:
         if np.any(qn.zp != 0):
-            raise DtypeError(f"{qn.label}: int32 input with a non-zero zero point")
+            raise OnnxError(f"{qn.label}: int32 input with a non-zero zero point")
 
 
 def analyze(model: ModelProto) -> list[QdqNode]:
@@ -182,16 +184,16 @@ def check_equivalent(before: ModelProto, after: ModelProto) -> dict:
     wa, wb = dequantized_weights(before), dequantized_weights(after)
     if sorted(wa) != sorted(wb):
         missing = sorted(set(wa) ^ set(wb))
-        raise DtypeError(f"equivalence check: dequantized initializers differ in set: "
+        raise OnnxError(f"equivalence check: dequantized initializers differ in set: "
                          f"{missing[:5]}")
     for name in sorted(wa):
         a, b = wa[name], wb[name]
         if a.dtype != b.dtype or a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
-            raise DtypeError(f"equivalence check: dequantized weight {name!r} changed")
+            raise OnnxError(f"equivalence check: dequantized weight {name!r} changed")
     pa, pb = effective_params(before), effective_params(after)
     if sorted(pa) != sorted(pb):
-        raise DtypeError("equivalence check: the set of Q/DQ nodes changed")
+        raise OnnxError("equivalence check: the set of Q/DQ nodes changed")
     for key in sorted(pa):
         if pa[key] != pb[key]:
-            raise DtypeError(f"equivalence check: {key} changed its effective parameters")
+            raise OnnxError(f"equivalence check: {key} changed its effective parameters")
     return {"dequantized_weights_identical": len(wa), "qdq_nodes_identical": len(pa)}

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from qbuild_onnx_common.errors import OnnxError
 
 from .dtypes import QType, float_to_qfloat
-from .errors import DtypeError
 
 GRANULARITIES = ("per_tensor", "per_channel", "blocked")
 
@@ -26,19 +26,19 @@ def block_size_range(dim: int, n_scales: int) -> tuple[int, int | None]:
 def validate_block_size(dim: int, n_scales: int, block_size: int, where: str) -> None:
     """Raise unless ``block_size`` is legal (onnx's checker and reference do not check it)."""
     if block_size <= 0:
-        raise DtypeError(f"{where}: block_size must be a positive integer, got {block_size}")
+        raise OnnxError(f"{where}: block_size must be a positive integer, got {block_size}")
     if n_scales <= 0 or n_scales > dim:
-        raise DtypeError(f"{where}: {n_scales} scales along an axis of length {dim}")
+        raise OnnxError(f"{where}: {n_scales} scales along an axis of length {dim}")
     lo, hi = block_size_range(dim, n_scales)
     if block_size < lo or (hi is not None and block_size > hi):
         rng = f"[{lo}, {hi}]" if hi is not None else f"[{lo}, inf)"
-        raise DtypeError(f"{where}: block_size {block_size} is invalid for an axis of length "
+        raise OnnxError(f"{where}: block_size {block_size} is invalid for an axis of length "
                          f"{dim} with {n_scales} scales (the spec allows {rng})")
 
 
 def normalize_axis(axis: int, rank: int, where: str) -> int:
     if not -rank <= axis < rank:
-        raise DtypeError(f"{where}: axis {axis} is out of range for rank {rank}")
+        raise OnnxError(f"{where}: axis {axis} is out of range for rank {rank}")
     return axis % rank
 
 
@@ -52,13 +52,13 @@ def expand_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size:
     ax = normalize_axis(axis, rank, where)
     if block_size == 0:
         if p.ndim != 1 or p.shape[0] != x_shape[ax]:
-            raise DtypeError(f"{where}: per-axis parameter of shape {list(p.shape)} does not "
+            raise OnnxError(f"{where}: per-axis parameter of shape {list(p.shape)} does not "
                              f"match axis {ax} of length {x_shape[ax]}")
         shape = [1] * rank
         shape[ax] = x_shape[ax]
         return np.broadcast_to(p.reshape(shape), x_shape)
     if p.ndim != rank or any(p.shape[i] != x_shape[i] for i in range(rank) if i != ax):
-        raise DtypeError(f"{where}: blocked parameter of shape {list(p.shape)} must have the "
+        raise OnnxError(f"{where}: blocked parameter of shape {list(p.shape)} must have the "
                          f"input's shape {list(x_shape)} except on axis {ax}")
     validate_block_size(x_shape[ax], p.shape[ax], block_size, where)
     rep = np.repeat(p, block_size, axis=ax)
@@ -123,14 +123,14 @@ def choose_params(w: np.ndarray, q: QType, axis: int | None, block_size: int,
     """
     w = np.asarray(w, dtype=np.float32)
     if not np.all(np.isfinite(w)):
-        raise DtypeError(f"{where}: weight has non-finite values")
+        raise OnnxError(f"{where}: weight has non-finite values")
     wmax = reduce_blocks(w, np.max, axis, block_size).astype(np.float64)
     wmin = reduce_blocks(w, np.min, axis, block_size).astype(np.float64)
     tiny = float(np.finfo(scale_dtype).tiny)
     zp = None
     if q.kind == "float":
         if not symmetric:
-            raise DtypeError(f"{where}: {q.name} has no zero point; use symmetric = true")
+            raise OnnxError(f"{where}: {q.name} has no zero point; use symmetric = true")
         amax = np.maximum(np.abs(wmax), np.abs(wmin))
         scale = amax / q.qmax
     elif symmetric:

@@ -8,11 +8,10 @@ import os
 from collections import Counter
 from pathlib import Path
 
-import onnx
 from onnx import ModelProto
+from qbuild_onnx_common.graph import opset, real_inputs
+from qbuild_onnx_common.summary import describe_values, onnx_type_name
 
-from .dtypes import type_name
-from .graph import opset
 from .qdq import find_qdq
 
 
@@ -21,12 +20,12 @@ def model_summary(model: ModelProto, path: str | Path | None = None) -> dict:
     counts: Counter = Counter()
     nbytes: Counter = Counter()
     for t in model.graph.initializer:
-        counts[type_name(t.data_type)] += 1
-        nbytes[type_name(t.data_type)] += t.ByteSize()
+        counts[onnx_type_name(t.data_type)] += 1
+        nbytes[onnx_type_name(t.data_type)] += t.ByteSize()
     qdq: dict[str, Counter] = {"QuantizeLinear": Counter(), "DequantizeLinear": Counter()}
     zp = Counter()
     for qn in find_qdq(model):
-        qdq[qn.node.op_type][type_name(qn.qelem) if qn.qelem else "unknown"] += 1
+        qdq[qn.node.op_type][onnx_type_name(qn.qelem) if qn.qelem else "unknown"] += 1
         if qn.zp_name is None:
             zp["absent"] += 1
         else:
@@ -41,17 +40,9 @@ def model_summary(model: ModelProto, path: str | Path | None = None) -> dict:
         "initializer_bytes_by_dtype": dict(sorted(nbytes.items())),
         "qdq_nodes_by_dtype": {k: dict(sorted(v.items())) for k, v in qdq.items()},
         "zero_points": dict(sorted(zp.items())),
-        "inputs": [_io(v) for v in model.graph.input
-                   if v.name not in {t.name for t in model.graph.initializer}],
-        "outputs": [_io(v) for v in model.graph.output],
+        "inputs": describe_values(real_inputs(model)),
+        "outputs": describe_values(model.graph.output),
     }
     if path is not None:
         out["bytes"] = os.path.getsize(path)
     return out
-
-
-def _io(vi: onnx.ValueInfoProto) -> dict:
-    tt = vi.type.tensor_type
-    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-             for d in tt.shape.dim]
-    return {"name": vi.name, "dtype": type_name(tt.elem_type), "shape": shape}

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import ModelProto, TensorProto
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import attr
+from qbuild_onnx_common.summary import onnx_type_name
 
 from . import qmath
-from .dtypes import QType, make_qtensor, qtype, type_name
-from .errors import DtypeError
+from .dtypes import QType, make_qtensor, qtype
 from .graph import (
     Constants,
     copy_model,
@@ -34,7 +36,7 @@ from .qdq import find_qdq
 # (node, rank). Axes follow each op's weight layout (output channels / reduction axis).
 WEIGHT_SLOTS = {
     "MatMul": {1: lambda n, r: (r - 1, r - 2)},
-    "Gemm": {1: lambda n, r: (0, 1) if _attr_i(n, "transB") else (1, 0)},
+    "Gemm": {1: lambda n, r: (0, 1) if attr(n, "transB", 0) else (1, 0)},
     "Conv": {1: lambda n, r: (0, 1)},
     "ConvTranspose": {1: lambda n, r: (1, 0)},
     "LSTM": {1: lambda n, r: (1, 2), 2: lambda n, r: (1, 2)},
@@ -52,13 +54,6 @@ DEFAULT_MIN_ELEMENTS = 16
 
 _SPEC_KEYS = {"dtype", "granularity", "block_size", "symmetric", "axis"}
 _FLOAT_ELEMS = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
-
-
-def _attr_i(node, name: str) -> int:
-    for a in node.attribute:
-        if a.name == name:
-            return a.i
-    return 0
 
 
 @dataclass(frozen=True)
@@ -87,36 +82,36 @@ def parse_spec(raw, where: str) -> Spec | None:
     if isinstance(raw, str):
         raw = {"dtype": raw}
     if not isinstance(raw, dict):
-        raise DtypeError(f"{where}: expected a table like {{dtype = \"int4\"}}, got {raw!r}")
+        raise OnnxError(f"{where}: expected a table like {{dtype = \"int4\"}}, got {raw!r}")
     unknown = sorted(set(raw) - _SPEC_KEYS)
     if unknown:
-        raise DtypeError(f"{where}: unknown key(s) {', '.join(unknown)}; "
+        raise OnnxError(f"{where}: unknown key(s) {', '.join(unknown)}; "
                          f"allowed: {', '.join(sorted(_SPEC_KEYS))}")
     if "dtype" not in raw:
-        raise DtypeError(f"{where}: missing dtype")
+        raise OnnxError(f"{where}: missing dtype")
     if raw["dtype"] in ("float", "keep"):
         return None
     q = qtype(raw["dtype"], where=f"{where}.dtype")
     gran = raw.get("granularity", "per_channel")
     if gran not in qmath.GRANULARITIES:
-        raise DtypeError(f"{where}.granularity: {gran!r} is not one of "
+        raise OnnxError(f"{where}.granularity: {gran!r} is not one of "
                          f"{', '.join(qmath.GRANULARITIES)}")
     block = raw.get("block_size", 32 if gran == "blocked" else 0)
     if not isinstance(block, int) or isinstance(block, bool):
-        raise DtypeError(f"{where}.block_size: expected an integer, got {block!r}")
+        raise OnnxError(f"{where}.block_size: expected an integer, got {block!r}")
     if gran == "blocked" and block <= 0:
-        raise DtypeError(f"{where}.block_size: must be a positive integer, got {block}")
+        raise OnnxError(f"{where}.block_size: must be a positive integer, got {block}")
     if gran != "blocked" and "block_size" in raw:
-        raise DtypeError(f"{where}.block_size: only valid with granularity = \"blocked\"")
+        raise OnnxError(f"{where}.block_size: only valid with granularity = \"blocked\"")
     symmetric = raw.get("symmetric", True)
     if not isinstance(symmetric, bool):
-        raise DtypeError(f"{where}.symmetric: expected true or false")
+        raise OnnxError(f"{where}.symmetric: expected true or false")
     if q.kind == "float" and not symmetric:
-        raise DtypeError(f"{where}: {q.name} cannot have a non-zero zero point "
+        raise OnnxError(f"{where}: {q.name} cannot have a non-zero zero point "
                          f"(symmetric = false is not possible)")
     axis = raw.get("axis")
     if axis is not None and (not isinstance(axis, int) or isinstance(axis, bool)):
-        raise DtypeError(f"{where}.axis: expected an integer")
+        raise OnnxError(f"{where}.axis: expected an integer")
     return Spec(q, gran, block if gran == "blocked" else 0, symmetric, axis)
 
 
@@ -125,7 +120,7 @@ def parse_policy(policy: dict | None, tensors: dict | None) -> tuple[dict, dict]
     ops = {}
     for op, raw in sorted(policy.items()):
         if op not in WEIGHT_SLOTS:
-            raise DtypeError(f"policy.{op}: no weight slot known for this op; known: "
+            raise OnnxError(f"policy.{op}: no weight slot known for this op; known: "
                              f"{', '.join(sorted(WEIGHT_SLOTS))}")
         ops[op] = parse_spec(raw, f"policy.{op}")
     names = {name: parse_spec(raw, f"tensors.{name}")
@@ -182,7 +177,7 @@ def plan(model: ModelProto, policy: dict | None = None, tensors: dict | None = N
                 continue
             t = consts.tensor(key)
             if dq is None and t.data_type not in _FLOAT_ELEMS:
-                skipped.append({"tensor": key, "reason": f"{type_name(t.data_type)} weight"})
+                skipped.append({"tensor": key, "reason": f"{onnx_type_name(t.data_type)} weight"})
                 continue
             size = int(np.prod(t.dims)) if len(t.dims) else 1
             if size < min_elements:
@@ -192,7 +187,7 @@ def plan(model: ModelProto, policy: dict | None = None, tensors: dict | None = N
                                    dq.index if dq is not None else None,
                                    [] if dq is not None else [(node, idx)], (node, idx))
     if unused:
-        raise DtypeError(f"tensors: {', '.join(sorted(unused))} is not a weight of any "
+        raise OnnxError(f"tensors: {', '.join(sorted(unused))} is not a weight of any "
                          f"op the policy knows")
     return list(weights.values()), skipped
 
@@ -231,16 +226,16 @@ def requantize(model: ModelProto, policy: dict | None = None, tensors: dict | No
             src = consts.array(w.key)
             wf = qmath.dequantize(src, qn.scale, qn.zp, qn.axis, qn.block_size,
                                   where=qn.label)
-            source = type_name(qn.qelem).lower()
+            source = onnx_type_name(qn.qelem).lower()
             scale_dtype = np.asarray(qn.scale).dtype
         else:
             t = consts.tensor(w.key)
             wf = onnx.numpy_helper.to_array(t)
-            source = type_name(t.data_type).lower()
+            source = onnx_type_name(t.data_type).lower()
             scale_dtype = np.dtype(_FLOAT_ELEMS[t.data_type])
         rank = wf.ndim
         if w.spec.granularity == "blocked" and rank == 0:
-            raise DtypeError(f"tensor {w.key!r}: a scalar cannot be block-quantized")
+            raise OnnxError(f"tensor {w.key!r}: a scalar cannot be block-quantized")
         red_axis = _axis(w, rank)
         dq_axis = 1 if red_axis is None else red_axis
         block = w.spec.block_size if w.spec.granularity == "blocked" else 0

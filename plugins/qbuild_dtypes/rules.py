@@ -3,7 +3,7 @@
 Each declares one action at analysis, a thin wrapper over :mod:`qbuild_dtypes.pipeline`:
 it reads the model from the ``model`` dependency's ``OnnxModelInfo``, resolves the
 target (built-in or added by a plugin through the ``qbuild_dtype_targets`` hook), turns
-``DtypeError`` into a ``RuleError`` naming the attribute, and gives the written model as
+``OnnxError`` into a ``RuleError`` naming the attribute, and gives the written model as
 ``OnnxModelInfo``. onnx, onnxruntime and numpy are imported only inside the actions.
 """
 
@@ -12,15 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import OnnxModelInfo, model_path, onnx_model_info
+from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import AnalysisContext, ConfigError, Rule, RunContext, attr, dist_version, hookimpl
+from qbuild import AnalysisContext, ConfigError, Rule, RunContext, attr, hookimpl
 
 from .targets import BUILTIN_TARGETS, FORMS
-
-# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
-ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
-ONNX_INSTALL = "pip install 'qbuild[onnx]'"
 
 _BUILTIN_NAMES = ", ".join(t.name for t in BUILTIN_TARGETS)
 
@@ -56,10 +54,16 @@ def _plugin_distributions() -> str:
     return ",".join(sorted(found))
 
 
-def _env() -> dict[str, str]:
-    return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-            "numpy": dist_version("numpy"), "ml_dtypes": dist_version("ml_dtypes"),
-            "target_plugins": _plugin_distributions()}
+class _DtypeRule(OnnxRule):
+    """Keyed also on ml_dtypes and on every plugin that may add dtype targets."""
+
+    env_libs = ("ml_dtypes",)
+
+    def env(self) -> dict[str, str]:
+        return {**super().env(), "target_plugins": _plugin_distributions()}
+
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        return [*super().code(attrs), *_target_code(attrs)]
 
 
 def _model_file(ctx: RunContext) -> Path:
@@ -70,7 +74,6 @@ def _model_file(ctx: RunContext) -> Path:
 
 
 def _target(ctx: RunContext, name: str):
-    from .errors import DtypeError
     from .targets import get_target
 
     # A plugin's target comes from the qbuild_dtype_targets implementers the engine
@@ -78,8 +81,8 @@ def _target(ctx: RunContext, name: str):
     pm = None if name in _BUILTIN_SET else ctx.hooks.pluginmanager
     try:
         return get_target(name, pm)
-    except DtypeError as e:
-        raise ctx.fail(str(e), attr="target") from None
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr="target") from None
 
 
 _BUILTIN_SET = frozenset(t.name for t in BUILTIN_TARGETS)
@@ -96,10 +99,8 @@ def _guess_attr(message: str, default: str) -> str:
     return default
 
 
-class QdqRetarget(Rule):
+class QdqRetarget(_DtypeRule):
     kind = "qdq_retarget"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 2
     doc = ("Convert a QDQ model between the zero-point form and the opset-21 output_dtype "
            "form for a target runtime: raises the opset to 21 where needed (never above "
@@ -111,12 +112,8 @@ class QdqRetarget(Rule):
            "unchanged) and a load-and-run in the target's runtime. Outputs the model and "
            "report.json (sizes, tensor counts per dtype, conversion counters, fused ops).")
     heavy = True
-    code = staticmethod(_target_code)
     attrs = dict(_COMMON)
     outputs = ["{name}.onnx", "report.json"]
-
-    def env(self) -> dict[str, str]:
-        return _env()
 
     provides = (OnnxModelInfo,)
 
@@ -133,7 +130,6 @@ def _params(ctx: AnalysisContext, extra: tuple[str, ...]) -> dict:
 
 def qdq_retarget(ctx: RunContext) -> OnnxModelInfo:
     """The action of ``qdq_retarget``."""
-    from .errors import DtypeError
     from .pipeline import retarget_file
 
     p = ctx.params
@@ -144,16 +140,15 @@ def qdq_retarget(ctx: RunContext) -> OnnxModelInfo:
         report = retarget_file(src, out, target, p["form"],
                                report_path=ctx.output("report.json"),
                                input_dims=p["input_dims"], run=p["run_check"])
-    except DtypeError as e:
-        raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+    except OnnxError as e:
+        raise ctx.fail(f"{src.name}: {e.message}",
+                       attr=_guess_attr(e.message, "model")) from None
     ctx.log(f"{src.name} -> {out.name}: {report['conversion']}")
     return onnx_model_info(out)
 
 
-class RequantizeWeights(Rule):
+class RequantizeWeights(_DtypeRule):
     kind = "requantize_weights"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 1
     doc = ("Quantize or re-quantize weights to int2/int4/int8/int16 (signed or unsigned) or "
            "float8 e4m3fn/e5m2 (saturating, no zero point), per tensor, per channel or "
@@ -164,7 +159,6 @@ class RequantizeWeights(Rule):
            "the spec. Default policy: MatMul int4 blocked (32), Conv and Gemm int8 per "
            "channel. Outputs the model and report.json (per-weight SQNR, sizes, dtype counts).")
     heavy = True
-    code = staticmethod(_target_code)
     attrs = {
         **_COMMON,
         "policy": attr.mapping(default={}, doc="Per op type: {dtype, granularity "
@@ -178,9 +172,6 @@ class RequantizeWeights(Rule):
                                  "are."),
     }
     outputs = ["{name}.onnx", "report.json"]
-
-    def env(self) -> dict[str, str]:
-        return _env()
 
     def validate(self, attrs) -> None:
         if attrs["min_elements"] < 0:
@@ -196,7 +187,6 @@ class RequantizeWeights(Rule):
 
 def requantize_weights(ctx: RunContext) -> OnnxModelInfo:
     """The action of ``requantize_weights``."""
-    from .errors import DtypeError
     from .pipeline import requantize_file
 
     p = ctx.params
@@ -208,8 +198,9 @@ def requantize_weights(ctx: RunContext) -> OnnxModelInfo:
                                  tensors=p["tensors"], min_elements=p["min_elements"],
                                  report_path=ctx.output("report.json"),
                                  input_dims=p["input_dims"], run=p["run_check"])
-    except DtypeError as e:
-        raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+    except OnnxError as e:
+        raise ctx.fail(f"{src.name}: {e.message}",
+                       attr=_guess_attr(e.message, "model")) from None
     n = len(report["requantization"]["weights"])
     ctx.log(f"{src.name} -> {out.name}: {n} weights; {report['conversion']}")
     return onnx_model_info(out)

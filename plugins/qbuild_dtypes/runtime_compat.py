@@ -6,7 +6,7 @@ opset <= 26, 1.32 IR 14 / opset 28). Any qbuild rule that writes a model can cal
 
 * :func:`make_loadable` (model, target) -> ModelProto: lowers the IR version and ai.onnx opset
   where that is legal, raises the IR version to what the model's types need, and raises
-  :class:`~qbuild_dtypes.errors.DtypeError` naming the blocking operator / type otherwise;
+  :class:`~qbuild_dtypes.errors.OnnxError` naming the blocking operator / type otherwise;
 * :func:`check_loadable` (path, target): limits, onnx's full checker, then a load-and-run in
   the target's runtime; returns a small JSON-friendly dict.
 
@@ -22,10 +22,12 @@ from pathlib import Path
 import onnx
 import onnx.defs
 from onnx import ModelProto
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import attr, min_ir_version, opset
+from qbuild_onnx_common.summary import onnx_type_name
 
 from . import graph
-from .dtypes import SCALE_TYPES, is_qtype, qtype, type_min_ir, type_name
-from .errors import DtypeError
+from .dtypes import SCALE_TYPES, is_qtype, qtype, type_min_ir
 from .targets import DtypeTarget, get_target
 
 _DEFAULT = ("", "ai.onnx")
@@ -50,11 +52,11 @@ def _qdq_requirements(model: ModelProto) -> list[tuple[int, str]]:
         label = _node_label(node)
         is_q = node.op_type == "QuantizeLinear"
         names = [a.name for a in node.attribute]
-        if "block_size" in names and graph.attr(node, "block_size", 0):
+        if "block_size" in names and attr(node, "block_size", 0):
             reqs.append((21, f"{label} uses block_size"))
-        if is_q and graph.attr(node, "output_dtype", 0):
+        if is_q and attr(node, "output_dtype", 0):
             reqs.append((21, f"{label} uses output_dtype"))
-        if not is_q and graph.attr(node, "output_dtype", 0):
+        if not is_q and attr(node, "output_dtype", 0):
             reqs.append((23, f"{label} uses output_dtype"))
         if "precision" in names:
             reqs.append((23, f"{label} uses precision"))
@@ -62,22 +64,22 @@ def _qdq_requirements(model: ModelProto) -> list[tuple[int, str]]:
             reqs.append((19, f"{label} uses saturate"))
         # Quantized element type.
         if is_q:
-            od = graph.attr(node, "output_dtype", 0)
+            od = attr(node, "output_dtype", 0)
             z = node.input[2] if len(node.input) > 2 and node.input[2] else None
             qe = od or (elem.get(z) if z else None)
         else:
             qe = elem.get(node.input[0])
         if qe and is_qtype(qe):
             q = qtype(qe)
-            reqs.append((q.min_opset, f"{label} uses {type_name(qe)}"))
+            reqs.append((q.min_opset, f"{label} uses {onnx_type_name(qe)}"))
         elif qe in _LATER_QTYPES:
-            reqs.append((_LATER_QTYPES[qe], f"{label} uses {type_name(qe)}"))
+            reqs.append((_LATER_QTYPES[qe], f"{label} uses {onnx_type_name(qe)}"))
         s = node.input[1] if len(node.input) > 1 else None
         se = elem.get(s) if s else None
         if se in SCALE_TYPES:
-            reqs.append((SCALE_TYPES[se], f"{label} has a {type_name(se)} scale"))
+            reqs.append((SCALE_TYPES[se], f"{label} has a {onnx_type_name(se)} scale"))
         elif se is not None and se != onnx.TensorProto.FLOAT:
-            reqs.append((24, f"{label} has a {type_name(se)} scale"))
+            reqs.append((24, f"{label} has a {onnx_type_name(se)} scale"))
         st = consts.tensor(s) if s else None
         if st is not None and len(st.dims) == 1 and st.dims[0] > 1:
             reqs.append((13, f"{label} is per-axis"))
@@ -92,7 +94,7 @@ def required_opset(model: ModelProto) -> tuple[int, str]:
             continue
         first = _first_version(node.op_type)
         if first is None:
-            raise DtypeError(f"{_node_label(node)}: unknown ai.onnx operator")
+            raise OnnxError(f"{_node_label(node)}: unknown ai.onnx operator")
         if first > best[0]:
             best = (first, f"{_node_label(node)} exists since opset {first}")
     for req in _qdq_requirements(model):
@@ -146,13 +148,13 @@ def changed_operators(model: ModelProto, old: int, new: int) -> list[str]:
 
 def set_opset(model: ModelProto, version: int) -> ModelProto:
     """A copy of ``model`` converted to ai.onnx ``version`` (raising or lowering)."""
-    cur = graph.opset(model)
+    cur = opset(model)
     if cur is None or cur == version:
         return graph.copy_model(model)
     if version < cur:
         blockers = lowering_blockers(model, version)
         if blockers:
-            raise DtypeError(f"cannot lower ai.onnx opset {cur} to {version}: "
+            raise OnnxError(f"cannot lower ai.onnx opset {cur} to {version}: "
                              + "; ".join(blockers[:5]))
     from onnx import version_converter
 
@@ -161,7 +163,7 @@ def set_opset(model: ModelProto, version: int) -> ModelProto:
     except Exception as e:
         changed = changed_operators(model, cur, version)
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DtypeError(f"cannot convert ai.onnx opset {cur} to {version}; operators whose "
+        raise OnnxError(f"cannot convert ai.onnx opset {cur} to {version}; operators whose "
                          f"definition changed in between: {', '.join(changed) or 'none'} "
                          f"(onnx version converter: {reason})") from None
     converted.ir_version = max(converted.ir_version, model.ir_version)
@@ -184,7 +186,7 @@ def required_ir(model: ModelProto) -> tuple[int, str]:
     def tensor_type(tp, where: str) -> None:
         if tp.HasField("tensor_type"):
             e = tp.tensor_type.elem_type
-            need(type_min_ir(e), f"{where} has type {type_name(e)}")
+            need(type_min_ir(e), f"{where} has type {onnx_type_name(e)}")
         elif tp.HasField("sequence_type"):
             tensor_type(tp.sequence_type.elem_type, where)
         elif tp.HasField("optional_type"):
@@ -198,7 +200,7 @@ def required_ir(model: ModelProto) -> tuple[int, str]:
             tensor_type(vi.type, f"value {vi.name!r}")
         for t in g.initializer:
             need(type_min_ir(t.data_type), f"initializer {t.name!r} has type "
-                                           f"{type_name(t.data_type)}")
+                                           f"{onnx_type_name(t.data_type)}")
         if len(g.metadata_props):
             need(10, "a graph has metadata_props")
         for n in g.node:
@@ -211,10 +213,10 @@ def required_ir(model: ModelProto) -> tuple[int, str]:
             for a in n.attribute:
                 if a.type == onnx.AttributeProto.TENSOR:
                     need(type_min_ir(a.t.data_type), f"{_node_label(n)} attribute {a.name} "
-                                                     f"has type {type_name(a.t.data_type)}")
+                                                     f"has type {onnx_type_name(a.t.data_type)}")
                 if a.name in ("to", "output_dtype") and a.type == onnx.AttributeProto.INT:
                     need(type_min_ir(a.i), f"{_node_label(n)} attribute {a.name}="
-                                           f"{type_name(a.i)}")
+                                           f"{onnx_type_name(a.i)}")
     if len(model.functions):
         need(8, "the model has local functions")
     if len(getattr(model, "configuration", [])):
@@ -230,7 +232,7 @@ def _check_other_domains(model: ModelProto, target: DtypeTarget) -> None:
         if lim is not None and o.version > lim:
             users = [n for n in graph.walk_nodes(model) if n.domain == o.domain]
             who = f"; used by {_node_label(users[0])}" if users else ""
-            raise DtypeError(f"opset {o.domain} {o.version} is newer than the "
+            raise OnnxError(f"opset {o.domain} {o.version} is newer than the "
                              f"{lim} target {target.name!r} loads{who}")
 
 
@@ -238,18 +240,18 @@ def make_loadable(model: ModelProto, target: DtypeTarget | str) -> ModelProto:
     """A copy of ``model`` that ``target`` loads: ai.onnx opset lowered to the target's
     limit where legal, IR version set within [what the model needs, the target's limit].
 
-    Raises DtypeError naming the blocking operator, type or field when that is impossible.
+    Raises OnnxError naming the blocking operator, type or field when that is impossible.
     """
     target = get_target(target)
     m = graph.copy_model(model)
     limit = target.opset_limit("")
-    cur = graph.opset(m)
+    cur = opset(m)
     if cur is not None and cur > limit:
         try:
             m = set_opset(m, limit)
-        except DtypeError as e:
-            raise DtypeError(f"target {target.name!r} loads ai.onnx opset <= {limit}: "
-                             f"{e}") from None
+        except OnnxError as e:
+            raise OnnxError(f"target {target.name!r} loads ai.onnx opset <= {limit}: "
+                             f"{e.message}") from None
     _check_other_domains(m, target)
     from .forms import check_target_types
     from .qdq import find_qdq
@@ -258,10 +260,9 @@ def make_loadable(model: ModelProto, target: DtypeTarget | str) -> ModelProto:
     need, why = required_ir(m)
     ir_limit = target.ir_limit()
     if need > ir_limit:
-        raise DtypeError(f"target {target.name!r} loads IR version <= {ir_limit}, but {why} "
+        raise OnnxError(f"target {target.name!r} loads IR version <= {ir_limit}, but {why} "
                          f"(needs IR {need})")
-    opset_ir = onnx.helper.find_min_ir_version_for(list(m.opset_import), True)
-    m.ir_version = min(ir_limit, max(m.ir_version, need, opset_ir))
+    m.ir_version = min(ir_limit, max(m.ir_version, need, min_ir_version(m)))
     return m
 
 
@@ -270,7 +271,7 @@ def check_loadable(path: str | Path, target: DtypeTarget | str, input_dims: dict
     """Check that the model at ``path`` loads (and runs, if ``run``) in ``target``.
 
     Checks the IR / opset limits, onnx's full checker, then, for onnxruntime and onnx-reference
-    targets, a load and one run on deterministic synthetic inputs. Raises DtypeError with one
+    targets, a load and one run on deterministic synthetic inputs. Raises OnnxError with one
     clear message; returns {"target", "ir_version", "opset", "runtime", "ran", "outputs"}.
     """
     from .validate import full_check, run_onnxruntime, run_reference, synthetic_feeds
@@ -280,11 +281,11 @@ def check_loadable(path: str | Path, target: DtypeTarget | str, input_dims: dict
     m = onnx.load(str(path))
     ir_limit, op_limit = target.ir_limit(), target.opset_limit("")
     if m.ir_version > ir_limit:
-        raise DtypeError(f"{path.name}: IR version {m.ir_version} is newer than the "
+        raise OnnxError(f"{path.name}: IR version {m.ir_version} is newer than the "
                          f"{ir_limit} target {target.name!r} loads")
-    cur = graph.opset(m)
+    cur = opset(m)
     if cur is not None and cur > op_limit:
-        raise DtypeError(f"{path.name}: ai.onnx opset {cur} is newer than the {op_limit} "
+        raise OnnxError(f"{path.name}: ai.onnx opset {cur} is newer than the {op_limit} "
                          f"target {target.name!r} loads")
     _check_other_domains(m, target)
     full_check(m, path.name)

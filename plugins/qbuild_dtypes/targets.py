@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from .errors import DtypeError
+from qbuild_onnx_common.errors import OnnxError
 
 FORMS = ("output_dtype", "zero_point")
 RUNTIMES = ("onnxruntime", "onnx-reference", None)
@@ -52,12 +52,12 @@ class DtypeTarget:
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
-            raise DtypeError("dtype target: name must be a non-empty string")
+            raise OnnxError("dtype target: name must be a non-empty string")
         if self.runtime not in RUNTIMES:
-            raise DtypeError(f"dtype target {self.name!r}: runtime must be one of "
+            raise OnnxError(f"dtype target {self.name!r}: runtime must be one of "
                              f"{RUNTIMES}, got {self.runtime!r}")
         if self.preferred_form not in FORMS:
-            raise DtypeError(f"dtype target {self.name!r}: preferred_form must be one of "
+            raise OnnxError(f"dtype target {self.name!r}: preferred_form must be one of "
                              f"{FORMS}")
 
     def opset_limit(self, domain: str = "") -> int | None:
@@ -163,8 +163,8 @@ def _coerce(obj, source: str) -> DtypeTarget:
         try:
             return DtypeTarget(**d)
         except TypeError as e:
-            raise DtypeError(f"dtype target from {source}: {e}") from None
-    raise DtypeError(f"dtype target from {source}: expected a DtypeTarget or a dict, "
+            raise OnnxError(f"dtype target from {source}: {e}") from None
+    raise OnnxError(f"dtype target from {source}: expected a DtypeTarget or a dict, "
                      f"got {type(obj).__name__}")
 
 
@@ -180,7 +180,7 @@ def collect_targets(pluginmanager=None, extra=()) -> dict[str, DtypeTarget]:
     for obj in contributed:
         t = _coerce(obj, "qbuild_dtype_targets")
         if t.name in found and found[t.name] != t:
-            raise DtypeError(f"dtype target {t.name!r} is defined twice")
+            raise OnnxError(f"dtype target {t.name!r} is defined twice")
         found[t.name] = t
     return dict(sorted(found.items()))
 
@@ -191,5 +191,5 @@ def get_target(name: str | DtypeTarget, pluginmanager=None, extra=()) -> DtypeTa
         return resolve_measured(name)
     known = collect_targets(pluginmanager, extra)
     if name not in known:
-        raise DtypeError(f"unknown dtype target {name!r}; known: {', '.join(known)}")
+        raise OnnxError(f"unknown dtype target {name!r}; known: {', '.join(known)}")
     return resolve_measured(known[name])

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import ModelProto
-
-from .errors import DtypeError
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.ort import session, short_message
 
 _NP_OF = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
           onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
@@ -27,7 +27,7 @@ def full_check(model: ModelProto, where: str = "model") -> None:
         onnx.checker.check_model(model, full_check=True)
     except Exception as e:  # checker / inference errors have several types
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DtypeError(f"{where}: onnx checker (full_check) failed: {first}") from None
+        raise OnnxError(f"{where}: onnx checker (full_check) failed: {first}") from None
 
 
 def synthetic_feeds(model: ModelProto, dims: dict | None = None, seed: int = 0) -> dict:
@@ -44,7 +44,7 @@ def synthetic_feeds(model: ModelProto, dims: dict | None = None, seed: int = 0) 
             continue
         tt = vi.type.tensor_type
         if tt.elem_type not in _NP_OF:
-            raise DtypeError(f"input {vi.name!r}: cannot synthesize values of type "
+            raise OnnxError(f"input {vi.name!r}: cannot synthesize values of type "
                              f"{onnx.TensorProto.DataType.Name(tt.elem_type)}")
         shape = []
         for d in tt.shape.dim:
@@ -60,39 +60,14 @@ def synthetic_feeds(model: ModelProto, dims: dict | None = None, seed: int = 0) 
     return feeds
 
 
-def ort_session(model_path: str | Path, optimized_path: str | Path | None = None):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    if optimized_path is not None:
-        so.optimized_model_filepath = str(optimized_path)
-    try:
-        return ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise DtypeError(f"{Path(model_path).name}: onnxruntime cannot load the model: "
-                         f"{_short(e)}") from None
-
-
-def _short(e: Exception) -> str:
-    msg = str(e).strip()
-    # onnxruntime prefixes messages with a long source location; keep the tail.
-    if " : " in msg:
-        msg = msg.split(" : ")[-1]
-    return msg.splitlines()[0][:400] if msg else type(e).__name__
-
-
 def run_onnxruntime(model_path: str | Path, feeds: dict,
                     optimized_path: str | Path | None = None) -> list[np.ndarray]:
-    sess = ort_session(model_path, optimized_path)
+    sess = session(model_path, optimized_path=optimized_path)
     try:
         return sess.run(None, feeds)
     except Exception as e:
-        raise DtypeError(f"{Path(model_path).name}: onnxruntime failed to run the model: "
-                         f"{_short(e)}") from None
+        raise OnnxError(f"{Path(model_path).name}: onnxruntime failed to run the model: "
+                         f"{short_message(e)}") from None
 
 
 def run_reference(model: ModelProto, feeds: dict, where: str = "model") -> list[np.ndarray]:
@@ -101,13 +76,13 @@ def run_reference(model: ModelProto, feeds: dict, where: str = "model") -> list[
     try:
         return ReferenceEvaluator(model).run(None, feeds)
     except Exception as e:
-        raise DtypeError(f"{where}: onnx reference evaluator failed: {_short(e)}") from None
+        raise OnnxError(f"{where}: onnx reference evaluator failed: {short_message(e)}") from None
 
 
 def fused_op_counts(model_path: str | Path, scratch: str | Path) -> dict[str, int]:
     """Op types of the graph onnxruntime actually runs after its optimizations (counted)."""
     opt = Path(scratch) / (Path(model_path).stem + ".ort_optimized.onnx")
-    ort_session(model_path, opt)
+    session(model_path, optimized_path=opt)
     m = onnx.load(str(opt), load_external_data=False)
     counts = Counter(n.op_type for n in m.graph.node)
     try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from qbuild_onnx_common.graph import attr
 
 BIG = 2**30  # an end at or beyond this is "to the end of the axis"
 
@@ -77,7 +78,7 @@ def focus_space_to_depth(nodes: list, model: onnx.ModelProto, fresh, const,
     for cat in nodes:
         if cat.op_type != "Concat" or len(cat.input) != 4:
             continue
-        axis = next((a.i for a in cat.attribute if a.name == "axis"), None)
+        axis = attr(cat, "axis")
         if axis not in (1, -3):
             continue
         qs = [producer.get(t) for t in cat.input]

@@ -14,38 +14,36 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.ort import session
 
-from .graph import Graph, LowerError
+from .graph import Graph
 from .groups import is_dq
 
 
-def session(model, threads: int = 1):
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = max(1, threads)  # never all cores: -j actions share them
-    so.inter_op_num_threads = 1
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-
-
-def load_dataset(path: Path, max_samples: int | None = None) -> list[dict]:
-    """Read a qbuild dataset directory into a list of feeds (batch of 1 each)."""
+def load_dataset(path: Path, max_samples: int | None = None,
+                 model: onnx.ModelProto | None = None) -> list[dict]:
+    """Read a qbuild dataset directory into a list of feeds (batch of 1 each). With the
+    ``model``, an array one rank higher than its input holds whole inputs (streaming
+    states, scalars), as ``calibrate`` feeds it."""
     meta_path = Path(path) / "dataset.json"
     try:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as e:
-        raise LowerError(f"{meta_path}: cannot read dataset metadata ({e})") from e
+        raise OnnxError(f"{meta_path}: cannot read dataset metadata ({e})") from e
     if meta.get("format") != "qbuild-dataset":
-        raise LowerError(f"{meta_path}: not a qbuild-dataset (format={meta.get('format')!r})")
+        raise OnnxError(f"{meta_path}: not a qbuild-dataset (format={meta.get('format')!r})")
     arrays = {}
     for name, spec in sorted(meta.get("inputs", {}).items()):
         arrays[name] = np.load(Path(path) / spec["file"], mmap_mode="r")
     n = int(meta.get("count", min(len(a) for a in arrays.values())))
     if max_samples:
         n = min(n, max_samples)
-    return [{k: np.ascontiguousarray(a[i:i + 1]) for k, a in arrays.items()} for i in range(n)]
+    ranks = {} if model is None else {
+        vi.name: len(vi.type.tensor_type.shape.dim) for vi in model.graph.input}
+    whole = {k for k, a in arrays.items() if k in ranks and a.ndim == ranks[k] + 1}
+    return [{k: np.array(a[i]) if k in whole else np.ascontiguousarray(a[i:i + 1])
+             for k, a in arrays.items()} for i in range(n)]
 
 
 def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict]:
@@ -62,7 +60,7 @@ def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[d
         q = next((g.nodes[u] for u in g.consumers.get(vi.name, [])
                   if g.nodes[u].op_type == "QuantizeLinear"), None)
         if q is None:
-            raise LowerError(f"input {vi.name!r} has no QuantizeLinear: cannot synthesize data")
+            raise OnnxError(f"input {vi.name!r} has no QuantizeLinear: cannot synthesize data")
         qp = g.qparams(q)
         info = np.iinfo(qp.dtype)
         s, z = float(qp.scale.ravel()[0]), int(qp.zero_point.ravel()[0])

@@ -14,10 +14,11 @@ from collections import Counter
 
 import onnx
 from onnx import helper
+from qbuild_onnx_common.errors import OnnxError
 
 from .chains import focus_space_to_depth
 from .emit import Builder
-from .graph import Graph, LowerError, toposort
+from .graph import Graph, toposort
 from .groups import UNSUPPORTED_OP, Unsupported, analyze, is_dq, is_q
 
 MODES = ("ort", "fixed_point")
@@ -30,9 +31,9 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
     (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``fixedpoint``). ``tables``
     (ort only): how element-wise regions are realized (``fuse.FORMS``)."""
     if mode not in MODES:
-        raise LowerError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise OnnxError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if rounding not in ROUNDINGS:
-        raise LowerError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
+        raise OnnxError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
     if mode == "ort":
         from .lower_ort import handler
     else:
@@ -40,7 +41,7 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
 
     g = Graph.from_model(model)
     if not any(is_q(n) for n in g.nodes) or not any(is_dq(n) for n in g.nodes):
-        raise LowerError("the model has no QuantizeLinear/DequantizeLinear nodes: not a QDQ model")
+        raise OnnxError("the model has no QuantizeLinear/DequantizeLinear nodes: not a QDQ model")
     b = Builder(g, mode)
     b.rounding = rounding
     if mode == "fixed_point":

@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from qbuild_onnx_common.graph import attr, attrs, opset
 
 from . import fixedpoint as fp
-from .graph import Graph, attr, opset_of
+from .graph import Graph
 from .groups import SCALE_MISMATCH, Group, Unsupported, need_act, same_params
 
 #: Ops that only move or select elements: they run on the quantized codes unchanged when
@@ -86,10 +87,6 @@ class Builder:
         return self.fresh(base)
 
 
-def copy_attrs(node, skip=()) -> dict:
-    return {a.name: helper.get_attribute_value(a) for a in node.attribute if a.name not in skip}
-
-
 def lower_data_movement(grp: Group, b: Builder) -> list[str]:
     """The op itself, on the quantized codes (scale and zero point unchanged)."""
     n = grp.node
@@ -116,7 +113,7 @@ def lower_data_movement(grp: Group, b: Builder) -> list[str]:
     if n.op_type == "MaxPool" and float(ref.scale.ravel()[0]) <= 0:
         raise Unsupported("MaxPool on a non-positive scale", SCALE_MISMATCH)
     b.node(n.op_type, inputs, [o.q for o in grp.outs], n.name or n.op_type,
-           domain=n.domain, **copy_attrs(n))
+           domain=n.domain, **attrs(n))
     return [n.op_type]
 
 
@@ -171,7 +168,7 @@ def gather_codes(b: Builder, x, table: str, out: str, name: str) -> list[str]:
                f"{name}_offset")
         idx = shifted
         ops.append("Add")
-    if opset_of(b.g.model) < 11:
+    if opset(b.g.model, default=0) < 11:
         b.node("Gather", [table, idx], [out], f"{name}_lut", axis=0)
         return ops + ["Gather"]
     flat, got, shape = (b.tmp(f"{name}_{s}") for s in ("flat", "lut", "shape"))
@@ -265,7 +262,7 @@ def _float32_rounding(b: Builder, t1: str, t2: str, r0: str, shift, shaped, base
         b.node("Div", [t[f"k{side}"], c("i64_512", np.array(512, np.int64))], [t[f"w{side}"]],
                f"{base}_w{side}")
     b.node("Sub", [c(f"{base}_pow2", pow2), t["rem"]], [t["gap"]], f"{base}_gap")
-    if opset_of(b.g.model) >= 12:
+    if opset(b.g.model, default=0) >= 12:
         b.node("LessOrEqual", [t["rem"], t["wlo"]], [t["down"]], f"{base}_down")
         b.node("LessOrEqual", [t["gap"], t["whi"]], [t["up"]], f"{base}_up")
         cmp_ops = ["LessOrEqual", "LessOrEqual"]

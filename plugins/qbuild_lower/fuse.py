@@ -26,9 +26,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from qbuild_onnx_common.errors import OnnxError
 
 from .emit import Builder, gather_codes
-from .graph import Graph, LowerError
+from .graph import Graph
 from .groups import is_dq, is_q
 from .regions import Region, find_regions
 
@@ -132,7 +133,7 @@ def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
     (fixed-point mode lowers the others node by node); ``record(x_qparams, export,
     y_qparams, table initializer name, op types)`` is called for every table emitted."""
     if form not in FORMS:
-        raise LowerError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
+        raise OnnxError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
     from .lut import region_tables
 
     regions = find_regions(g)

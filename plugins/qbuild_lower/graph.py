@@ -13,12 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnx
 from onnx import numpy_helper
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import attr
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
-
-
-class LowerError(ValueError):
-    """Bad input to the lowering (mapped to ``qbuild.RuleError`` by the rule)."""
 
 
 @dataclass
@@ -79,7 +77,7 @@ class Graph:
             for t in n.output:
                 if t:
                     if t in g.producer:
-                        raise LowerError(f"tensor {t!r} is produced by two nodes")
+                        raise OnnxError(f"tensor {t!r} is produced by two nodes")
                     g.producer[t] = i
             for t in n.input:
                 if t:
@@ -107,41 +105,24 @@ class Graph:
         scale_name = node.input[1]
         zp_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
         if not self.is_const(scale_name) or (zp_name and not self.is_const(zp_name)):
-            raise LowerError(
+            raise OnnxError(
                 f"{node.op_type} {node.name!r}: scale/zero point must be initializers"
             )
         scale = self.array(scale_name).astype(np.float32)
         if zp_name:
             zp = self.array(zp_name)
         else:
-            to = _attr(node, "output_dtype", 0)
+            to = attr(node, "output_dtype", 0)
             zp = np.zeros(scale.shape, _ONNX_TO_NP.get(to, np.uint8))
         axis = None
         if scale.size > 1:
-            axis = _attr(node, "axis", 1)
-        if _attr(node, "block_size", 0):
-            raise LowerError(f"{node.op_type} {node.name!r}: blocked quantization")
+            axis = attr(node, "axis", 1)
+        if attr(node, "block_size", 0):
+            raise OnnxError(f"{node.op_type} {node.name!r}: blocked quantization")
         return QParams(scale, zp, axis, scale_name, zp_name)
 
 
 _ONNX_TO_NP = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8}
-
-
-def _attr(node, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
-attr = _attr
-
-
-def opset_of(model: onnx.ModelProto, domain: str = "") -> int:
-    for o in model.opset_import:
-        if o.domain == domain or (domain == "" and o.domain == "ai.onnx"):
-            return o.version
-    return 0
 
 
 def toposort(nodes: list, graph_inputs: set) -> list:
@@ -172,5 +153,5 @@ def toposort(nodes: list, graph_inputs: set) -> list:
             if indeg[u] == 0:
                 heapq.heappush(ready, u)
     if len(order) != len(nodes):
-        raise LowerError("lowered graph has a cycle")
+        raise OnnxError("lowered graph has a cycle")
     return [nodes[i] for i in order]

@@ -63,7 +63,7 @@ class Group:
     outs: list
 
     def attr(self, name, default=None):
-        from .graph import attr
+        from qbuild_onnx_common.graph import attr
 
         return attr(self.node, name, default)
 

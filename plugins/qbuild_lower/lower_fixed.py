@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.graph import attrs, opset
 
 from . import fixedpoint as fp
 from .emit import (
@@ -18,13 +19,12 @@ from .emit import (
     LUT_OPS,
     Builder,
     bias_codes,
-    copy_attrs,
     gather_codes,
     lower_data_movement,
     lower_lut,
     requant_tail,
 )
-from .graph import Graph, opset_of
+from .graph import Graph
 from .groups import DTYPE, RANGE, UNSUPPORTED_OP, Group, Unsupported, need_act
 
 I64 = onnx.TensorProto.INT64
@@ -285,7 +285,7 @@ def conv(grp: Group, b: Builder):
     if int(wz[0]) != 0:
         ins.append(b.const(f"{name}_wzp", np.array(wz[0], dtype=w.qp.dtype)))
     acc, acc64, prod = b.tmp(f"{name}_acc"), b.tmp(f"{name}_acc64"), b.tmp(f"{name}_prod")
-    b.node("ConvInteger", ins, [acc], name, **copy_attrs(grp.node))
+    b.node("ConvInteger", ins, [acc], name, **attrs(grp.node))
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     shape = (cout,) + (1,) * (wv.ndim - 2)
     acc64, acc_ops, folded_bias = _accumulator(b, acc64, bias, shape, bound, round_acc, name)
@@ -581,13 +581,13 @@ def average_pool(grp: Group, b: Builder):
     name = n.name or "AveragePool"
     ones = b.const(f"{name}_ones", np.ones([c, 1, *k], dtype=np.uint8))
     acc, acc64, prod = b.tmp(f"{name}_sum"), b.tmp(f"{name}_sum64"), b.tmp(f"{name}_prod")
-    attrs = {
+    kw = {
         a: grp.attr(a)
         for a in ("strides", "pads", "dilations", "auto_pad")
         if grp.attr(a) is not None
     }
     b.node(
-        "ConvInteger", [x.q, ones, _zp_name(b, x.qp)], [acc], name, group=c, kernel_shape=k, **attrs
+        "ConvInteger", [x.q, ones, _zp_name(b, x.qp)], [acc], name, group=c, kernel_shape=k, **kw
     )
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     b.node("Mul", [acc64, b.const(f"{name}_m0", np.array(mm.m0, np.int64))], [prod], f"{name}_m0")
@@ -619,7 +619,7 @@ def global_average_pool(grp: Group, b: Builder):
     axes = list(range(2, len(shape)))
     c32, s, s64, prod = (b.tmp(f"{name}_{t}") for t in ("i32", "sum", "sum64", "prod"))
     b.node("Cast", [x.q], [c32], f"{name}_cast32", to=onnx.TensorProto.INT32)
-    if opset_of(b.g.model) >= 13:
+    if opset(b.g.model, default=0) >= 13:
         b.node(
             "ReduceSum",
             [c32, b.const(f"{name}_axes", np.array(axes, np.int64))],

@@ -8,9 +8,9 @@ and 8-bit initializers as those operators expect; no float tensor flows between 
 from __future__ import annotations
 
 import numpy as np
+from qbuild_onnx_common.graph import opset
 
 from .emit import DATA_MOVEMENT, LUT_OPS, Builder, bias_codes, lower_data_movement, lower_lut
-from .graph import opset_of
 from .groups import DTYPE, UNSUPPORTED_OP, Group, Unsupported, need_act
 
 MS = "com.microsoft"
@@ -43,9 +43,9 @@ def conv(grp: Group, b: Builder):
     ins = [x.q, *_sz(b, x.qp), w.q, *_sz(b, w.qp), *_sz(b, out.qp)]
     if bias is not None:
         ins.append(b.const(f"{grp.node.name or 'conv'}_bias_i32", bias))
-    from .emit import copy_attrs
+    from qbuild_onnx_common.graph import attrs
 
-    b.node("QLinearConv", ins, [out.q], grp.node.name or "QLinearConv", **copy_attrs(grp.node))
+    b.node("QLinearConv", ins, [out.q], grp.node.name or "QLinearConv", **attrs(grp.node))
     return ["QLinearConv"]
 
 
@@ -108,19 +108,19 @@ def unary(op: str, **fixed):
     def lower(grp: Group, b: Builder):
         x = need_act(grp.ins[0], f"{grp.node.op_type} input", const_ok=False)
         out = grp.outs[0]
-        attrs = dict(fixed)
+        kw = dict(fixed)
         n = grp.node
         if n.op_type == "LeakyRelu":
-            attrs["alpha"] = float(grp.attr("alpha", 0.01))
+            kw["alpha"] = float(grp.attr("alpha", 0.01))
         if n.op_type == "AveragePool":
-            from .emit import copy_attrs
+            from qbuild_onnx_common.graph import attrs
 
-            attrs.update(copy_attrs(n))
+            kw.update(attrs(n))
         if n.op_type == "Softmax":
-            attrs["axis"] = int(grp.attr("axis", -1))
-            attrs["opset"] = opset_of(b.g.model)
+            kw["axis"] = int(grp.attr("axis", -1))
+            kw["opset"] = opset(b.g.model, default=0)
         b.node(op, [x.q, *_sz(b, x.qp), *_sz(b, out.qp)], [out.q], n.name or op, domain=MS,
-               **attrs)
+               **kw)
         return [op]
 
     return lower

@@ -22,8 +22,10 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from qbuild_onnx_common.graph import attrs, opset
+from qbuild_onnx_common.ort import session
 
-from .graph import Graph, opset_of
+from .graph import Graph
 from .groups import is_dq
 
 _NP_TO_ONNX = {np.dtype(np.uint8): onnx.TensorProto.UINT8, np.dtype(np.int8): onnx.TensorProto.INT8}
@@ -33,7 +35,6 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
     """``requests``: [(table name, Group, kind)] -> {table name: output codes}."""
     if not requests:
         return {}
-    import onnxruntime as ort
 
     nodes, inputs, outputs, inits, feeds, seen = [], [], [], [], {}, set()
     picks = {}
@@ -83,7 +84,7 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
             un = ugrp.node
             nodes.append(helper.make_node(
                 un.op_type, uargs, [f"uy{k}"], domain=un.domain,
-                **{a.name: helper.get_attribute_value(a) for a in un.attribute}))
+                **attrs(un)))
             uo, fx = ugrp.outs[0], grp.ins[j]
             init(f"us{k}", uo.qp.scale.reshape(()))
             init(f"uz{k}", uo.qp.zero_point.reshape(()))
@@ -102,25 +103,18 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
             size = 256 * len(args)
             j = kind[1]
             picks[table] = (k, slice(256 * j, 256 * (j + 1)))
-        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
-        if kind[0] == "concat":
-            attrs = {"axis": 0}
-        nodes.append(helper.make_node(n.op_type, args, [y], domain=n.domain, **attrs))
+        kept = {"axis": 0} if kind[0] == "concat" else attrs(n)
+        nodes.append(helper.make_node(n.op_type, args, [y], domain=n.domain, **kept))
         init(f"ys{k}", out.qp.scale.reshape(()))
         init(f"yz{k}", out.qp.zero_point.reshape(()))
         nodes.append(helper.make_node("QuantizeLinear", [y, f"ys{k}", f"yz{k}"], [yq]))
         outputs.append(helper.make_tensor_value_info(yq, _NP_TO_ONNX[out.qp.dtype], [size]))
     model = helper.make_model(
         helper.make_graph(nodes, "lut", inputs, outputs, inits),
-        opset_imports=[helper.make_opsetid("", max(opset_of(g.model), 13))],
+        opset_imports=[helper.make_opsetid("", max(opset(g.model, default=0), 13))],
         ir_version=min(g.model.ir_version or 8, 10),
     )
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = 1  # the one core the rule is granted (Rule.cpu)
-    so.inter_op_num_threads = 1
-    sess = ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    sess = session(model)  # the one core the rule is granted (Rule.cpu)
     res = sess.run(None, feeds)
     return {table: np.ascontiguousarray(res[k][sl]) for table, (k, sl) in picks.items()}
 
@@ -146,10 +140,10 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
     codes}})."""
     if not regions:
         return {}, {}
-    import onnxruntime as ort
 
     nodes, inputs, outputs, inits, feeds, seen = [], [], [], [], {}, set()
     probes: dict = {}
+    added: set[int] = set()
 
     def init(name):
         if name and name in g.inits and name not in seen:
@@ -163,6 +157,9 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
         feeds[reg.root] = _codes(xqp.dtype)
         inputs.append(helper.make_tensor_value_info(reg.root, _NP_TO_ONNX[xqp.dtype], [256]))
         for i in reg.members:
+            if i in added:  # a constant's DequantizeLinear can sit in two regions
+                continue
+            added.add(i)
             n = g.nodes[i]
             for t in n.input:
                 init(t)
@@ -180,21 +177,18 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
             for k, (op, alpha) in enumerate(
                     list(LOOKUP_OPS) + [("QLinearLeakyRelu", a) for a in sorted(alphas)]):
                 out = f"{y}__probe{k}"
-                attrs = {} if alpha is None else {"alpha": alpha}
+                extra = {} if alpha is None else {"alpha": alpha}
                 nodes.append(helper.make_node(op, [reg.root, dq.input[1], xz, q.input[1], yz],
-                                              [out], domain="com.microsoft", **attrs))
+                                              [out], domain="com.microsoft", **extra))
                 outputs.append(helper.make_tensor_value_info(out, _NP_TO_ONNX[yqp.dtype], None))
                 probes.setdefault(y, {})[(op, alpha)] = out
     model = helper.make_model(
         helper.make_graph(nodes, "region_tables", inputs, outputs, inits),
-        opset_imports=[helper.make_opsetid("", max(opset_of(g.model), 13)),
+        opset_imports=[helper.make_opsetid("", max(opset(g.model, default=0), 13)),
                        helper.make_opsetid("com.microsoft", 1)],
         ir_version=min(g.model.ir_version or 8, 10),
     )
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so,
-                                providers=["CPUExecutionProvider"])
+    sess = session(model)
     names = [o.name for o in outputs]
     res = dict(zip(names, sess.run(names, feeds)))
     tables = {y: np.ascontiguousarray(res[y]).ravel() for reg in regions for y in reg.exports}

@@ -3,7 +3,8 @@
 Owns two measurements of onnxruntime CPU sessions, both with a stated thread count:
 
 * ``interleaved_latency``: several models timed in turn, run after run, in one process
-  after warm-ups, so that load from other processes hits every model alike. Reports per
+  after warm-ups (``qbuild_onnx_common.latency``), so that load from other processes hits
+  every model alike. Reports per
   model the median, the quartiles and the relative spread, flags noisy measurements, and
   gives each model's speed-up against a reference model from the ratio of medians.
 * ``op_profile``: onnxruntime's own profiler (``enable_profiling``) over a few runs,
@@ -21,38 +22,11 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
-#: A measurement whose interquartile range exceeds this share of its median is "noisy".
-NOISY_SPREAD = 0.10
-
-
-def session(model, threads: int, profile_prefix: str | None = None):
-    """A CPU session with ``threads`` intra-op threads (inter-op 1, sequential)."""
-    import onnx
-    import onnxruntime as ort
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    if profile_prefix:
-        so.enable_profiling = True
-        so.profile_file_prefix = profile_prefix
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-
-
-def _summary(times_ms: list[float]) -> dict:
-    q = statistics.quantiles(times_ms, n=4) if len(times_ms) > 1 else [times_ms[0]] * 3
-    med = statistics.median(times_ms)
-    spread = (q[2] - q[0]) / med if med else 0.0
-    return {"median_ms": round(med, 4), "q1_ms": round(q[0], 4), "q3_ms": round(q[2], 4),
-            "min_ms": round(min(times_ms), 4), "runs": len(times_ms),
-            "spread": round(spread, 4), "noisy": spread > NOISY_SPREAD}
+from qbuild_onnx_common.latency import interleaved_latency_ms
+from qbuild_onnx_common.ort import session
 
 
 def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 30,
@@ -65,18 +39,8 @@ def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 
     median / model median) and ``slower_than_reference``."""
     sessions = {name: session(m, threads) for name, m in models.items()}
     names = list(sessions)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + runs):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            s = sessions[name]
-            t0 = time.perf_counter()
-            s.run(None, feed)
-            dt = (time.perf_counter() - t0) * 1000.0
-            if r >= warmup:
-                times[name].append(dt)
     out = {"threads": threads, "runs": runs, "warmup": warmup, "order": "interleaved",
-           "models": {n: _summary(times[n]) for n in names}}
+           "models": interleaved_latency_ms(sessions, feed, runs, warmup)}
     if reference is not None:
         ref = out["models"][reference]["median_ms"]
         for n in names:
@@ -187,6 +151,7 @@ def macs(model) -> dict:
     import numpy as np
     import onnx
     from onnx import numpy_helper, shape_inference
+    from qbuild_onnx_common.graph import attr
 
     m = shape_inference.infer_shapes(model if isinstance(model, onnx.ModelProto)
                                      else onnx.load(str(model)))
@@ -199,6 +164,7 @@ def macs(model) -> dict:
     producer = {o: n for n in m.graph.node for o in n.output}
 
     def shape(t):
+
         if t in inits:
             return list(inits[t])
         if t in shapes:
@@ -217,7 +183,7 @@ def macs(model) -> dict:
             if not w or not y:
                 unresolved += 1
                 continue
-            group = next((a.i for a in n.attribute if a.name == "group"), 1)
+            group = attr(n, "group", 1)
             k = int(np.prod(w[1:]))
             kind = "conv_depthwise" if group > 1 and w[1] == 1 else (
                 "conv_grouped" if group > 1 else "conv")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from qbuild_onnx_common.graph import opset
 
 #: Per-model image pre-processing: (layout, channel order, value mapping).
 _PREP = {
@@ -64,7 +65,7 @@ def make_qdq(
 
     scratch = Path(scratch or out.parent)
     m = onnx.load(str(model))
-    opset = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
+    version = opset(m)
     src = model
     inits = {t.name for t in m.graph.initializer}
     if any(i.name in inits for i in m.graph.input):
@@ -75,7 +76,7 @@ def make_qdq(
         m.graph.input.extend(keep)
         src = scratch / (out.stem + "_weights_not_inputs.onnx")
         onnx.save(m, str(src))
-    if opset < 13:  # per-channel DequantizeLinear needs `axis` (opset 13)
+    if version < 13:  # per-channel DequantizeLinear needs `axis` (opset 13)
         m = version_converter.convert_version(m, 13)
         src = scratch / (out.stem + "_op13.onnx")
         onnx.save(m, str(src))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
+from qbuild_onnx_common.graph import attr, attrs, opset
 
-from .graph import attr, toposort
+from .graph import toposort
 
 _NP = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8,
        onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT64: np.int64,
@@ -137,7 +138,7 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
     """Execute ``model`` on ``feeds``; returns every graph output."""
     vals = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     vals.update(feeds)
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    version = opset(model)
     inputs = {i.name for i in model.graph.input}
     for n in toposort(list(model.graph.node), inputs):
         ins = [vals[t] if t else None for t in n.input]
@@ -203,14 +204,14 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
             ax = attr(n, "axis", 1)
             out = [ins[0].reshape(int(np.prod(ins[0].shape[:ax])), -1)]
         elif op == "ReduceSum":
-            axes = tuple(ins[1]) if opset >= 13 and len(ins) > 1 else tuple(attr(n, "axes"))
+            axes = tuple(ins[1]) if version >= 13 and len(ins) > 1 else tuple(attr(n, "axes"))
             out = [ins[0].sum(axis=axes, keepdims=bool(attr(n, "keepdims", 1)),
                               dtype=ins[0].dtype)]
         elif op == "MaxPool":
             out = [_maxpool(ins[0], n)]
         elif op == "Resize" and attr(n, "mode", b"nearest") == b"nearest":
             out = [_resize_nearest(ins[0], n, list(n.input), vals)]
-        elif op == "Slice" and opset >= 10:
+        elif op == "Slice" and version >= 10:
             x = ins[0]
             axes = ins[3] if len(ins) > 3 and ins[3] is not None else range(len(ins[1]))
             steps = ins[4] if len(ins) > 4 and ins[4] is not None else [1] * len(ins[1])
@@ -227,7 +228,7 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
             x = x.reshape(nb, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
             out = [x.reshape(nb, c * b * b, h // b, w // b)]
         else:
-            out = _delegate(n, ins, opset)
+            out = _delegate(n, ins, version)
             if stats is not None:
                 stats[op] = stats.get(op, 0) + 1
         for t, v in zip(n.output, out):
@@ -235,12 +236,11 @@ def run(model: onnx.ModelProto, feeds: dict, stats: dict | None = None) -> dict:
     return {o.name: vals[o.name] for o in model.graph.output}
 
 
-def _delegate(n, ins, opset):
+def _delegate(n, ins, version):
     from onnx.reference import ReferenceEvaluator
 
     names = [f"i{k}" for k in range(len(ins))]
     node = helper.make_node(n.op_type, names, [f"o{k}" for k in range(len(n.output))],
-                            domain=n.domain, **{a.name: helper.get_attribute_value(a)
-                                                for a in n.attribute})
-    ev = ReferenceEvaluator(node, opsets={"": opset})
+                            domain=n.domain, **attrs(n))
+    ev = ReferenceEvaluator(node, opsets={"": version})
     return ev.run(None, dict(zip(names, ins)))

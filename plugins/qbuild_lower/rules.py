@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import (
     DatasetInfo,
     OnnxModelInfo,
@@ -18,12 +19,9 @@ from qbuild_onnx_common.providers import (
     model_path,
     onnx_model_info,
 )
+from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import AnalysisContext, Rule, RunContext, attr, dist_version, hookimpl
-
-# Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
-ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
-ONNX_INSTALL = "pip install 'qbuild[onnx]'"
+from qbuild import AnalysisContext, RunContext, attr, hookimpl
 
 REQUANTIZATION = {
     "half_up": "y = clamp(zp + floor((acc*M0 + 2^(shift-1)) / 2^shift))",
@@ -35,10 +33,8 @@ REQUANTIZATION = {
 }
 
 
-class LowerInteger(Rule):
+class LowerInteger(OnnxRule):
     kind = "lower_integer"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 5
     doc = (
         "Lower a QDQ model to integer-only arithmetic. mode=ort emits operators onnxruntime "
@@ -93,10 +89,6 @@ class LowerInteger(Rule):
     def is_reproducible(self, attrs) -> bool:
         return not attrs.get("profile_runs")  # measured timings differ run to run
 
-    def env(self) -> dict[str, str]:
-        return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-                "numpy": dist_version("numpy")}
-
     def analyze(self, ctx: AnalysisContext) -> None:
         a = ctx.attrs
         model = f"{ctx.name}.onnx"
@@ -119,15 +111,14 @@ def lower_integer(ctx: RunContext) -> OnnxModelInfo:
     import onnx
 
     from .driver import lower_model
-    from .graph import LowerError
 
     p = ctx.params
     src_path = _model_path(ctx, ctx.inputs["model"], "the model")
     try:
         lowered, report, params = lower_model(onnx.load(str(src_path)), p["mode"],
                                               p["rounding"], p["tables"])
-    except LowerError as e:
-        raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+    except OnnxError as e:
+        raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
     out = ctx.output(p["model_out"])
     onnx.save(lowered, str(out))
     ctx.output("lowering.json").write_text(json.dumps(report, indent=1, sort_keys=True))
@@ -150,7 +141,6 @@ def check_lowered(ctx: RunContext) -> None:
     import onnx
 
     from .check import compare, load_dataset, synthetic_feeds
-    from .graph import LowerError
 
     p = ctx.params
     src_path = _model_path(ctx, ctx.inputs["model"], p["source"])
@@ -160,13 +150,13 @@ def check_lowered(ctx: RunContext) -> None:
         lowered = onnx.load(str(ctx.inputs[p["model_out"]]))
         n = p["max_samples"] or None
         if ctx.inputs["dataset"] is not None:
-            feeds = load_dataset(_dataset_dir(ctx), n)
+            feeds = load_dataset(_dataset_dir(ctx), n, source)
             inputs = "dataset"
         else:
             feeds, inputs = synthetic_feeds(source, n or 8), "synthetic"
         result = compare(source, lowered, feeds, p["min_agreement"])
-    except LowerError as e:
-        raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+    except OnnxError as e:
+        raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
     result["inputs"] = inputs
     report = {"source": p["source"], **lowering, "check": result}
     if p["profile_runs"] > 0:
@@ -195,10 +185,8 @@ def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
             "unfused_ms": round(sum(u["ms"] or 0.0 for u in unfused), 4)}
 
 
-class FuseLut(Rule):
+class FuseLut(OnnxRule):
     kind = "fuse_lut"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     version = 3
     doc = (
         "On a QDQ model (right after quantize): every chain of element-wise ops between two "
@@ -224,10 +212,6 @@ class FuseLut(Rule):
     }
     outputs = ["{name}.onnx", "report.json"]
 
-    def env(self) -> dict[str, str]:
-        return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
-                "numpy": dist_version("numpy")}
-
     provides = (OnnxModelInfo,)
 
     def analyze(self, ctx: AnalysisContext) -> None:
@@ -245,7 +229,6 @@ def fuse_lut(ctx: RunContext) -> OnnxModelInfo:
 
     from .check import compare
     from .fuse import fuse_model
-    from .graph import LowerError
 
     p = ctx.params
     src_path = _model_path(ctx, ctx.inputs["model"], p["source"])
@@ -254,8 +237,8 @@ def fuse_lut(ctx: RunContext) -> OnnxModelInfo:
         fused, report = fuse_model(source, p["form"])
         feeds, inputs = _feeds(ctx, source)
         result = compare(source, fused, feeds, 0.0)
-    except LowerError as e:
-        raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+    except OnnxError as e:
+        raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
     result["inputs"] = inputs
     report = {"source": p["source"], **report, "check": result}
     out = ctx.output(p["model_out"])
@@ -270,10 +253,8 @@ def fuse_lut(ctx: RunContext) -> OnnxModelInfo:
     return onnx_model_info(out, fused)
 
 
-class Profile(Rule):
+class Profile(OnnxRule):
     kind = "profile"
-    requires = ONNX_REQUIRES
-    install_hint = ONNX_INSTALL
     machine_dependent = True  # measures this machine's kernels
     reproducible = False  # timings
     version = 3
@@ -302,9 +283,6 @@ class Profile(Rule):
         "top": attr.int(default=15, doc="Top nodes listed per model."),
     }
     outputs = ["report.json", "report.md"]
-
-    def env(self) -> dict[str, str]:
-        return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx")}
 
     def validate(self, attrs) -> None:
         from qbuild import ConfigError
@@ -375,11 +353,14 @@ def _dataset_dir(ctx: RunContext):
 
 
 def _feeds(ctx: RunContext, model, count: int | None = None):
+    import onnx
+
     from .check import load_dataset, random_feeds
 
     n = count or ctx.params.get("max_samples") or None
     if ctx.inputs.get("dataset") is not None:
-        return load_dataset(_dataset_dir(ctx), n), "dataset"
+        m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
+        return load_dataset(_dataset_dir(ctx), n, m), "dataset"
     return random_feeds(model, n or 4), "synthetic"
 
 

@@ -33,5 +33,5 @@ def qbuild_dataset_readers() -> dict[str, Callable[..., Any]]:
 def qbuild_eval_tasks() -> dict[str, Callable[..., Any]]:
     """Return evaluation tasks keyed by name (``evaluate``/``sensitivity``/``auto_quantize``
     with ``task = "<name>"``). A task is ``task(ref_outputs, cand_outputs, options) ->
-    dict`` with a numeric ``score`` (higher is better); see ``qbuild_onnx.eval_tasks``.
+    dict`` with a numeric ``score`` (higher is better); see ``qbuild_onnx.accuracy.tasks``.
     Implement it with ``@qbuild.hookimpl(optionalhook=True)``."""

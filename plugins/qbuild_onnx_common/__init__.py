@@ -1,4 +1,9 @@
 """The internal ONNX layer shared by qbuild's ONNX plugins (qbuild_onnx, qbuild_lower,
-qbuild_dtypes). ``providers`` holds the typed providers ONNX rules give and ask for;
-built on qbuild's public API only; onnx is imported only inside the functions that
-read models, so importing the package stays cheap."""
+qbuild_dtypes), built on qbuild's public API only; a library, not a plugin.
+
+``providers`` (the typed providers ONNX rules give and ask for), ``errors`` (the one
+error type), ``rule`` (the ``OnnxRule`` base class), ``graph`` (attributes, opsets, IR
+version, inputs, readers), ``summary`` (model and value descriptions), ``ort``
+(onnxruntime sessions), ``latency`` (fair timing), ``files`` (digests). onnx is imported
+only inside the functions that read models, so importing the package stays cheap.
+"""

@@ -17,8 +17,9 @@ from qbuild import Provider
 class OnnxModelInfo(Provider):
     """An ONNX model: its file (one of the target's outputs) and what it declares.
 
-    ``inputs``/``outputs`` are ``{"name", "type", "shape"}`` tables (shape entries are
-    ints or symbolic names); ``opset`` is the default-domain opset."""
+    ``inputs``/``outputs`` are ``{"name", "dtype", "shape"}`` tables (numpy dtype names
+    such as "float32", as datasets use; shape entries are ints, symbolic names or None);
+    ``opset`` is the default-domain opset."""
 
     model: Path
     opset: int
@@ -61,8 +62,9 @@ class QuantizedModelInfo(Provider):
 
 def model_path(dep: Any) -> Path:
     """The model file of a dependency (a ``qbuild.Dep``): its ``OnnxModelInfo.model``,
-    or, for a rule that predates providers, its single ``.onnx`` output. Raises
-    ValueError saying what it has otherwise."""
+    or, for a third-party rule that predates providers (declares no ``provides``, so
+    analysis could not refuse it), its single ``.onnx`` output. Raises ValueError saying
+    what it has otherwise."""
     if OnnxModelInfo in dep:
         return dep[OnnxModelInfo].model
     files = [f for f in dep.files if f.suffix == ".onnx"]
@@ -82,28 +84,17 @@ def dataset_path(dep: Any) -> Path:
     return dep.files[0]
 
 
-def _value_info(value: Any) -> dict[str, Any]:
-    import onnx
-
-    tensor = value.type.tensor_type
-    shape = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-             for d in tensor.shape.dim]
-    dtype = onnx.helper.tensor_dtype_to_string(tensor.elem_type) if tensor.elem_type else ""
-    return {"name": value.name, "dtype": dtype.removeprefix("TensorProto.").lower(),
-            "shape": shape}
-
-
 def onnx_model_info(path: Path, model: Any = None) -> OnnxModelInfo:
     """``OnnxModelInfo`` of a model file an action wrote (``model``: the loaded
     ``onnx.ModelProto``, when the action has it; else the file is read without its
-    external data)."""
+    external data). Inputs and outputs as ``summary.model_info`` describes them."""
+    from .summary import model_info
+
     if model is None:
         import onnx
 
         model = onnx.load(str(path), load_external_data=False)
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    weights = {t.name for t in model.graph.initializer}
-    return OnnxModelInfo(
-        model=path, opset=int(opset), ir_version=int(model.ir_version),
-        inputs=tuple(_value_info(v) for v in model.graph.input if v.name not in weights),
-        outputs=tuple(_value_info(v) for v in model.graph.output))
+    info = model_info(model)
+    return OnnxModelInfo(model=path, opset=int(info["opset"] or 0),
+                         ir_version=info["ir_version"], inputs=tuple(info["inputs"]),
+                         outputs=tuple(info["outputs"]))

@@ -10,7 +10,7 @@ import onnx
 import pytest
 from qbuild_dtypes import forms, qmath, targets
 from qbuild_dtypes.dtypes import qtensor_values, qtype
-from qbuild_dtypes.graph import attr
+from qbuild_onnx_common.graph import attr
 
 CASES = lib.qdq_cases()
 

@@ -12,7 +12,7 @@ import pytest
 from onnx import TensorProto as T
 from qbuild_dtypes import qmath
 from qbuild_dtypes.dtypes import make_qtensor, qtensor_values, qtype
-from qbuild_dtypes.errors import DtypeError
+from qbuild_onnx_common.errors import OnnxError
 
 
 @pytest.mark.parametrize("name", ["int4", "uint4", "int2", "uint2"])
@@ -32,7 +32,7 @@ def test_sub_byte_packing_matches_onnx(name, count):
 
 
 def test_out_of_range_values_are_refused():
-    with pytest.raises(DtypeError, match="outside the int4 range"):
+    with pytest.raises(OnnxError, match="outside the int4 range"):
         make_qtensor("w", qtype("int4"), np.array([8]))
 
 
@@ -94,16 +94,16 @@ def test_block_size_range_follows_the_spec():
     for b in (3, 4, 5):
         qmath.validate_block_size(6, 2, b, "x")
     for b in (2, 6, 0, -1):
-        with pytest.raises(DtypeError, match="block_size"):
+        with pytest.raises(OnnxError, match="block_size"):
             qmath.validate_block_size(6, 2, b, "x")
     qmath.validate_block_size(16, 1, 32, "x")  # one block longer than the axis is legal
-    with pytest.raises(DtypeError, match="block_size 8 is invalid"):
+    with pytest.raises(OnnxError, match="block_size 8 is invalid"):
         qmath.validate_block_size(16, 1, 8, "x")
 
 
 def test_expand_param_rejects_what_the_reference_accepts():
     # x 2x6, scale 2x2: block_size 6 passes onnx's checker and reference silently.
-    with pytest.raises(DtypeError, match=r"allows \[3, 5\]"):
+    with pytest.raises(OnnxError, match=r"allows \[3, 5\]"):
         qmath.expand_param(np.ones((2, 2)), (2, 6), 1, 6, "DequantizeLinear 'dq'")
 
 
@@ -113,7 +113,7 @@ def test_float8_saturates_and_has_no_zero_point():
     assert list(e4[:3]) == [448, -448, 448]
     e5 = qmath.quantize(x, np.float32(1), None, qtype("float8e5m2"))
     assert list(e5[:3]) == [57344, -57344, 57344]
-    with pytest.raises(DtypeError, match="no zero point"):
+    with pytest.raises(OnnxError, match="no zero point"):
         qmath.choose_params(x[3:], qtype("float8e4m3fn"), None, 0, False, np.float32, "w")
 
 

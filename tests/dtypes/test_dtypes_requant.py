@@ -10,7 +10,7 @@ import onnx
 import pytest
 from qbuild_dtypes import ort_probe, pipeline, qdq, requant, validate
 from qbuild_dtypes.dtypes import qtype
-from qbuild_dtypes.errors import DtypeError
+from qbuild_onnx_common.errors import OnnxError
 
 SILERO = lib.MODELS / "silero_vad_v3.1_transformer.onnx"
 DIMS = {"sequence": 512}
@@ -57,7 +57,7 @@ def test_requantize_qdq_weights(mobilenet_u8, tmp_path, spec):
     # says which, and the target refuses exactly what the installed runtime rejects.
     if spec["dtype"].startswith("float8") and \
             not ort_probe.probe().float8_weights_in_qdq_groups:
-        with pytest.raises(DtypeError, match="FLOAT8E4M3FN weight inside a quantized Conv "
+        with pytest.raises(OnnxError, match="FLOAT8E4M3FN weight inside a quantized Conv "
                                              "group"):
             pipeline.requantize_weights(onnx.load(str(mobilenet_u8)), target,
                                         policy={"Conv": spec})
@@ -107,13 +107,13 @@ def test_float_conv_weights_and_tensor_overrides(tmp_path):
 ])
 def test_policy_errors(policy, tensors, message):
     m = onnx.load(str(lib.MODELS / "mnist.onnx"))
-    with pytest.raises(DtypeError, match=message):
+    with pytest.raises(OnnxError, match=message):
         pipeline.requantize_weights(m, "onnx-reference", policy=policy, tensors=tensors)
 
 
 def test_target_that_cannot_run_the_dtype():
     m = onnx.load(str(lib.MODELS / "mnist.onnx"))
-    with pytest.raises(DtypeError, match="'onnxruntime-cpu' cannot run float4e2m1"):
+    with pytest.raises(OnnxError, match="'onnxruntime-cpu' cannot run float4e2m1"):
         pipeline.requantize_weights(m, "onnxruntime-cpu", policy={"Conv": "float4e2m1"})
 
 

@@ -12,8 +12,9 @@ import pluggy
 import pytest
 from onnx import TensorProto as T
 from qbuild_dtypes import forms, hookspecs, pipeline, qdq, targets, validate
-from qbuild_dtypes.errors import DtypeError
-from qbuild_dtypes.graph import attr
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import attr
+from qbuild_onnx_common.ort import session
 
 FUSED = ("QLinearConv", "QLinearAdd", "QLinearMatMul", "QuantizeLinear", "DequantizeLinear")
 
@@ -69,8 +70,8 @@ def test_onnxruntime_policy_keeps_every_fusion(mobilenet_u8, mobilenet_s8, tmp_p
     # zero points) onnxruntime cannot even create a session (its issue 25526).
     pipeline.retarget_file(mobilenet_s8, tmp_path / "c.onnx", "onnx-reference", "output_dtype",
                            run=False)
-    with pytest.raises(DtypeError, match="output_dtype INT8 does not match y_zero_point"):
-        validate.ort_session(tmp_path / "c.onnx")
+    with pytest.raises(OnnxError, match="output_dtype INT8 does not match y_zero_point"):
+        session(tmp_path / "c.onnx")
 
 
 def _symmetric_int8_conv():
@@ -143,8 +144,8 @@ def _ort_bug_model(with_output_dtype: bool):
 def test_onnxruntime_issue_25526_is_avoided(tmp_path):
     bad = _ort_bug_model(True)
     onnx.save(bad, str(tmp_path / "bad.onnx"))
-    with pytest.raises(DtypeError, match="cannot load"):
-        validate.ort_session(tmp_path / "bad.onnx")
+    with pytest.raises(OnnxError, match="cannot load"):
+        session(tmp_path / "bad.onnx")
     for form in ("output_dtype", "zero_point"):
         out, info = pipeline.retarget(bad, "onnxruntime-cpu", form)
         assert not attr(_q_nodes(out)[0], "output_dtype")
@@ -158,10 +159,10 @@ def test_conflicting_output_dtype_and_zero_point():
     m = _ort_bug_model(True)
     m.graph.node[0].attribute[0].i = T.UINT8
     onnx.checker.check_model(m)  # the plain checker does not see it
-    with pytest.raises(DtypeError, match="output_dtype UINT8 conflicts with zero point 'z' "
+    with pytest.raises(OnnxError, match="output_dtype UINT8 conflicts with zero point 'z' "
                                          "of type INT8"):
         pipeline.retarget(m, "generic", "output_dtype")
-    with pytest.raises(DtypeError, match="full_check"):
+    with pytest.raises(OnnxError, match="full_check"):
         validate.full_check(m)
 
 
@@ -173,7 +174,7 @@ def test_invalid_block_size_is_refused():
                      [H.make_tensor_value_info("y", T.FLOAT, [2, 6])], [x, s])
     m = H.make_model(g, opset_imports=[H.make_opsetid("", 21)])
     onnx.checker.check_model(m, full_check=True)  # onnx accepts it
-    with pytest.raises(DtypeError, match=r"DequantizeLinear 'dq' \(attribute block_size\): "
+    with pytest.raises(OnnxError, match=r"DequantizeLinear 'dq' \(attribute block_size\): "
                                          r"block_size 6 is invalid .* allows \[3, 5\]"):
         pipeline.retarget(m, "onnx-reference", "output_dtype")
 
@@ -185,7 +186,7 @@ def test_float8_with_nonzero_zero_point_is_refused():
     g = H.make_graph([H.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], name="q8")],
                      "g", [], [H.make_tensor_value_info("q", T.FLOAT8E4M3FN, [3])], [x, s, z])
     m = H.make_model(g, opset_imports=[H.make_opsetid("", 21)])
-    with pytest.raises(DtypeError, match="QuantizeLinear 'q8': float8e4m3fn zero point 'z' "
+    with pytest.raises(OnnxError, match="QuantizeLinear 'q8': float8e4m3fn zero point 'z' "
                                          "is not zero"):
         pipeline.retarget(m, "onnx-reference", "zero_point")
 
@@ -214,9 +215,9 @@ def test_plugins_add_targets_and_unexpressible_requests_fail(mobilenet_u8):
     out, info = pipeline.retarget(m, legacy, "auto")
     assert info["form"] == "zero_point" and info["opset_after"] == 15
     # ... the output_dtype form is not.
-    with pytest.raises(DtypeError, match="'legacy-17' cannot express the output_dtype form"):
+    with pytest.raises(OnnxError, match="'legacy-17' cannot express the output_dtype form"):
         pipeline.retarget(m, legacy, "output_dtype")
-    with pytest.raises(DtypeError, match="unknown dtype target 'nope'; known: generic, "
+    with pytest.raises(OnnxError, match="unknown dtype target 'nope'; known: generic, "
                                          "legacy-17"):
         targets.get_target("nope", pm)
 
@@ -228,7 +229,7 @@ def test_target_without_a_kernel_is_refused():
                                   output_dtype=T.FLOAT4E2M1)], "g", [],
                      [H.make_tensor_value_info("q", T.FLOAT4E2M1, [4])], [x, s])
     m = H.make_model(g, opset_imports=[H.make_opsetid("", 23)])
-    with pytest.raises(DtypeError, match="'onnxruntime-cpu' cannot run QuantizeLinear 'fp4' "
+    with pytest.raises(OnnxError, match="'onnxruntime-cpu' cannot run QuantizeLinear 'fp4' "
                                          "with FLOAT4E2M1"):
         pipeline.retarget(m, "onnxruntime-cpu", "output_dtype")
     out, _ = pipeline.retarget(m, "onnx-reference", "zero_point")

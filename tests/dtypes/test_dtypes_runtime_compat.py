@@ -13,7 +13,8 @@ import pytest
 from onnx import TensorProto as T
 from onnx import version_converter
 from qbuild_dtypes import ort_probe, runtime_compat, targets, validate
-from qbuild_dtypes.errors import DtypeError
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.ort import session
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +42,10 @@ def test_probe_matches_what_onnxruntime_loads(tmp_path):
         m.ir_version = version
         onnx.save(m, str(tmp_path / "m.onnx"))
         if loads:
-            validate.ort_session(tmp_path / "m.onnx")
+            session(tmp_path / "m.onnx")
         else:
-            with pytest.raises(DtypeError, match="onnxruntime cannot load"):
-                validate.ort_session(tmp_path / "m.onnx")
+            with pytest.raises(OnnxError, match="onnxruntime cannot load"):
+                session(tmp_path / "m.onnx")
     target = targets.get_target("onnxruntime-cpu")
     assert target.ir_limit() == facts.max_ir and target.opset_limit("") == facts.max_opset[""]
     assert target.float8_weights_in_qdq_groups == facts.float8_weights_in_qdq_groups
@@ -66,11 +67,11 @@ def test_probe_survives_a_damaged_cache_file(tmp_path, monkeypatch):
 def test_onnx_defaults_are_lowered_for_onnxruntime(mobilenet_28, tmp_path):
     facts = ort_probe.probe()
     if facts.max_ir < 14:
-        with pytest.raises(DtypeError, match=f"IR version 14 is newer than the {facts.max_ir}"):
+        with pytest.raises(OnnxError, match=f"IR version 14 is newer than the {facts.max_ir}"):
             runtime_compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
     if facts.max_ir < 14 or facts.max_opset[""] < 28:
-        with pytest.raises(DtypeError, match="onnxruntime cannot load"):
-            validate.ort_session(mobilenet_28)
+        with pytest.raises(OnnxError, match="onnxruntime cannot load"):
+            session(mobilenet_28)
     else:  # this onnxruntime loads onnx's defaults as they are
         runtime_compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
     fixed = runtime_compat.make_loadable(onnx.load(str(mobilenet_28)), "onnxruntime-cpu")
@@ -104,7 +105,7 @@ def _single(op, inputs, outputs, opset, inits=(), **kw):
 
 def test_new_operator_blocks_lowering():
     m = _single("SwiGLU", [("x", T.FLOAT, [2, 8])], [("y", T.FLOAT, [2, 4])], 28)
-    with pytest.raises(DtypeError, match="loads ai.onnx opset <= 26: .*operator SwiGLU "
+    with pytest.raises(OnnxError, match="loads ai.onnx opset <= 26: .*operator SwiGLU "
                                          "'blocker' does not exist before opset 28"):
         runtime_compat.make_loadable(m, IR13_OPSET26)
 
@@ -113,7 +114,7 @@ def test_new_type_blocks_lowering():
     s = onnx.numpy_helper.from_array(np.array(1.0, np.float32), "s")
     m = _single("DequantizeLinear", [("x", T.FLOAT6E2M3, [4])], [("y", T.FLOAT, [4])], 28,
                 [s])
-    with pytest.raises(DtypeError, match="DequantizeLinear 'blocker' uses FLOAT6E2M3, which "
+    with pytest.raises(OnnxError, match="DequantizeLinear 'blocker' uses FLOAT6E2M3, which "
                                          "needs opset 28"):
         runtime_compat.make_loadable(m, IR13_OPSET26)
 
@@ -137,7 +138,7 @@ def test_ir_version_follows_the_types_used():
 def test_other_domains_are_checked():
     m = _single("Relu", [("x", T.FLOAT, [2])], [("y", T.FLOAT, [2])], 21)
     m.opset_import.append(H.make_opsetid("ai.onnx.ml", 6))
-    with pytest.raises(DtypeError, match="opset ai.onnx.ml 6 is newer than the 5"):
+    with pytest.raises(OnnxError, match="opset ai.onnx.ml 6 is newer than the 5"):
         runtime_compat.make_loadable(m, "onnxruntime-cpu")
 
 

@@ -115,6 +115,9 @@ def test_query_lists_matrix_variants_and_prints_build_form(ws):
     assert "# p/BUILD.toml" in text
     assert '["m@mode=fancy"]\nrule = "command"\n' in text
     assert 'cmd = "echo fancy > $(OUT)"' in text and 'outs = ["out.txt"]' in text
+    group = ws.cli("query", "//p:m", "--output=build").stdout  # the group: its variants too
+    assert "# //p:m: matrix of 2 variants" in group
+    assert '["m@mode=fancy"]' in group and 'cmd = "echo plain > $(OUT)"' in group
     plain = ws.cli("query", "//p:plain", "--output=build").stdout
     assert 'srcs = ["//p:m@mode=plain", "a.txt"]' in plain
     records = json.loads(ws.cli("query", "//p:plain", "--output=json").stdout)

@@ -61,6 +61,6 @@ def test_local_resources_on_the_command_line(ws):
 
 
 def test_onnxruntime_rules_default_to_one_core():
-    from qbuild_onnx.rules_source import Calibrate
+    from qbuild_onnx.rules.source import Calibrate
 
     assert Calibrate().resources({"threads": 3})[0] == 3

@@ -55,7 +55,7 @@ def test_a_matching_pin_builds_and_info_shows_it(qbuild_workspace):
     assert f"python {sys.version_info[0]}.{sys.version_info[1]}" in text
     assert str((ws.root / ".." / "cache").resolve()) in text and " KB in " in text
     assert "onnxruntime " + dist_version("onnxruntime") in text
-    assert "qbuild_onnx: " in text and "quantize" in text  # plugins and their rules
+    assert "qbuild_onnx/rules: " in text and "quantize" in text  # plugins and their rules
     assert "machine class" in text
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from lower_paths import MOBILENET, YOLOX
+from lower_paths import MOBILENET, YOLOV8, YOLOX
 from qbuild_lower import reference
 from qbuild_lower.check import compare, session
 from qbuild_lower.driver import lower_model
@@ -88,3 +88,13 @@ def test_yolox_both_modes(qdq_models, image_feeds):
     assert {p["rounding"] for p in params} == {"onnxruntime", "table"}
     res = compare(src, fx, feeds)
     assert res["exact"] == 1.0
+
+
+def test_yolov8_style_head_lowers_bit_exact(qdq_models, image_feeds):
+    """The YOLOv8-style box decoding shares constants between element-wise regions (the
+    DequantizeLinear of a scalar sits in two regions): each node enters the table model
+    once (it used to be added twice and onnxruntime refused the duplicate name)."""
+    src = onnx.load(str(qdq_models(YOLOV8, "mobilenet", 640)))
+    low, rep, _ = lower_model(src, "ort")
+    res = compare(src, low, image_feeds("images", "mobilenet", 640, count=1))
+    assert res["passed"] and res["exact"] == 1.0

@@ -108,3 +108,30 @@ def test_rule_rounding_onnxruntime_is_bit_exact(qbuild_workspace, qdq_models):
     _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'rounding = "half_up"')
     r2 = ws.build("//m:int_fixed", "//m:int_ort")
     assert r2.ok and r2.ran == ["//m:int_fixed"]
+
+
+def test_check_feeds_inputs_stored_one_rank_higher_whole(tmp_path):
+    """A streaming model's dataset stores each state input whole, one rank higher than
+    the model input (as calibrate feeds it); the check must feed it the same way."""
+    import numpy as np
+    from onnx import TensorProto, helper
+    from qbuild_lower.check import load_dataset
+
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4]),
+         helper.make_tensor_value_info("h", TensorProto.FLOAT, [2, 1, 8]),
+         helper.make_tensor_value_info("sr", TensorProto.INT64, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])]))
+    np.save(tmp_path / "x.npy", np.zeros((3, 1, 4), np.float32))
+    np.save(tmp_path / "h.npy", np.zeros((3, 2, 1, 8), np.float32))
+    np.save(tmp_path / "sr.npy", np.full(3, 16000, np.int64))
+    (tmp_path / "dataset.json").write_text(json.dumps({
+        "format": "qbuild-dataset", "count": 3,
+        "inputs": {k: {"file": f"{k}.npy"} for k in ("x", "h", "sr")}}))
+    feeds = load_dataset(tmp_path, 2, model)
+    assert len(feeds) == 2
+    assert feeds[0]["x"].shape == (1, 4) and feeds[0]["h"].shape == (2, 1, 8)
+    assert feeds[0]["sr"].shape == ()
+    # without the model: the old batch-of-one slicing
+    assert load_dataset(tmp_path, 1)[0]["x"].shape == (1, 1, 4)

@@ -85,10 +85,10 @@ def test_float_consumer_and_mismatched_quantizers_stay_float():
 
 
 def test_not_a_qdq_model_is_an_error():
-    from qbuild_lower.graph import LowerError
+    from qbuild_onnx_common.errors import OnnxError
 
     m = _model([h.make_node("Relu", ["x"], ["y"])], ["y"], [])
-    with pytest.raises(LowerError, match="not a QDQ model"):
+    with pytest.raises(OnnxError, match="not a QDQ model"):
         lower_model(m, "ort")
 
 

@@ -92,11 +92,12 @@ def test_lowering_report_lists_float_nodes_with_cost(cnn_qdq):  # noqa: F811
 
 
 def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  # noqa: F811
-    from qbuild_onnx.accuracy_metrics import interleaved_latency_ms, make_session
-    from qbuild_onnx.rules_accuracy import _latency
+    from qbuild_onnx.rules.accuracy import _latency
+    from qbuild_onnx_common.latency import interleaved_latency_ms
+    from qbuild_onnx_common.ort import session
 
     onnx.save(small_cnn(), str(tmp_path / "f.onnx"))
-    sessions = {"//ref": make_session(tmp_path / "f.onnx"), "//q": make_session(cnn_qdq)}
+    sessions = {"//ref": session(tmp_path / "f.onnx"), "//q": session(cnn_qdq)}
     report = {"models": {"//q": {}}}
     feed = random_feeds(small_cnn(), 1)[0]
     _latency(report, sessions, feed, 4, "//ref", interleaved_latency_ms)
@@ -104,6 +105,7 @@ def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  #
     assert lat["order"] == "interleaved" and lat["threads"] == 1 and lat["runs"] == 4
     q = report["models"]["//q"]
     assert q["latency_ms"] == q["latency"]["median_ms"]
+    assert q["latency"]["ratio_to_reference"] > 0  # per-round ratio to the reference
     slower = q["latency_ms"] > report["reference_latency_ms"]
     assert q["latency"]["slower_than_reference"] == slower
     assert lat["slower_than_reference"] == (["//q"] if slower else [])

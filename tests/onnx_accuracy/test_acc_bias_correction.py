@@ -5,9 +5,11 @@ from __future__ import annotations
 import onnx
 import pytest
 from acc_paths import MODELS
-from qbuild_onnx.accuracy_bias_correction import bias_correct
-from qbuild_onnx.accuracy_metrics import AccuracyError, compare_outputs, make_session, run_model
-from qbuild_onnx.accuracy_ortq import quantize_qdq
+from qbuild_onnx.accuracy.bias_correction import bias_correct
+from qbuild_onnx.accuracy.metrics import compare_outputs, run_model
+from qbuild_onnx.accuracy.ortq import quantize_qdq
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.ort import session
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +22,8 @@ def mobilenet_pre(tmp_path_factory):
 
 
 def _sqnr(float_model, cand, feeds):
-    ref = run_model(make_session(float_model), feeds)
-    got = run_model(make_session(cand), feeds)
+    ref = run_model(session(float_model), feeds)
+    got = run_model(session(cand), feeds)
     return next(iter(compare_outputs(ref, got).values()))["sqnr_db"]
 
 
@@ -46,5 +48,5 @@ def test_deterministic(mobilenet_pre, mobilenet_feeds):
 
 
 def test_float_model_is_rejected(mobilenet_pre, mobilenet_feeds):
-    with pytest.raises(AccuracyError, match="no Conv/Gemm node"):
+    with pytest.raises(OnnxError, match="no Conv/Gemm node"):
         bias_correct(mobilenet_pre, mobilenet_pre, mobilenet_feeds[:2])

@@ -6,14 +6,14 @@ import math
 
 import numpy as np
 import pytest
-from qbuild_onnx.accuracy_metrics import (
-    AccuracyError,
+from qbuild_onnx.accuracy.metrics import (
     ErrorAccumulator,
     compare_outputs,
     cosine_similarity,
     max_abs_error,
     sqnr_db,
 )
+from qbuild_onnx_common.errors import OnnxError
 
 
 def test_sqnr_known_values():
@@ -39,7 +39,7 @@ def test_max_abs_and_cosine():
 
 
 def test_shape_mismatch_names_the_tensor():
-    with pytest.raises(AccuracyError, match="logits.*shape mismatch"):
+    with pytest.raises(OnnxError, match="logits.*shape mismatch"):
         sqnr_db(np.zeros((2, 3)), np.zeros((3, 2)), "output 'logits'")
 
 
@@ -61,5 +61,5 @@ def test_compare_outputs_per_output_and_missing_output():
     rep = compare_outputs(ref, [{"a": np.ones(3), "b": np.array([1.0, 2.5])}])
     assert rep["a"]["sqnr_db"] == "inf"
     assert rep["b"]["max_abs_error"] == 0.5
-    with pytest.raises(AccuracyError, match="output 'b' is missing"):
+    with pytest.raises(OnnxError, match="output 'b' is missing"):
         compare_outputs(ref, [{"a": np.ones(3)}])

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import onnx
 from acc_paths import MODELS
-from qbuild_onnx import rules_accuracy
-from qbuild_onnx.accuracy_ortq import quantize_qdq
-from qbuild_onnx.datasets import write_dataset
+from qbuild_onnx.accuracy.ortq import quantize_qdq
+from qbuild_onnx.rules import accuracy as rules_accuracy
+from qbuild_onnx.source.datasets import write_dataset
 
 
 def _setup(ws, tmp_path, feeds):

@@ -10,9 +10,9 @@ import numpy as np
 import onnx
 import pytest
 from acc_paths import MODELS
-from qbuild_onnx.accuracy_mixed_precision import overrides_for_tensors, search
-from qbuild_onnx.datasets import write_dataset
-from qbuild_onnx.rules_accuracy import select, trial_score
+from qbuild_onnx.accuracy.mixed_precision import overrides_for_tensors, search
+from qbuild_onnx.rules.accuracy import select, trial_score
+from qbuild_onnx.source.datasets import write_dataset
 
 TRIALS = [0, 1, 2, 4]
 

@@ -6,9 +6,11 @@ import numpy as np
 import onnx
 import pytest
 from acc_paths import MODELS
-from qbuild_onnx.accuracy_metrics import AccuracyError, make_session, run_model, sqnr_db
-from qbuild_onnx.accuracy_ortq import quantize_qdq
-from qbuild_onnx.accuracy_sensitivity import analyze, dequantize_sites, find_sites
+from qbuild_onnx.accuracy.metrics import run_model, sqnr_db
+from qbuild_onnx.accuracy.ortq import quantize_qdq
+from qbuild_onnx.accuracy.sensitivity import analyze, dequantize_sites, find_sites
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.ort import session
 
 SENSITIVE = "Input3"
 
@@ -45,8 +47,8 @@ def test_all_sites_float_is_the_float_model(mnist_sensitive_qdq, mnist_pre, mnis
     sites = find_sites(mnist_sensitive_qdq, mnist_pre)
     m = dequantize_sites(onnx.load(mnist_sensitive_qdq), sites, onnx.load(mnist_pre))
     assert not [n for n in m.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")]
-    ref = run_model(make_session(mnist_pre, optimize=False), mnist_feeds[:4])
-    got = run_model(make_session(m.SerializeToString(), optimize=False), mnist_feeds[:4])
+    ref = run_model(session(mnist_pre, optimize=False), mnist_feeds[:4])
+    got = run_model(session(m.SerializeToString(), optimize=False), mnist_feeds[:4])
     name = next(iter(ref[0]))
     assert sqnr_db(ref[0][name], got[0][name]) > 100
 
@@ -73,8 +75,8 @@ def test_normal_quantization_has_no_such_outlier(mnist_pre, mnist_feeds):
 
 
 def test_bad_mode_and_float_model(mnist_pre, mnist_feeds):
-    with pytest.raises(AccuracyError, match="mode"):
+    with pytest.raises(OnnxError, match="mode"):
         analyze(mnist_pre, mnist_pre, mnist_feeds, mode="bogus")
-    with pytest.raises(AccuracyError, match="no quantization sites"):
+    with pytest.raises(OnnxError, match="no quantization sites"):
         analyze(mnist_pre, mnist_pre, mnist_feeds)
     assert np.isfinite(1.0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from acc_paths import IMAGES, ROOT
-from qbuild_onnx import accuracy_yolo as ay
-from qbuild_onnx.accuracy_metrics import AccuracyError, make_session
+from qbuild_onnx.accuracy import yolo as ay
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.ort import session
 
 YOLO = ROOT / "examples" / "yolo" / "yolox_nano.onnx"
 
@@ -14,7 +15,7 @@ YOLO = ROOT / "examples" / "yolo" / "yolox_nano.onnx"
 @pytest.fixture(scope="module")
 def dog_output():
     x, _ = ay.letterbox(ay.load_rgb(IMAGES / "dog.jpg"))
-    return make_session(YOLO).run(None, {"images": x})[0]
+    return session(YOLO).run(None, {"images": x})[0]
 
 
 def test_letterbox_layout():
@@ -70,5 +71,5 @@ def test_nms_suppresses_overlaps():
 
 
 def test_decode_rejects_wrong_shape():
-    with pytest.raises(AccuracyError, match="3549 anchor points"):
+    with pytest.raises(OnnxError, match="3549 anchor points"):
         ay.decode(np.zeros((1, 100, 85), np.float32))

@@ -5,10 +5,11 @@ from __future__ import annotations
 import onnx
 import pytest
 from acc_paths import IMAGES, ROOT
-from qbuild_onnx import accuracy_yolo as ay
-from qbuild_onnx.accuracy_bias_correction import bias_correct
-from qbuild_onnx.accuracy_metrics import make_session, run_model
-from qbuild_onnx.accuracy_ortq import quantize_qdq
+from qbuild_onnx.accuracy import yolo as ay
+from qbuild_onnx.accuracy.bias_correction import bias_correct
+from qbuild_onnx.accuracy.metrics import run_model
+from qbuild_onnx.accuracy.ortq import quantize_qdq
+from qbuild_onnx_common.ort import session
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +35,10 @@ def test_recipe_keeps_dog_image_detections(yolo_pre):
     quantize_qdq(yolo_pre, d / "plain.onnx", calib)
     q = quantize_qdq(yolo_pre, d / "q.onnx", calib, overrides={"nodes_to_exclude": stem})
     bias_correct(q, yolo_pre, calib, d / "recipe.onnx")
-    ref = [o["output"] for o in run_model(make_session(yolo_pre), held_out)]
+    ref = [o["output"] for o in run_model(session(yolo_pre), held_out)]
     f1 = {}
     for name in ("plain", "recipe"):
-        got = [o["output"] for o in run_model(make_session(d / f"{name}.onnx"), held_out)]
+        got = [o["output"] for o in run_model(session(d / f"{name}.onnx"), held_out)]
         f1[name] = ay.detection_f1(ref, got)["f1"]
     # measured: plain 0.81, recipe 0.97
     assert f1["recipe"] >= 0.9, f1

@@ -9,7 +9,9 @@ import json
 import numpy as np
 import pytest
 from eval_paths import IMAGES, MODELS
-from qbuild_onnx import rules_accuracy, rules_quantize, rules_source
+from qbuild_onnx.rules import accuracy as rules_accuracy
+from qbuild_onnx.rules import quantize as rules_quantize
+from qbuild_onnx.rules import source as rules_source
 
 BUILD = """
 [fp]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import onnx
 import pytest
 from eval_paths import MODELS
-from qbuild_onnx.accuracy_metrics import AccuracyError
-from qbuild_onnx.auto_regions import region_for, region_overrides
+from qbuild_onnx.auto.regions import region_for, region_overrides
+from qbuild_onnx_common.errors import OnnxError
 
 Y8 = MODELS / "yolov8_tiny.onnx"
 
@@ -27,7 +27,7 @@ def test_overrides_carry_a_stable_selector():
     doc = region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]})
     assert doc["selectors"] == ["region:stem:stem.out"]
     assert doc["nodes_to_exclude"][0] == "stem/Conv" and doc["region"]["nodes"] == 4
-    with pytest.raises(AccuracyError, match="no rank 1"):
+    with pytest.raises(OnnxError, match="no rank 1"):
         region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]}, 1)
 
 
@@ -41,3 +41,17 @@ def test_union_of_several_regions():
         doc["nodes_to_exclude"]
     assert doc["selectors"] == ["region:stem:stem.out", "region:head:output0"]
     assert doc["region"]["where"] == "stem+head"
+
+
+def test_region_with_the_next_ranked_activations_at_uint16():
+    ranking = {"ranking": [{"site": s, "kind": "activation"}
+                           for s in ("stem.out", "stage1.out", "head0.out", "stage2.out")]}
+    doc = region_overrides(Y8, ranking, promote=2)
+    # tensors produced inside the float region are skipped: they are float already
+    inside = set(doc["nodes_to_exclude"])
+    producers = {t: n.name for n in onnx.load(Y8).graph.node for t in n.output}
+    assert list(doc["tensors"]) == [t for t in ("stage1.out", "head0.out", "stage2.out")
+                                    if producers[t] not in inside][:2]
+    assert all(v == {"quant_type": "uint16"} for v in doc["tensors"].values())
+    assert set(doc["tensors"]) <= set(doc["promoted"])
+    assert region_overrides(Y8, ranking)["tensors"] == {}

@@ -9,8 +9,10 @@ import json
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from qbuild_onnx import rules_accuracy, rules_quantize, rules_source
-from qbuild_onnx.datasets import write_dataset
+from qbuild_onnx.rules import accuracy as rules_accuracy
+from qbuild_onnx.rules import quantize as rules_quantize
+from qbuild_onnx.rules import source as rules_source
+from qbuild_onnx.source.datasets import write_dataset
 
 
 def _stateful_model():
@@ -115,11 +117,11 @@ def test_stateful_scalar_model_through_every_rule(qbuild_workspace):
 
 
 def test_write_dataset_rejects_bare_scalar(tmp_path):
-    from qbuild_onnx.datasets import DatasetError
+    from qbuild_onnx_common.errors import OnnxError
 
     try:
         write_dataset(tmp_path / "d", {"gain": np.array(3)})
-    except DatasetError as e:
+    except OnnxError as e:
         assert "leading axis" in str(e)
     else:
         raise AssertionError("a bare scalar was accepted")

@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pluggy
 import pytest
-from qbuild_onnx import eval_tasks as et
-from qbuild_onnx import rules_accuracy
-from qbuild_onnx.accuracy_metrics import AccuracyError
-from qbuild_onnx.eval_detection import average_precision, detection_metrics
+from qbuild_onnx.accuracy import tasks as et
+from qbuild_onnx.accuracy.detection import average_precision, detection_metrics
+from qbuild_onnx.rules import accuracy as rules_accuracy
+from qbuild_onnx_common.errors import OnnxError
 
 
 def test_classification_agreement_counts_top1_and_top5():
@@ -74,9 +74,9 @@ def test_fastestdet_decoder_finds_the_cell():
 
 
 def test_unknown_decoder_and_task_are_named():
-    with pytest.raises(AccuracyError, match="unknown detection decoder 'nope'"):
+    with pytest.raises(OnnxError, match="unknown detection decoder 'nope'"):
         detection_metrics([{}], [{}], {"decoder": "nope"})
-    with pytest.raises(AccuracyError, match="unknown evaluation task 'nope'"):
+    with pytest.raises(OnnxError, match="unknown evaluation task 'nope'"):
         et.get_task("nope", {})
 
 
@@ -129,7 +129,7 @@ min_score = -0.5
 
 def test_custom_metric_is_keyed_by_its_code(qbuild_workspace, tmp_path):
     from eval_paths import MODELS
-    from qbuild_onnx.datasets import write_dataset
+    from qbuild_onnx.source.datasets import write_dataset
 
     ws = qbuild_workspace
     ws.register(rules_accuracy)

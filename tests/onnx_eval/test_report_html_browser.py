@@ -9,7 +9,7 @@ import shutil
 import subprocess
 
 import pytest
-from qbuild_onnx.report_html import auto_html, evaluate_html, pareto
+from qbuild_onnx.report.html import auto_html, evaluate_html, pareto
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from qbuild_onnx.quantize import quantize_dynamic_model, quantize_static_model
-from qbuild_onnx.quantize_options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model, quantize_static_model
 
 OVERRIDES = {
     "hidden_output": {"quant_type": "uint8",
@@ -21,8 +21,8 @@ OVERRIDES = {
 _SCRIPT = """
 import json, sys
 from pathlib import Path
-from qbuild_onnx.quantize import quantize_dynamic_model, quantize_static_model
-from qbuild_onnx.quantize_options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model, quantize_static_model
+from qbuild_onnx.quantization.options import DynamicOptions, StaticOptions
 model, calib, out = (Path(p) for p in sys.argv[1:4])
 overrides = json.loads(sys.argv[4])
 quantize_static_model(model, calib, out / "static.onnx",

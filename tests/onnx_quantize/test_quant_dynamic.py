@@ -8,8 +8,8 @@ import numpy as np
 import onnx
 import pytest
 import quant_testlib as lib
-from qbuild_onnx.quantize import quantize_dynamic_model
-from qbuild_onnx.quantize_options import DynamicOptions
+from qbuild_onnx.quantization.options import DynamicOptions
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model
 
 
 def _quantize(case, tmp_path, **options):

@@ -1,4 +1,4 @@
-"""Bad input gives one clear QuantizeError naming the file, tensor or attribute."""
+"""Bad input gives one clear OnnxError naming the file, tensor or attribute."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 
 import pytest
 import quant_testlib as lib
-from qbuild_onnx.quantize import quantize_dynamic_model, quantize_static_model
-from qbuild_onnx.quantize_errors import QuantizeError
-from qbuild_onnx.quantize_options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model, quantize_static_model
+from qbuild_onnx_common.errors import OnnxError
 
 
 def _static(case, tmp_path, calibration=None, **options):
@@ -17,7 +17,7 @@ def _static(case, tmp_path, calibration=None, **options):
 
 
 def test_calibration_of_another_model_is_refused(conv_case, gemm_case, tmp_path):
-    with pytest.raises(QuantizeError, match="sha256") as err:
+    with pytest.raises(OnnxError, match="sha256") as err:
         _static(conv_case, tmp_path, calibration=gemm_case.calibration)
     assert err.value.attr == "calibration"
     assert str(conv_case.model) in str(err.value)
@@ -29,7 +29,7 @@ def test_calibration_of_the_unprocessed_model_is_refused(conv_case, tmp_path):
     model = lib.conv_chain_model()
     model.producer_name = "someone-else"
     other = lib.save(model, tmp_path / "other.onnx")
-    with pytest.raises(QuantizeError, match="calibrate the same"):
+    with pytest.raises(OnnxError, match="calibrate the same"):
         quantize_static_model(other, conv_case.calibration, tmp_path / "q.onnx",
                               StaticOptions())
 
@@ -48,19 +48,19 @@ def test_malformed_calibration_files(conv_case, tmp_path, change, message):
     change(doc)
     bad = tmp_path / "calibration.json"
     bad.write_text(json.dumps(doc))
-    with pytest.raises(QuantizeError, match=message) as err:
+    with pytest.raises(OnnxError, match=message) as err:
         _static(conv_case, tmp_path, calibration=bad)
     assert err.value.attr == "calibration" and str(bad) in str(err.value)
 
 
 def test_missing_and_non_json_files(conv_case, tmp_path):
-    with pytest.raises(QuantizeError, match="does not exist"):
+    with pytest.raises(OnnxError, match="does not exist"):
         _static(conv_case, tmp_path, calibration=tmp_path / "nope.json")
     (tmp_path / "x.json").write_text("{not json")
-    with pytest.raises(QuantizeError, match="is not JSON"):
+    with pytest.raises(OnnxError, match="is not JSON"):
         _static(conv_case, tmp_path, calibration=tmp_path / "x.json")
     (tmp_path / "m.onnx").write_bytes(b"not a model")
-    with pytest.raises(QuantizeError, match="is not an ONNX model") as err:
+    with pytest.raises(OnnxError, match="is not an ONNX model") as err:
         quantize_dynamic_model(tmp_path / "m.onnx", tmp_path / "q.onnx", DynamicOptions())
     assert err.value.attr == "model"
 
@@ -101,7 +101,7 @@ def test_missing_and_non_json_files(conv_case, tmp_path):
       "node_overrides": {"conv1": {"symmetric": False}}}, "node_overrides", "one place"),
 ])
 def test_bad_options(conv_case, tmp_path, options, attr, message):
-    with pytest.raises(QuantizeError, match=message) as err:
+    with pytest.raises(OnnxError, match=message) as err:
         _static(conv_case, tmp_path, **options)
     if "rejected" not in message:  # onnxruntime's own checks name no attribute
         assert err.value.attr == attr
@@ -117,6 +117,6 @@ def test_bad_options(conv_case, tmp_path, options, attr, message):
     ({"nodes_to_exclude": ["matmul9"]}, "nodes_to_exclude", "no node named"),
 ])
 def test_bad_dynamic_options(gemm_case, tmp_path, options, attr, message):
-    with pytest.raises(QuantizeError, match=message) as err:
+    with pytest.raises(OnnxError, match=message) as err:
         quantize_dynamic_model(gemm_case.model, tmp_path / "q.onnx", DynamicOptions(**options))
     assert err.value.attr == attr

@@ -10,8 +10,8 @@ import numpy as np
 import onnx
 import pytest
 import quant_testlib as lib
-from qbuild_onnx.quantize import quantize_static_model
-from qbuild_onnx.quantize_options import StaticOptions
+from qbuild_onnx.quantization.options import StaticOptions
+from qbuild_onnx.quantization.quantize import quantize_static_model
 
 _ONNX_TYPE = {"int8": "INT8", "uint8": "UINT8", "int16": "INT16", "uint16": "UINT16",
               "int4": "INT4", "uint4": "UINT4"}
@@ -219,8 +219,8 @@ def test_dedicated_qdq_pairs_keep_clamped_graph_outputs(conv_case, tmp_path):
 
 def test_unclamped_graph_output_is_detected(conv_case, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize_static
-    from qbuild_onnx.quantize_errors import QuantizeError
-    from qbuild_onnx.quantize_validate import check_clamped_outputs
+    from qbuild_onnx.quantization.validate import check_clamped_outputs
+    from qbuild_onnx_common.errors import OnnxError
 
     class Reader(CalibrationDataReader):
         def __init__(self):
@@ -232,7 +232,7 @@ def test_unclamped_graph_output_is_detected(conv_case, tmp_path):
     plain = tmp_path / "ort.onnx"
     quantize_static(str(conv_case.model), str(plain), Reader(),
                     activation_type=QuantType.QUInt8, extra_options={"DedicatedQDQPair": True})
-    with pytest.raises(QuantizeError, match="'hidden_output' was produced by Relu"):
+    with pytest.raises(OnnxError, match="'hidden_output' was produced by Relu"):
         check_clamped_outputs(onnx.load(str(conv_case.model)), onnx.load(str(plain)))
 
 

@@ -10,11 +10,10 @@ import onnx
 import pytest
 import quant_testlib as lib
 from onnx import TensorProto, helper, numpy_helper
-from qbuild_onnx.model import ModelError
-from qbuild_onnx.preprocess import preprocess_model
-from qbuild_onnx.quantize import quantize_dynamic_model, quantize_static_model
-from qbuild_onnx.quantize_errors import QuantizeError
-from qbuild_onnx.quantize_options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.preprocess import preprocess_model
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model, quantize_static_model
+from qbuild_onnx_common.errors import OnnxError
 
 
 def test_dynamic_convinteger_model_is_refused_everywhere(conv_case, tmp_path):
@@ -22,19 +21,19 @@ def test_dynamic_convinteger_model_is_refused_everywhere(conv_case, tmp_path):
     quantize_dynamic_model(conv_case.model, dyn, DynamicOptions(op_types=("Conv",)))
     assert any(n.op_type == "ConvInteger" for n in onnx.load(dyn).graph.node)
     cal = lib.write_calibration(conv_case.model, conv_case.feeds, tmp_path / "c.json")
-    with pytest.raises(QuantizeError, match=r"already quantized \(dynamic: .*ConvInteger") as e:
+    with pytest.raises(OnnxError, match=r"already quantized \(dynamic: .*ConvInteger") as e:
         quantize_static_model(dyn, cal, tmp_path / "q.onnx", StaticOptions())
     assert e.value.attr == "model"
-    with pytest.raises(QuantizeError, match="already quantized"):
+    with pytest.raises(OnnxError, match="already quantized"):
         quantize_dynamic_model(dyn, tmp_path / "d2.onnx", DynamicOptions())
-    with pytest.raises(ModelError, match="already quantized.*pre-processing needs a float"):
+    with pytest.raises(OnnxError, match="already quantized.*pre-processing needs a float"):
         preprocess_model(dyn, tmp_path / "pre.onnx")
 
 
 def test_qdq_model_is_refused_with_the_route(conv_case, tmp_path):
     q = tmp_path / "q.onnx"
     quantize_static_model(conv_case.model, conv_case.calibration, q, StaticOptions())
-    with pytest.raises(QuantizeError, match="already quantized \\(QDQ.*lower_integer"):
+    with pytest.raises(OnnxError, match="already quantized \\(QDQ.*lower_integer"):
         quantize_static_model(q, conv_case.calibration, tmp_path / "qq.onnx", StaticOptions())
 
 
@@ -64,7 +63,7 @@ def _if_model():
 
 def test_compute_inside_if_branches_is_refused_not_silently_unchanged(tmp_path):
     path = lib.save(_if_model(), tmp_path / "if.onnx")
-    with pytest.raises(QuantizeError, match="inside control-flow subgraphs \\(If 'branch'"):
+    with pytest.raises(OnnxError, match="inside control-flow subgraphs \\(If 'branch'"):
         quantize_dynamic_model(path, tmp_path / "d.onnx", DynamicOptions())
 
 

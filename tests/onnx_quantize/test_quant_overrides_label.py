@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import onnx
-from qbuild_onnx.rules_quantize import merge_label_overrides
+from qbuild_onnx.rules.quantize import merge_label_overrides
 
 BUILD = """
 [model]

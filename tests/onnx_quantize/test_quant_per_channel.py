@@ -7,8 +7,8 @@ import numpy as np
 import onnx
 import pytest
 import quant_testlib as lib
-from qbuild_onnx.quantize import quantize_static_model
-from qbuild_onnx.quantize_options import StaticOptions
+from qbuild_onnx.quantization.options import StaticOptions
+from qbuild_onnx.quantization.quantize import quantize_static_model
 
 # weight-bearing node -> (weight initializer, channel axis, channels)
 CONV_WEIGHTS = {"conv1": ("w1", 0, 8), "conv2": ("w2", 0, 8), "conv3": ("w3", 0, 4),

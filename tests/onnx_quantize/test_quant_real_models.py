@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 import quant_testlib as lib
-from qbuild_onnx.quantize import quantize_dynamic_model, quantize_static_model
-from qbuild_onnx.quantize_options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.options import DynamicOptions, StaticOptions
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model, quantize_static_model
 
 
 def _labels(path, feeds, output):

@@ -10,11 +10,11 @@ import onnx.helper as H
 import onnx.numpy_helper as NH
 import pytest
 from onnx import TensorProto as T
-from qbuild_onnx import selectors
-from qbuild_onnx.preprocess import preprocess_model
-from qbuild_onnx.quantize import quantize_dynamic_model
-from qbuild_onnx.quantize_errors import QuantizeError
-from qbuild_onnx.quantize_options import DynamicOptions
+from qbuild_onnx.quantization import selectors
+from qbuild_onnx.quantization.options import DynamicOptions
+from qbuild_onnx.quantization.preprocess import preprocess_model
+from qbuild_onnx.quantization.quantize import quantize_dynamic_model
+from qbuild_onnx_common.errors import OnnxError
 
 YOLO = Path(__file__).resolve().parents[2] / "examples" / "yolo" / "yolox_nano.onnx"
 # The recipe's stem as node names in the model as exported (onnxruntime 1.31's
@@ -71,7 +71,7 @@ def test_globs_op_types_and_intersections(yolo):
     ("Conv_9999", "no node named 'Conv_9999'.*docs/selectors.md"),
 ])
 def test_selector_errors_name_the_attribute(yolo, bad, message):
-    with pytest.raises(QuantizeError, match=message) as err:
+    with pytest.raises(OnnxError, match=message) as err:
         selectors.resolve_nodes([bad], yolo, "nodes_to_exclude")
     assert err.value.attr == "nodes_to_exclude"
 
@@ -85,7 +85,7 @@ def test_tensor_selectors(yolo):
     assert got["686"] == {"quant_type": "int16"}  # an exact name wins over a selector
     assert got["690"] == {"quant_type": "uint16"}
     clash = {"op:Sigmoid": {"quant_type": "uint16"}, "name:69?": {"quant_type": "int16"}}
-    with pytest.raises(QuantizeError, match="selected by .* with different settings"):
+    with pytest.raises(OnnxError, match="selected by .* with different settings"):
         selectors.resolve_tensors(clash, yolo, "tensor_overrides")
 
 
@@ -118,7 +118,7 @@ def test_a_name_removed_by_preprocessing_is_explained(tmp_path):
     rewrites = info["preprocess_rewrites"]
     # Every onnxruntime release removes the Identity (1.32 also folds the BatchNorm).
     assert rewrites["removed"]["copy"]["op"] == "Identity"
-    with pytest.raises(QuantizeError) as err:
+    with pytest.raises(OnnxError) as err:
         quantize_dynamic_model(tmp_path / "pre.onnx", tmp_path / "q.onnx",
                                DynamicOptions(nodes_to_exclude=("copy",)), rewrites=rewrites)
     text = str(err.value)

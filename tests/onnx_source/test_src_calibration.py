@@ -10,17 +10,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 from onnxruntime.quantization.calibrate import HistogramCollector
-from qbuild_onnx.calib_collect import HistogramPass, MinMaxPass
-from qbuild_onnx.calib_methods import entropy_threshold, percentile_range
-from qbuild_onnx.calibration import (
-    CalibrationError,
+from qbuild_onnx.calibration.calibrate import (
     CalibrationOptions,
     calibrate,
     check_calibration_matches_model,
     load_calibration,
 )
-from qbuild_onnx.dataset_images import ImageOptions, build_image_dataset
-from qbuild_onnx.datasets import write_dataset
+from qbuild_onnx.calibration.collect import HistogramPass, MinMaxPass
+from qbuild_onnx.calibration.methods import entropy_threshold, percentile_range
+from qbuild_onnx.source.datasets import write_dataset
+from qbuild_onnx.source.images import ImageOptions, build_image_dataset
+from qbuild_onnx_common.errors import OnnxError
 
 ROOT = Path(__file__).resolve().parents[2]
 MOBILENET = ROOT / "testdata" / "models" / "mobilenet_v2_128_0.5.onnx"
@@ -146,7 +146,7 @@ def test_calibration_of_other_model_is_refused(mobilenet_data, tmp_path):
     shutil.copy(MOBILENET, other)
     with open(other, "ab") as f:
         f.write(b"\0")  # a different file
-    with pytest.raises(CalibrationError) as e:
+    with pytest.raises(OnnxError) as e:
         check_calibration_matches_model(doc, other, tmp_path / "c" / "calibration.json")
     assert "other.onnx" in str(e.value) and "different model" in str(e.value)
 

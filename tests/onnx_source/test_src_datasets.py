@@ -9,9 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from qbuild_onnx.dataset_images import ImageOptions, build_image_dataset, decode_image
-from qbuild_onnx.datasets import (
-    DatasetError,
+from qbuild_onnx.source.datasets import (
     build_numpy_dataset,
     build_reader_dataset,
     check_dataset_against_model,
@@ -21,7 +19,9 @@ from qbuild_onnx.datasets import (
     open_dataset,
     write_dataset,
 )
-from qbuild_onnx.model import validate_model
+from qbuild_onnx.source.images import ImageOptions, build_image_dataset, decode_image
+from qbuild_onnx.source.model import validate_model
+from qbuild_onnx_common.errors import OnnxError
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ROOT / "testdata" / "images"
@@ -44,7 +44,7 @@ def test_numpy_dataset_mapping_batches_and_format(tmp_path):
     assert sizes == [4, 4, 2]
     got = np.concatenate([b["x"] for b in ds.iter_batches(3)])
     assert np.array_equal(got, x)
-    with pytest.raises(DatasetError, match="no array 'nope'"):
+    with pytest.raises(OnnxError, match="no array 'nope'"):
         build_numpy_dataset(tmp_path / "d2", [tmp_path / "b.npz"], {"m": "b.npz:nope"})
 
 
@@ -101,21 +101,21 @@ def test_image_dataset_layout_letterbox_and_augmentation(tmp_path):
 def test_mismatch_messages_name_input_expected_actual(tmp_path):
     mnist = validate_model(MODELS / "mnist.onnx")
     write_dataset(tmp_path / "f64", {"Input3": np.zeros((2, 1, 28, 28), np.float64)})
-    with pytest.raises(DatasetError) as e:
+    with pytest.raises(OnnxError) as e:
         check_dataset_against_model(open_dataset(tmp_path / "f64").manifest, mnist)
     assert "Input3" in str(e.value) and "float32" in str(e.value) and "float64" in str(e.value)
     write_dataset(tmp_path / "shape", {"Input3": np.zeros((2, 1, 28, 27), np.float32)})
-    with pytest.raises(DatasetError) as e:
+    with pytest.raises(OnnxError) as e:
         check_dataset_against_model(open_dataset(tmp_path / "shape").manifest, mnist)
     assert "Input3" in str(e.value) and "28" in str(e.value) and "27" in str(e.value)
     write_dataset(tmp_path / "name", {"wrong": np.zeros((2, 1, 28, 28), np.float32)})
-    with pytest.raises(DatasetError, match="Input3"):
+    with pytest.raises(OnnxError, match="Input3"):
         check_dataset_against_model(open_dataset(tmp_path / "name").manifest, mnist)
     write_dataset(tmp_path / "ok", {"Input3": np.zeros((5, 1, 28, 28), np.float32)},
                   batch_size=4)
     plan = check_dataset_against_model(open_dataset(tmp_path / "ok").manifest, mnist)
     assert plan.batch_size == 1  # the model fixes dim 0 to 1
-    with pytest.raises(DatasetError, match="exactly 1"):
+    with pytest.raises(OnnxError, match="exactly 1"):
         check_dataset_against_model(open_dataset(tmp_path / "ok").manifest, mnist, 4)
 
 
@@ -157,5 +157,5 @@ def test_custom_reader_wav_for_silero(tmp_path):
 
 
 def test_unknown_reader_lists_available():
-    with pytest.raises(DatasetError, match="no dataset reader named 'nope'"):
+    with pytest.raises(OnnxError, match="no dataset reader named 'nope'"):
         find_reader("nope")

@@ -9,7 +9,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper, numpy_helper
-from qbuild_onnx.model import ModelError, stage_model, validate_model
+from qbuild_onnx.source.model import stage_model, validate_model
+from qbuild_onnx_common.errors import OnnxError
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ROOT / "testdata" / "models"
@@ -45,7 +46,7 @@ def test_real_models_info():
 def test_non_onnx_files(tmp_path, content, needle):
     p = tmp_path / "bad.onnx"
     p.write_bytes(content)
-    with pytest.raises(ModelError) as e:
+    with pytest.raises(OnnxError) as e:
         validate_model(p)
     assert "bad.onnx" in str(e.value) and needle in str(e.value)
 
@@ -54,7 +55,7 @@ def test_truncated_file(tmp_path):
     data = (MODELS / "mnist.onnx").read_bytes()
     p = tmp_path / "trunc.onnx"
     p.write_bytes(data[: len(data) // 2])
-    with pytest.raises(ModelError) as e:
+    with pytest.raises(OnnxError) as e:
         validate_model(p)
     assert "trunc.onnx" in str(e.value)
 
@@ -65,7 +66,7 @@ def test_invalid_graph(tmp_path):
                           [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])])
     p = tmp_path / "graph.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), p)
-    with pytest.raises(ModelError) as e:
+    with pytest.raises(OnnxError) as e:
         validate_model(p)
     assert "graph.onnx" in str(e.value) and "invalid ONNX model" in str(e.value)
 
@@ -82,7 +83,7 @@ def test_external_data_staged_with_same_names(tmp_path):
     assert (out.parent / "weights.bin").read_bytes() == (src / "weights.bin").read_bytes()
     loaded = onnx.load(str(out))  # external data resolves next to the staged copy
     assert numpy_helper.to_array(loaded.graph.initializer[0])[1, 2] == 66.0
-    with pytest.raises(ModelError, match="not listed"):
+    with pytest.raises(OnnxError, match="not listed"):
         stage_model(src / "m.onnx", tmp_path / "o2" / "x.onnx", [])
 
 
@@ -98,6 +99,6 @@ def test_external_data_outside_folder_refused(tmp_path, location):
             entry.value = location
     onnx.save(m, sub / "evil.onnx")
     os.replace(sub / "w.bin", tmp_path / "outside.bin")
-    with pytest.raises(ModelError) as e:
+    with pytest.raises(OnnxError) as e:
         validate_model(sub / "evil.onnx")
     assert "evil.onnx" in str(e.value) and location in str(e.value)

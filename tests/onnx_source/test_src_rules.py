@@ -61,7 +61,7 @@ def test_pipeline_builds_caches_and_reruns_only_calibrate(qbuild_workspace):
 
 
 def test_preprocess_output_is_byte_identical_across_builds(qbuild_workspace, tmp_path):
-    from qbuild_onnx.preprocess import preprocess_model
+    from qbuild_onnx.quantization.preprocess import preprocess_model
 
     src = ROOT / "testdata/models/mobilenet_v2_128_0.5.onnx"
     a = preprocess_model(src, tmp_path / "a.onnx")

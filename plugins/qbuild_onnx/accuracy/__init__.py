@@ -1,0 +1,3 @@
+"""Accuracy: evaluating candidates against a reference, sensitivity, range setting, bias
+correction and mixed precision.
+"""

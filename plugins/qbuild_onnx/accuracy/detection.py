@@ -1,0 +1,251 @@
+"""Detection evaluation for several detector families: pluggable decoders from raw model
+outputs to boxes and per-class scores, then class-wise NMS and F1 / AP50 of a candidate
+model against the reference model's own detections.
+
+A decoder is ``decoder(outputs: dict[name, array], options) -> (boxes N×4 xyxy, scores
+N×C)`` for one image (a leading batch axis of 1 is removed). Boxes may be in any unit
+(pixels or normalised): IoU does not depend on it. Built-in decoders:
+
+* ``yolox``: one N×A×(5+C) output, (cx, cy, w, h) in grid units, objectness, C class
+  scores; decoded with grids and strides (see ``accuracy_yolo``).
+* ``yolov8``: one [1, 4+C, A] output (Ultralytics YOLOv5u/v8/v11 exports): (cx, cy, w, h)
+  in input pixels then C class probabilities, no objectness. A [1, A, 4+C] layout is
+  recognised too (the axis of size 4+C is the smaller one).
+* ``ssd``: two outputs, boxes [1, A, 4] (xyxy) and scores [1, A, C]; with
+  ``background_class = true`` column 0 is dropped.
+* ``fastestdet``: one [1, 5+C, H, W] head: objectness, 4 box regressions, C class
+  probabilities per cell; centre = (tanh(r) + cell) / grid, size = sigmoid(r), score =
+  obj^0.6 · cls^0.4 (the FastestDet convention).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from qbuild_onnx_common.errors import OnnxError
+
+from .yolo import Detection
+
+Decoder = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[Any, Any]]
+
+
+def _one(a):
+    import numpy as np
+
+    a = np.asarray(a, dtype=np.float32)
+    if a.ndim >= 2 and a.shape[0] == 1:
+        a = a[0]
+    return a
+
+
+def _single_output(outputs: Mapping[str, Any], options: Mapping[str, Any], decoder: str):
+    name = options.get("output") or ""
+    if name:
+        if name not in outputs:
+            raise OnnxError(f"{decoder} decoder: no output '{name}' "
+                                f"(outputs: {', '.join(outputs)})")
+        return _one(outputs[name])
+    return _one(outputs[sorted(outputs)[0]] if len(outputs) > 1 else next(iter(outputs.values())))
+
+
+def decode_yolox(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+    from .yolo import DEFAULT_STRIDES, decode
+
+    raw = _single_output(outputs, options, "yolox")
+    return decode(raw, int(options.get("input_size", 416)),
+                  tuple(options.get("strides", DEFAULT_STRIDES)))
+
+
+def _xywh_to_xyxy(b):
+    import numpy as np
+
+    return np.concatenate([b[:, :2] - b[:, 2:4] / 2, b[:, :2] + b[:, 2:4] / 2], 1)
+
+
+def decode_yolov8(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+    raw = _single_output(outputs, options, "yolov8")
+    if raw.ndim != 2 or min(raw.shape) < 5:
+        raise OnnxError(f"yolov8 decoder: expected a [1, 4+C, A] output, got shape "
+                            f"{tuple(raw.shape)}")
+    if raw.shape[0] > raw.shape[1]:
+        raw = raw.T  # [A, 4+C] layout
+    raw = raw.T  # A × (4+C)
+    return _xywh_to_xyxy(raw[:, :4]), raw[:, 4:]
+
+
+def decode_ssd(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+    arrays = {k: _one(v) for k, v in outputs.items()}
+    boxes_name = options.get("boxes_output") or next(
+        (k for k, v in sorted(arrays.items()) if v.ndim == 2 and v.shape[-1] == 4), None)
+    scores_name = options.get("scores_output") or next(
+        (k for k, v in sorted(arrays.items()) if k != boxes_name and v.ndim == 2), None)
+    if boxes_name is None or scores_name is None:
+        raise OnnxError("ssd decoder: needs a boxes output [1, A, 4] and a scores output "
+                            f"[1, A, C] (outputs: "
+                            f"{', '.join(f'{k} {tuple(v.shape)}' for k, v in arrays.items())})")
+    boxes, scores = arrays[boxes_name], arrays[scores_name]
+    if boxes.shape[0] != scores.shape[0]:
+        raise OnnxError(f"ssd decoder: {boxes.shape[0]} boxes but {scores.shape[0]} scores")
+    if options.get("background_class", False):
+        scores = scores[:, 1:]
+    return boxes, scores
+
+
+def decode_fastestdet(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+    import numpy as np
+
+    raw = _single_output(outputs, options, "fastestdet")
+    if raw.ndim != 3 or raw.shape[0] < 6:
+        raise OnnxError(f"fastestdet decoder: expected a [1, 5+C, H, W] output, got "
+                            f"{tuple(raw.shape)}")
+    _, h, w = raw.shape
+    cells = raw.reshape(raw.shape[0], -1).T.astype(np.float64)  # (H·W) × (5+C)
+    gy, gx = np.divmod(np.arange(h * w), w)
+    cx = (np.tanh(cells[:, 1]) + gx) / w
+    cy = (np.tanh(cells[:, 2]) + gy) / h
+    bw = 1.0 / (1.0 + np.exp(-cells[:, 3]))
+    bh = 1.0 / (1.0 + np.exp(-cells[:, 4]))
+    obj = np.clip(cells[:, :1], 0, None)
+    cls = np.clip(cells[:, 5:], 0, None)
+    scores = obj ** 0.6 * cls ** 0.4
+    boxes = _xywh_to_xyxy(np.stack([cx, cy, bw, bh], 1))
+    return boxes.astype(np.float32), scores.astype(np.float32)
+
+
+DECODERS: dict[str, Decoder] = {
+    "yolox": decode_yolox,
+    "yolov8": decode_yolov8,
+    "ssd": decode_ssd,
+    "fastestdet": decode_fastestdet,
+}
+
+
+# As in common YOLO post-processing: at most this many candidates enter NMS and this many
+# detections leave it per image. A badly quantized model can push every anchor over the
+# threshold; without the cap NMS would cost (anchors²) per class.
+MAX_CANDIDATES = 3000
+MAX_DETECTIONS = 300
+
+
+def _greedy_nms(boxes, scores, threshold: float) -> list[int]:
+    """Greedy NMS computing one IoU row per kept box (memory O(n)); ties in score are
+    broken by index, as in ``accuracy_yolo.nms``."""
+    import numpy as np
+
+    order = np.lexsort((np.arange(len(scores)), -np.asarray(scores, np.float64)))
+    b = np.asarray(boxes, np.float64)
+    area = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
+    alive = np.ones(len(scores), dtype=bool)
+    keep = []
+    for i in order:
+        if not alive[i]:
+            continue
+        keep.append(int(i))
+        tl = np.maximum(b[i, :2], b[:, :2])
+        br = np.minimum(b[i, 2:], b[:, 2:])
+        inter = np.prod(np.clip(br - tl, 0, None), axis=1)
+        union = area[i] + area - inter
+        iou_row = np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+        alive &= ~(iou_row > threshold)
+    return keep
+
+
+def detections(boxes, scores, score_threshold: float, nms_threshold: float) -> list[Detection]:
+    """Class-wise NMS'd detections with score ≥ threshold, best first (deterministic),
+    at most MAX_CANDIDATES into NMS and MAX_DETECTIONS out."""
+    import numpy as np
+
+    rows, cols = np.nonzero(scores >= score_threshold)
+    if rows.size > MAX_CANDIDATES:
+        vals = scores[rows, cols]
+        top = np.lexsort((rows, -vals))[:MAX_CANDIDATES]
+        rows, cols = rows[top], cols[top]
+    dets: list[Detection] = []
+    for c in np.unique(cols):
+        idx = rows[cols == c]
+        for k in _greedy_nms(boxes[idx], scores[idx, c], nms_threshold):
+            i = idx[k]
+            dets.append(Detection(tuple(float(v) for v in boxes[i]), float(scores[i, c]),
+                                  int(c)))
+    dets.sort(key=lambda d: (-d.score, d.cls, d.box))
+    return dets[:MAX_DETECTIONS]
+
+
+def _matched_flags(ref: Sequence[Detection], cand: Sequence[Detection],
+                   iou_threshold: float) -> list[bool]:
+    """Per candidate (best first): matched one-to-one to an unused reference detection of
+    the same class with IoU >= threshold (the best such IoU, lowest index on ties)."""
+    import numpy as np
+
+    from .yolo import iou
+
+    if not ref or not cand:
+        return [False] * len(cand)
+    m = iou([c.box for c in cand], [r.box for r in ref])
+    same = np.array([[r.cls == c.cls for r in ref] for c in cand])
+    m = np.where(same & (m >= iou_threshold), m, -1.0)
+    flags = []
+    for i in range(len(cand)):
+        j = int(np.argmax(m[i]))
+        if m[i, j] < 0:
+            flags.append(False)
+            continue
+        flags.append(True)
+        m[:, j] = -1.0
+    return flags
+
+
+def average_precision(scored: list[tuple[float, bool]], n_ref: int) -> float:
+    """All-point interpolated AP of candidates (score, is_true_positive) against ``n_ref``
+    reference detections."""
+    if n_ref == 0:
+        return 1.0 if not scored else 0.0
+    scored = sorted(scored, key=lambda t: -t[0])
+    tp = fp = 0
+    points = []
+    for _, ok in scored:
+        tp, fp = tp + ok, fp + (not ok)
+        points.append((tp / n_ref, tp / (tp + fp)))
+    ap, prev_r = 0.0, 0.0
+    for i, (r, _) in enumerate(points):
+        p_interp = max(p for _, p in points[i:])
+        ap += (r - prev_r) * p_interp
+        prev_r = r
+    return ap
+
+
+def detection_metrics(ref_outputs: Sequence[Mapping[str, Any]],
+                      cand_outputs: Sequence[Mapping[str, Any]],
+                      options: Mapping[str, Any]) -> dict[str, Any]:
+    """F1, precision, recall and AP50 of the candidate's detections against the
+    reference's, pooled over samples. ``options``: decoder, score_threshold,
+    nms_threshold, iou_threshold and the decoder's own options."""
+    name = options.get("decoder", "yolox")
+    decoder = DECODERS.get(name)
+    if decoder is None:
+        raise OnnxError(f"unknown detection decoder '{name}' (known: "
+                            f"{', '.join(sorted(DECODERS))})")
+    thr = float(options.get("score_threshold", 0.3))
+    nms_thr = float(options.get("nms_threshold", 0.45))
+    iou_thr = float(options.get("iou_threshold", 0.5))
+    tp = n_ref = n_cand = 0
+    scored: list[tuple[float, bool]] = []
+    for r, c in zip(ref_outputs, cand_outputs, strict=True):
+        dr = detections(*decoder(r, options), thr, nms_thr)
+        dc = detections(*decoder(c, options), thr, nms_thr)
+        flags = _matched_flags(dr, dc, iou_thr)  # the same greedy matching as match()
+        tp, n_ref, n_cand = tp + sum(flags), n_ref + len(dr), n_cand + len(dc)
+        scored.extend(zip((d.score for d in dc), flags))
+    denom = n_ref + n_cand
+    return {
+        "score": 1.0 if denom == 0 else 2.0 * tp / denom,
+        "f1": 1.0 if denom == 0 else 2.0 * tp / denom,
+        "precision": 1.0 if n_cand == 0 else tp / n_cand,
+        "recall": 1.0 if n_ref == 0 else tp / n_ref,
+        "ap50": average_precision(scored, n_ref),
+        "reference_detections": n_ref,
+        "candidate_detections": n_cand,
+        "matched": tp,
+        "decoder": name,
+    }

@@ -1,0 +1,64 @@
+"""Validation of a quantized model before it is written.
+
+Owns the three checks every quantized model passes: the full ONNX checker (strict shape
+and type inference, which catches what the plain checker misses, e.g. a QuantizeLinear
+``output_dtype`` that disagrees with its zero point), creating an onnxruntime CPU session
+at the default optimisation level (which catches opset and fusion problems), and graph
+inputs and outputs keeping their names and dtypes, and a graph output that a Relu or Clip
+produced still being clamped.
+"""
+
+from __future__ import annotations
+
+import onnx
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import real_inputs
+from qbuild_onnx_common.ort import session
+from qbuild_onnx_common.summary import describe_values
+
+
+def check_onnx(model: onnx.ModelProto) -> None:
+    """Run ``onnx.checker.check_model(full_check=True)``; raise ``OnnxError`` if invalid."""
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise OnnxError(f"the quantized model is not valid ONNX: {exc}") from None
+
+
+def check_onnxruntime(data: bytes) -> None:
+    """Load the serialized model in an onnxruntime CPU session; raise if it does not load."""
+    session(data, what="the quantized model")  # the one core the rule is granted (Rule.cpu)
+
+
+def check_interface(original: onnx.ModelProto, quantized: onnx.ModelProto) -> None:
+    """Graph inputs and outputs keep their names and dtypes (shapes may gain detail)."""
+    for what, before, after in (
+        ("input", real_inputs(original), real_inputs(quantized)),
+        ("output", original.graph.output, quantized.graph.output),
+    ):
+        old = [(v["name"], v["dtype"]) for v in describe_values(before)]
+        new = [(v["name"], v["dtype"]) for v in describe_values(after)]
+        if old != new:
+            raise OnnxError(f"quantization changed the graph {what}s: {old} -> {new}")
+
+
+_CLAMPS = ("Relu", "Clip")
+
+
+def check_clamped_outputs(original: onnx.ModelProto, quantized: onnx.ModelProto) -> None:
+    """A graph output produced by Relu/Clip must still come from a clamp or a Q/DQ pair.
+
+    onnxruntime 1.31 removes such activations (the uint8 zero point clamps instead), but
+    with ``DedicatedQDQPair`` it exports the unclamped float tensor as the graph output.
+    """
+    def producers(model):
+        return {o: n.op_type for n in model.graph.node for o in n.output}
+
+    before, after = producers(original), producers(quantized)
+    for out in quantized.graph.output:
+        if before.get(out.name) in _CLAMPS:
+            now = after.get(out.name, "")
+            if now not in (*_CLAMPS, "DequantizeLinear") and not now.startswith("QLinear"):
+                raise OnnxError(
+                    f"graph output {out.name!r} was produced by {before[out.name]} and is now "
+                    f"produced by {now or 'nothing'}: its values would no longer be clamped")

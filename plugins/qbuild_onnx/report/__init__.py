@@ -1,0 +1,1 @@
+"""Human-readable reports (static HTML) of evaluations and auto-quantization."""

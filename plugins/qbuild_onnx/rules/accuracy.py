@@ -1,0 +1,490 @@
+"""Accuracy rules: ``evaluate`` (candidate models vs a reference on a dataset: SQNR, max abs
+error, cosine, optional YOLO detection F1 and latency; can fail below a threshold),
+``sensitivity`` (per-tensor ranking of a QDQ model), ``mixed_precision`` (precision
+overrides for the most sensitive tensors), ``select_best`` (the cheapest of several
+evaluated candidates that meets a target) and ``bias_correction`` (a QDQ model with
+corrected biases). Thin wrappers over the ``accuracy_*`` modules, which are imported
+inside ``run`` only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
+from qbuild_onnx_common.rule import OnnxRule
+
+from qbuild import ActionContext, ConfigError, Dep, attr, hookimpl
+
+from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
+
+
+def _model(dep: Dep) -> Path:
+    return dep[OnnxModelInfo].model
+
+
+def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path,
+           limit: int = 0) -> list[dict]:
+    """Samples of a qbuild dataset fed to ``model`` as ``calibrate`` feeds them (arrays one
+    rank higher are whole inputs: streaming models; scalar inputs work)."""
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..accuracy.feeds import model_feeds
+
+    try:
+        return model_feeds(dep[DatasetInfo].path, model, limit)
+    except OnnxError as e:
+        raise ctx.fail(f"{dep.label}: {e.message}", attr=attr_name) from None
+
+
+_TASK_ATTRS = {
+    "task": attr.string(default="sqnr", doc="Evaluation task: sqnr, classification, "
+                        "detection (task_options.decoder = yolox | yolov8 | ssd | "
+                        "fastestdet), yolo (= detection with the yolox decoder), psnr, "
+                        "custom (task_options.metric = 'module:function' from metric_srcs), "
+                        "or a plugin's qbuild_eval_tasks task."),
+    "task_options": attr.mapping(default={}, doc="Options handed to the task (decoder, "
+                                 "score_threshold, output, input_size, metric, ...)."),
+    "metric_srcs": attr.files(doc="Python files of a custom metric (their code is part of "
+                              "the action key)."),
+}
+
+
+_BUILTIN_TASKS = ("sqnr", "classification", "detection", "yolo", "psnr", "custom")
+
+
+def _task_code(attrs: dict[str, Any]) -> list[str]:
+    """A plugin's task is code the action runs: the qbuild_eval_tasks implementers, as
+    the engine resolved them, join the key (and are what ``ctx.hooks`` calls)."""
+    return [] if attrs.get("task") in _BUILTIN_TASKS else ["hook:qbuild_eval_tasks"]
+
+
+def _task(ctx: ActionContext, extra: dict[str, Any] | None = None):
+    """(task function, options) from the rule's task attributes."""
+    from ..accuracy.tasks import get_task
+
+    a = ctx.attrs
+    options = {**(extra or {}), **(a["task_options"] or {})}
+    pm = None if a["task"] in _BUILTIN_TASKS else ctx.hooks.pluginmanager
+    try:
+        return get_task(a["task"], options, a["metric_srcs"] or [], pm), options
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr=e.attr or "task") from None
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    import json
+
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+class Evaluate(OnnxRule):
+    kind = "evaluate"
+    machine_dependent = True  # runs the model: results follow the CPU kernels
+    version = 3
+    heavy = True
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        return [*super().code(attrs), *_task_code(attrs)]
+
+    doc = ("Compares candidate models with a reference model on a dataset and writes "
+           "report.json and report.html: per output SQNR (dB), max abs error and cosine, and "
+           "the `task` result (classification agreement, detection F1/AP50 against the "
+           "reference's own detections, PSNR, a custom metric...); with latency_runs > 0 the "
+           "1-thread latency of every model, timed interleaved in one process after warm-ups "
+           "(median, quartiles, spread; noisy runs and models slower than the reference are "
+           "flagged; timings make the report not byte-reproducible). Fails if a candidate in "
+           "`models` misses a bar (min_f1, min_sqnr_db, max_top1_drop, min_psnr_db, "
+           "min_score); `baselines` are reported but never fail the build.")
+    attrs = {
+        "models": attr.label_list(doc="Candidate model targets.", required=True,
+                                  providers=[OnnxModelInfo]),
+        "reference": attr.label(doc="The reference (float) model target.", required=True,
+                                providers=[OnnxModelInfo]),
+        "baselines": attr.label_list(doc="Models reported like `models` (marked gated = "
+                                         "false) but exempt from the bars.",
+                                     providers=[OnnxModelInfo]),
+        "dataset": attr.label(doc="A dataset target.", required=True,
+                              providers=[DatasetInfo]),
+        **_TASK_ATTRS,
+        "input_size": attr.int(default=416, doc="YOLOX square input size (task 'yolo')."),
+        "score_threshold": attr.float(default=0.3, doc="Detection score threshold."),
+        "min_f1": attr.float(default=0.0, doc="Fail if a candidate's F1 is below this."),
+        "min_sqnr_db": attr.float(default=-1000.0, doc="Fail if an output SQNR is below."),
+        "max_top1_drop": attr.float(default=1.0, doc="Fail if 1 - top-1 agreement is above."),
+        "min_psnr_db": attr.float(default=-1000.0, doc="Fail if the PSNR is below."),
+        "min_score": attr.float(default=-1e30, doc="Fail if the task score is below."),
+        "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
+    }
+    outputs = ["report.json", "report.html"]
+    provides = (EvaluationInfo,)
+
+    def is_reproducible(self, attrs: Any) -> bool:
+        return not attrs["latency_runs"]  # measured timings differ run to run
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        from qbuild_onnx_common.latency import interleaved_latency_ms
+        from qbuild_onnx_common.ort import session
+
+        from ..accuracy.metrics import compare_outputs, run_model
+        from ..accuracy.tasks import run_task
+        from ..report.html import evaluate_html
+
+        a = ctx.attrs
+        ref_path = _model(a["reference"])
+        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
+        task, options = _task(ctx, {"input_size": a["input_size"],
+                                    "score_threshold": a["score_threshold"]})
+        try:
+            ref_sess = session(ref_path)
+            ref = run_model(ref_sess, feeds)
+            report: dict[str, Any] = {"reference": a["reference"].label, "samples": len(feeds),
+                                      "task": a["task"], "models": {}}
+            report["reference_bytes"] = ref_path.stat().st_size
+            timed = {a["reference"].label: ref_sess}
+            failures: list[tuple[str, str]] = []
+            gated = {dep.label for dep in a["models"]}
+            for dep in [*a["models"], *(a["baselines"] or [])]:
+                path = _model(dep)
+                sess = session(path)
+                outs = run_model(sess, feeds)
+                entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
+                                         "bytes": path.stat().st_size}
+                if a["baselines"]:
+                    entry["gated"] = dep.label in gated
+                if a["task"] != "sqnr":
+                    entry["task"] = run_task(task, ref, outs, options)
+                    if "f1" in entry["task"]:
+                        entry["detection"] = entry["task"]  # select_best's metric = "f1"
+                if dep.label in gated:
+                    failures += [(m, f"{dep.label}: {m}") for m in _bar_failures(a, entry)]
+                timed.setdefault(dep.label, sess)
+                report["models"][dep.label] = entry
+            if a["latency_runs"]:
+                _latency(report, timed, feeds[0], a["latency_runs"], a["reference"].label,
+                         interleaved_latency_ms)
+                for label in report["latency"]["slower_than_reference"]:
+                    ctx.warn(f"{label} is slower than the reference "
+                             f"({report['models'][label]['latency_ms']} vs "
+                             f"{report['reference_latency_ms']} ms, 1 thread)")
+                if report["latency"]["noisy"]:
+                    ctx.warn("latency measurement is noisy (interquartile range above 10 % "
+                             "of the median for some model): other load on the machine?")
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr=e.attr) from None
+        _write_json(ctx.output("report.json"), report)
+        ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
+        if failures:
+            raise ctx.fail("; ".join(f for _, f in failures),
+                           attr=failures[0][0].split(":")[0])
+        return [EvaluationInfo(report=ctx.output("report.json")),
+                {"models": sorted(report["models"])}]
+
+
+def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -> None:
+    """Interleaved 1-thread timings of the reference and every model into ``report``."""
+    lat = measure(sessions, feed, runs=runs, warmup=3, reference=ref)
+    ref_ms = lat[ref]["median_ms"]
+    report["reference_latency_ms"] = ref_ms
+    report["latency"] = {"threads": 1, "runs": runs, "warmup": 3, "order": "interleaved",
+                         "reference": lat[ref],
+                         "noisy": any(v["noisy"] for v in lat.values())}
+    slower = []
+    for label, entry in report["models"].items():
+        m = lat[label]
+        entry["latency_ms"] = m["median_ms"]
+        entry["latency"] = {**m, "speedup": round(ref_ms / m["median_ms"], 3)
+                            if m["median_ms"] else None,
+                            "slower_than_reference": m["median_ms"] > ref_ms}
+        if m["median_ms"] > ref_ms:
+            slower.append(label)
+    report["latency"]["slower_than_reference"] = sorted(slower)
+
+
+def _bar_failures(a: dict[str, Any], entry: dict[str, Any]) -> list[str]:
+    """The bars an evaluated entry misses, each as 'attr_name: detail'."""
+    out = []
+    for name, m in entry["outputs"].items():
+        s = m["sqnr_db"]
+        s = float("inf") if s == "inf" else float(s)
+        if s < a["min_sqnr_db"]:
+            out.append(f"min_sqnr_db: output '{name}' SQNR {s:.2f} dB < {a['min_sqnr_db']}")
+    t = entry.get("task", {})
+    checks = [("min_f1", "f1", True), ("max_top1_drop", "top1_drop", False),
+              ("min_score", "score", True)]
+    if a["task"] == "psnr":
+        checks.append(("min_psnr_db", "score", True))
+    for bar, key, higher in checks:
+        if key not in t:
+            continue
+        v = float(t[key]) if t[key] not in ("inf", "-inf", "nan") else float(t[key])
+        if (v < a[bar]) if higher else (v > a[bar]):
+            what = "F1" if key == "f1" else key
+            out.append(f"{bar}: {what} {v:.4f} {'<' if higher else '>'} {a[bar]}")
+    return out
+
+
+class Sensitivity(OnnxRule):
+    kind = "sensitivity"
+    machine_dependent = True  # runs the model: results follow the CPU kernels
+    version = 2
+    heavy = True
+    def code(self, attrs: dict[str, Any]) -> list[str]:
+        return [*super().code(attrs), *_task_code(attrs)]
+
+    doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
+           "effect on the output SQNR against the float model, turning sites back to float "
+           "by graph surgery (no re-calibration). mode = 'only': one site quantized at a "
+           "time; 'leave_out': one site float at a time. With a `task` (e.g. detection) sites "
+           "are scored by the task's score instead of the worst output SQNR, so the sites "
+           "that break the task rank first. Writes sensitivity.json.")
+    attrs = {
+        "model": attr.label(doc="The QDQ model.", required=True, providers=[OnnxModelInfo]),
+        "reference": attr.label(doc="The float model it was quantized from.", required=True,
+                                providers=[OnnxModelInfo]),
+        "dataset": attr.label(doc="Samples to measure on (usually the calibration set).",
+                              required=True, providers=[DatasetInfo]),
+        "mode": attr.enum(["only", "leave_out"], default="only", doc="Trial kind."),
+        "kinds": attr.string_list(default=["activation", "weight"], doc="Site kinds."),
+        "max_samples": attr.int(default=8, doc="Use at most this many samples (0: all)."),
+        **_TASK_ATTRS,
+    }
+    outputs = ["sensitivity.json"]
+    provides = (SensitivityInfo,)
+
+    def validate(self, attrs: Any) -> None:
+        bad = sorted(set(attrs["kinds"]) - {"activation", "weight"})
+        if bad:
+            raise ConfigError(f"unknown site kind(s) {bad} (known: activation, weight)",
+                              attr="kinds")
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        from ..accuracy.sensitivity import analyze
+
+        a = ctx.attrs
+        bad = sorted(set(a["kinds"]) - {"activation", "weight"})
+        if bad:
+            raise ctx.fail(f"unknown site kind(s) {bad}", attr="kinds")
+        ref_path = _model(a["reference"])
+        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path, a["max_samples"])
+        metric = None
+        if a["task"] != "sqnr":
+            from ..accuracy.tasks import run_task, score_of
+
+            task, options = _task(ctx)
+
+            def metric(ref, outs):
+                return score_of(run_task(task, ref, outs, options))
+        try:
+            rep = analyze(_model(a["model"]), ref_path, feeds,
+                          mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
+            rep["task"] = a["task"]
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr=e.attr) from None
+        _write_json(ctx.output("sensitivity.json"), rep)
+        return [SensitivityInfo(ranking=ctx.output("sensitivity.json")),
+                {"top": [r["site"] for r in rep["ranking"][:10]]}]
+
+
+class MixedPrecision(OnnxRule):
+    kind = "mixed_precision"
+    version = 2
+    heavy = True
+    doc = ("Writes overrides.json putting activation tensors at 16 bits or in float: the "
+           "named `tensors`, the outputs of `op_types`, and the `top_k` most sensitive "
+           "activations of a `sensitivity` report. The document's 'tensors' table is the "
+           "quantize rule's tensor_overrides; 'nodes_to_exclude' its nodes_to_exclude; "
+           "'promoted' lists the chosen tensors. Use it as quantize's `overrides` label.")
+    attrs = {
+        "model": attr.label(doc="The float model the overrides refer to.", required=True,
+                            providers=[OnnxModelInfo]),
+        "sensitivity": attr.label(doc="A sensitivity target (optional).",
+                                  providers=[SensitivityInfo]),
+        "top_k": attr.int(default=0, doc="How many ranked activations to promote."),
+        "tensors": attr.string_list(default=[], doc="Tensors promoted: names or stable "
+                                    "selectors ('op:TYPE', 'upto:TENSOR', globs; "
+                                    "docs/selectors.md)."),
+        "op_types": attr.string_list(default=[], doc="Promote outputs of these op types."),
+        "action": attr.enum(["uint16", "int16", "float"], default="uint16",
+                            doc="16-bit activations, or keep float (excludes producer and "
+                                "consumers from quantization)."),
+    }
+    outputs = ["overrides.json"]
+    provides = (OverridesInfo,)
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        import json
+
+        from ..accuracy.mixed_precision import (
+            overrides_for_tensors,
+            ranked_tensors,
+            tensors_by_op_type,
+        )
+
+        a = ctx.attrs
+        model = _model(a["model"])
+        try:
+            names = _tensor_selection(model, a["tensors"])
+            names += tensors_by_op_type(model, a["op_types"])
+            if a["sensitivity"] is not None and a["top_k"]:
+                rep = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
+                names += ranked_tensors(rep)[: a["top_k"]]
+            names = list(dict.fromkeys(names))
+            doc = overrides_for_tensors(model, names, a["action"])
+            doc["promoted"] = names
+        except OnnxError as e:  # a selector that selects nothing, a missing name
+            raise ctx.fail(e.message, attr=e.attr) from None
+        _write_json(ctx.output("overrides.json"), doc)
+        return [OverridesInfo(overrides=ctx.output("overrides.json")),
+                {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}]
+
+
+def _tensor_selection(model: Path, entries: list[str]) -> list[str]:
+    if not entries:
+        return []
+    import onnx
+
+    from ..quantization.selectors import resolve_tensor_list
+
+    return resolve_tensor_list(entries, onnx.load(str(model), load_external_data=False),
+                               "tensors")
+
+
+_HIGHER_IS_BETTER = {"sqnr_db": True, "cosine": True, "f1": True, "max_abs_error": False}
+
+
+def trial_score(entry: dict[str, Any], metric: str, output: str = "") -> float:
+    """One model's score in an evaluate report entry: detection F1, or the worst output's
+    SQNR / cosine / max abs error (or the named output's)."""
+    if metric == "f1":
+        if "detection" not in entry:
+            raise KeyError("the report has no detection F1 (evaluate with task = 'yolo')")
+        return float(entry["detection"]["f1"])
+    outs = entry["outputs"]
+    if output:
+        if output not in outs:
+            raise KeyError(f"no output '{output}' in the report (it has: {', '.join(outs)})")
+        outs = {output: outs[output]}
+    values = [float("inf") if m[metric] == "inf" else float(m[metric]) for m in outs.values()]
+    return min(values) if _HIGHER_IS_BETTER[metric] else max(values)
+
+
+def select(trials: list[dict[str, Any]], metric: str, threshold: float) -> dict[str, Any] | None:
+    """The cheapest trial (fewest promoted tensors, then list order) whose score meets
+    ``threshold`` (>= for higher-is-better metrics, <= for max_abs_error), or None."""
+    higher = _HIGHER_IS_BETTER[metric]
+    ok = [t for t in trials if (t["score"] >= threshold if higher else t["score"] <= threshold)]
+    return min(ok, key=lambda t: (t["promoted"], t["index"])) if ok else None
+
+
+class SelectBest(OnnxRule):
+    kind = "select_best"
+    version = 1
+    heavy = False
+    doc = ("Picks, among candidate models (e.g. quantize variants over mixed_precision "
+           "top_k), the cheapest one (fewest promoted tensors, from the quantize info; then "
+           "list order) whose score in the `reports` (evaluate targets) meets `threshold`. "
+           "Copies it to {name}.onnx and writes report.json; fails if no candidate meets it. "
+           "Only this target reruns when the threshold changes.")
+    attrs = {
+        "models": attr.label_list(doc="Candidate model targets.", required=True,
+                                  providers=[OnnxModelInfo]),
+        "reports": attr.label_list(doc="evaluate targets that report on the candidates.",
+                                   required=True, providers=[EvaluationInfo]),
+        "metric": attr.enum(sorted(_HIGHER_IS_BETTER), default="sqnr_db",
+                            doc="Score: worst-output SQNR (dB), cosine or max abs error, or "
+                                "detection F1 (evaluate task = 'yolo')."),
+        "output": attr.string(default="", doc="Score only this model output (default: the "
+                              "worst output)."),
+        "threshold": attr.float(required=True, doc="Target score: >= (<= for max_abs_error)."),
+    }
+    outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo,)
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        import json
+        import shutil
+
+        a = ctx.attrs
+        entries: dict[str, dict[str, Any]] = {}
+        for dep in a["reports"]:
+            rep = json.loads(dep[EvaluationInfo].report.read_text())
+            if not isinstance(rep, dict) or not isinstance(rep.get("models"), dict):
+                raise ctx.fail(f"{dep.label} is not an evaluate report", attr="reports")
+            entries.update(rep["models"])
+        trials = []
+        for index, dep in enumerate(a["models"]):
+            if dep.label not in entries:
+                raise ctx.fail(f"no report in `reports` evaluates {dep.label}", attr="reports")
+            try:
+                score = trial_score(entries[dep.label], a["metric"], a["output"])
+            except KeyError as e:
+                raise ctx.fail(f"{dep.label}: {e.args[0]}", attr="metric") from None
+            promoted = dep.info.get("promoted", [])
+            trials.append({"model": dep.label, "index": index, "promoted": len(promoted),
+                           "tensors": list(promoted), "score": round(score, 6)})
+        chosen = select(trials, a["metric"], a["threshold"])
+        report = {"metric": a["metric"], "output": a["output"], "threshold": a["threshold"],
+                  "chosen": chosen["model"] if chosen else None,
+                  "trials": [{k: v for k, v in t.items() if k != "index"} for t in trials]}
+        _write_json(ctx.output("report.json"), report)
+        if chosen is None:
+            best = max(trials, key=lambda t: t["score"] if _HIGHER_IS_BETTER[a["metric"]]
+                       else -t["score"])
+            raise ctx.fail(f"no candidate meets {a['metric']} "
+                           f"{'>=' if _HIGHER_IS_BETTER[a['metric']] else '<='} "
+                           f"{a['threshold']}; best is {best['model']} with {best['score']} "
+                           f"({len(trials)} candidates)", attr="threshold")
+        out = ctx.output("{name}.onnx")
+        shutil.copyfile(_model(a["models"][chosen["index"]]), out)
+        ctx.log(f"chose {chosen['model']}: {a['metric']} {chosen['score']} with "
+                f"{chosen['promoted']} promoted tensor(s)")
+        return [onnx_model_info(out), {"chosen": chosen["model"], "promoted": chosen["tensors"],
+                                       "score": chosen["score"]}]
+
+
+class BiasCorrection(OnnxRule):
+    kind = "bias_correction"
+    machine_dependent = True  # runs the model: results follow the CPU kernels
+    version = 2
+    heavy = True
+    doc = ("Corrects the Conv/Gemm biases of a QDQ model for the mean output error of weight "
+           "quantization measured on a dataset against the float model (empirical bias "
+           "correction). Outputs the corrected model and report.json.")
+    attrs = {
+        "model": attr.label(doc="The QDQ model.", required=True, providers=[OnnxModelInfo]),
+        "reference": attr.label(doc="The float model it was quantized from.", required=True,
+                                providers=[OnnxModelInfo]),
+        "dataset": attr.label(doc="Calibration samples.", required=True,
+                              providers=[DatasetInfo]),
+    }
+    outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo,)
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        from ..accuracy.bias_correction import bias_correct
+
+        a = ctx.attrs
+        ref_path = _model(a["reference"])
+        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
+        out = ctx.output("{name}.onnx")
+        try:
+            _, rep = bias_correct(_model(a["model"]), ref_path, feeds, out)
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr=e.attr) from None
+        _write_json(ctx.output("report.json"), rep)
+        # The corrected model keeps its source's precision choices: pass them on, so that
+        # select_best does not count a bias-corrected trial as having no promoted tensors.
+        kept = {k: v for k, v in a["model"].info.items()
+                if k in ("promoted", "overrides", "float_joins", "per_channel",
+                         "activation_type", "weight_type")}
+        return [onnx_model_info(out), {**kept, "corrected_nodes": rep["corrected_nodes"]}]
+
+
+@hookimpl
+def qbuild_rule_types():
+    from .auto import AutoQuantize, SensitiveRegion
+
+    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection, SelectBest, AutoQuantize,
+            SensitiveRegion]

@@ -1,0 +1,181 @@
+"""``auto_quantize`` (a macro: its trials are ordinary cached targets, see ``auto_plan``;
+the target itself selects, see ``auto_select``) and ``sensitive_region`` (the stem or
+head region around the most sensitive activation, as quantize overrides). Registered by
+``rules.accuracy``'s hook; heavy imports happen inside ``run``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
+from qbuild_onnx_common.rule import OnnxRule
+
+from qbuild import ActionContext, ConfigError, attr
+
+from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
+
+
+def _clean(x: Any) -> Any:
+    """JSON-ready: infinities as strings, floats rounded."""
+    if isinstance(x, float):
+        if math.isinf(x) or math.isnan(x):
+            return str(x)
+        return round(x, 6)
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x
+
+
+class SensitiveRegion(OnnxRule):
+    kind = "sensitive_region"
+    version = 2
+    heavy = True
+    doc = ("Writes overrides.json keeping a whole region float: the nodes from the graph's "
+           "start to the consumers of the `rank`-th most sensitive activation of a "
+           "`sensitivity` report (the stem) when it sits in the first half of the graph, "
+           "else from its producer to the end (the head). Also lists the region as a "
+           "stable selector string. Use it as quantize's `overrides`.")
+    attrs = {
+        "model": attr.label(doc="The float model the quantize target quantizes.",
+                            required=True, providers=[OnnxModelInfo]),
+        "sensitivity": attr.label(doc="A sensitivity target.", required=True,
+                                  providers=[SensitivityInfo]),
+        "rank": attr.int(default=0, doc="Which ranked activation (0: the most sensitive)."),
+        "count": attr.int(default=1, doc="Union of the regions of this many activations "
+                          "ranked from `rank` on."),
+        "promote_uint16": attr.int(default=0, doc="Also this many of the next ranked "
+                                   "activations outside the region at uint16."),
+    }
+    outputs = ["overrides.json"]
+    provides = (OverridesInfo,)
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        from qbuild_onnx_common.errors import OnnxError
+
+        from ..auto.regions import region_overrides
+
+        a = ctx.attrs
+        model = a["model"][OnnxModelInfo].model
+        rep = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
+        try:
+            doc = region_overrides(model, rep, a["rank"], a["count"], a["promote_uint16"])
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr="sensitivity") from None
+        out = ctx.output("overrides.json")
+        out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+        ctx.log(f"region {doc['region']['where']} around {doc['region']['tensor']}: "
+                f"{doc['region']['nodes']} node(s) float")
+        return [OverridesInfo(overrides=out),
+                {"region": doc["region"], "selectors": doc["selectors"]}]
+
+
+class AutoQuantize(OnnxRule):
+    kind = "auto_quantize"
+    version = 2
+    heavy = False
+    doc = ("Automatic quantization search, as a macro: expands to calibrate / quantize / "
+           "bias_correction / sensitivity / mixed_precision / sensitive_region trials, each "
+           "with an evaluate target (named <name>.<trial>, <name>.ev_<trial>), all ordinary "
+           "cached targets; this target picks the cheapest trial (objective: measured "
+           "latency or size) that meets every `bar`, or keeps the float model when none is "
+           "cheaper, and writes {name}.onnx, report.json and report.html. Changing the bar "
+           "or objective reruns only this selection.")
+    attrs = {
+        "model": attr.label(doc="The float model (pre-processed).", required=True,
+                            providers=[OnnxModelInfo]),
+        "calibration_data": attr.label(doc="Dataset to calibrate (and rank sites) on.",
+                                       required=True, providers=[DatasetInfo]),
+        "evaluation_data": attr.label(doc="Dataset the trials are judged on.", required=True,
+                                      providers=[DatasetInfo]),
+        "task": attr.string(default="sqnr", doc="Evaluation task (see evaluate)."),
+        "task_options": attr.mapping(default={}, doc="Options of the task."),
+        "metric_srcs": attr.files(doc="Files of a custom metric."),
+        "bar": attr.mapping(required=True, doc="What a trial must meet: min_f1, min_ap50, "
+                            "max_top1_drop, min_top1_agreement, min_sqnr_db, min_psnr_db, "
+                            "min_score."),
+        "objective": attr.enum(["latency", "size"], default="latency",
+                               doc="Cost of a trial: its measured 1-thread latency or its "
+                                   "size in bytes."),
+        "min_speedup": attr.float(default=1.05, doc="objective latency: the speed-up over "
+                                  "float (trial and float timed interleaved in one process) a "
+                                  "trial needs to replace the float model; below it the float "
+                                  "model is kept, so no recommended model is slower than float."),
+        "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate."),
+        "calibration_methods": attr.string_list(default=["minmax", "percentile"],
+                                                doc="Calibration methods tried."),
+        "steps": attr.string_list(default=["activation_type", "per_channel", "calibration",
+                                           "bias_correction", "region", "float_top_k",
+                                           "uint16_top_k", "region_uint16", "lower"],
+                                  doc="Which trial families."),
+        "top_k": attr.int_list(default=[2, 8], doc="Sensitive activations kept float / "
+                               "promoted to 16 bits per trial."),
+        "sensitivity_samples": attr.int(default=4, doc="Samples the sensitivity uses."),
+        "candidates": attr.label_list(doc="(filled in by the expansion)",
+                                      providers=[OnnxModelInfo]),
+        "reports": attr.label_list(doc="(filled in by the expansion)",
+                                   providers=[EvaluationInfo]),
+        "trial_names": attr.string_list(default=[], doc="(filled in by the expansion)"),
+        "sensitivity": attr.label(doc="(filled in by the expansion)",
+                                  providers=[SensitivityInfo]),
+    }
+    outputs = ["{name}.onnx", "report.json", "report.html"]
+    provides = (OnnxModelInfo,)
+
+    @staticmethod
+    def expand_targets(name: str, raw: dict[str, Any]):
+        from ..auto.plan import expand
+
+        return expand(name, raw)
+
+    def validate(self, attrs: dict[str, Any]) -> None:
+        from ..auto.select import check_bar
+
+        problems = check_bar(attrs["bar"] or {})
+        if problems:
+            raise ConfigError(problems[0], attr="bar")
+        if not attrs["bar"]:
+            raise ConfigError("give at least one bar, e.g. bar = { min_sqnr_db = 30 }",
+                              attr="bar")
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        import shutil
+
+        from ..auto.select import select
+        from ..report.html import auto_html
+
+        a = ctx.attrs
+        reports, entries = [], []
+        for dep, cand in zip(a["reports"], a["candidates"], strict=True):
+            rep = json.loads(dep[EvaluationInfo].report.read_text())
+            reports.append(rep)
+            entries.append(rep["models"][cand.label])
+        result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
+                        a["model"].label, a["min_speedup"])
+        for row, cand in zip(result["trials"], a["candidates"]):
+            row["model"] = cand.label
+            row["float_nodes"] = len(cand.info.get("promoted", []))
+            joins = cand.info.get("float_joins") or []
+            if joins:
+                row["float_joins"] = [j["node"] for j in joins]
+        result = _clean(result)
+        if result["chosen"] == "float":
+            src = a["model"][OnnxModelInfo].model
+        else:
+            index = a["trial_names"].index(result["chosen"])
+            src = a["candidates"][index][OnnxModelInfo].model
+        out = ctx.output("{name}.onnx")
+        shutil.copyfile(src, out)
+        sens = None
+        if a["sensitivity"] is not None:
+            sens = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
+        ctx.output("report.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+        ctx.output("report.html").write_text(auto_html(ctx.label, result, sens),
+                                             encoding="utf-8")
+        ctx.log(f"chose {result['chosen']}: {result['note']}")
+        return [onnx_model_info(out), {"chosen": result["chosen"], "note": result["note"]}]
+

@@ -1,0 +1,275 @@
+"""The ``quantize`` (static, from saved ranges) and ``quantize_dynamic`` rules.
+
+Thin wrappers over ``qbuild_onnx.quantization.quantize``: they map attributes to options, pick the
+model and calibration files out of their dependencies, and turn ``OnnxError`` into a
+``RuleError`` naming the attribute. The static rule reads only its two declared inputs, so
+changing a quantize attribute reruns neither pre-processing nor calibration. onnx,
+onnxruntime and numpy are imported only inside ``run``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.providers import (
+    CalibrationInfo,
+    OnnxModelInfo,
+    QuantizedModelInfo,
+    onnx_model_info,
+)
+from qbuild_onnx_common.rule import OnnxRule
+
+from qbuild import ActionContext, ConfigError, Dep, Rule, attr, hookimpl
+
+from ..providers import OverridesInfo
+from ..quantization.options import (
+    ACTIVATION_TYPES,
+    DYNAMIC_WEIGHT_TYPES,
+    FORMATS,
+    FOUR_BIT,
+    WEIGHT_TYPES,
+    DynamicOptions,
+    StaticOptions,
+    check_dynamic_options,
+    check_static_options,
+)
+
+_COMMON = {
+    "model": attr.label(
+        doc="The float model to quantize: a target with one .onnx output (for static "
+            "quantization, the exact pre-processed model the calibration ran on).",
+        required=True, providers=[OnnxModelInfo]),
+    "per_channel": attr.bool(default=False, doc="Quantize Conv/Gemm/MatMul weights per "
+                             "output channel."),
+    "reduce_range": attr.bool(default=False, doc="7-bit weights (helps non-VNNI x86 CPUs)."),
+    "op_types": attr.string_list(default=[], doc="Operator types to quantize; empty: all "
+                                 "that onnxruntime supports."),
+    "nodes_to_quantize": attr.string_list(default=[], doc="If set, quantize only these "
+                                          "nodes (by name)."),
+    "nodes_to_exclude": attr.string_list(default=[], doc="Nodes kept in float: names or "
+                                         "stable selectors (globs, 'op:TYPE', 'upto:TENSOR', "
+                                         "'after:TENSOR', 'first:N', 'last:N'; "
+                                         "docs/selectors.md)."),
+    "extra_options": attr.mapping(default={}, doc="onnxruntime quantizer extra options, "
+                                  "passed through (e.g. QDQKeepRemovableActivations = true)."),
+}
+
+
+def _load_overrides(ctx: ActionContext, dep: Dep) -> dict[str, Any]:
+    """The precision-override document of a ``mixed_precision`` target (overrides.json)."""
+    import json
+
+    path = dep[OverridesInfo].overrides
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ctx.fail(f"{dep.label}: cannot read {path.name}: {exc}", attr="overrides") from None
+    tensors = doc.get("tensors", {}) if isinstance(doc, dict) else None
+    nodes = doc.get("nodes_to_exclude", []) if isinstance(doc, dict) else None
+    if not isinstance(tensors, dict) or not isinstance(nodes, list) or \
+            not all(isinstance(n, str) for n in nodes):
+        raise ctx.fail(f"{dep.label}: {path.name} is not a precision-override document (an "
+                       "object with a 'tensors' table and a 'nodes_to_exclude' list)",
+                       attr="overrides")
+    promoted = doc.get("promoted")
+    if not isinstance(promoted, list):
+        promoted = sorted(set(tensors) | set(nodes))
+    return {"tensors": tensors, "nodes_to_exclude": nodes, "promoted": promoted}
+
+
+def merge_label_overrides(a: dict[str, Any], doc: dict[str, Any]) -> tuple[dict[str, Any],
+                                                                            list[str]]:
+    """Attributes with an overrides document merged in. Inline values win: a tensor set in
+    ``tensor_overrides`` keeps its inline table whole (returned as the shadowed names);
+    ``nodes_to_exclude`` is the union, inline names first."""
+    merged = dict(a)
+    inline = a["tensor_overrides"] or {}
+    shadowed = sorted(t for t in doc["tensors"] if t in inline)
+    merged["tensor_overrides"] = {**doc["tensors"], **inline}
+    merged["nodes_to_exclude"] = list(dict.fromkeys([*a["nodes_to_exclude"],
+                                                     *doc["nodes_to_exclude"]]))
+    return merged, shadowed
+
+
+def _static_options(a: dict[str, Any]) -> StaticOptions:
+    return StaticOptions(
+        quant_format=a["format"], per_channel=a["per_channel"], weight_type=a["weight_type"],
+        activation_type=a["activation_type"], activation_symmetric=a["activation_symmetric"],
+        weight_symmetric=a["weight_symmetric"], reduce_range=a["reduce_range"],
+        op_types=tuple(a["op_types"]), nodes_to_quantize=tuple(a["nodes_to_quantize"]),
+        nodes_to_exclude=tuple(a["nodes_to_exclude"]), tensor_overrides=a["tensor_overrides"],
+        node_overrides=a["node_overrides"], extra_options=a["extra_options"])
+
+
+def _dynamic_options(a: dict[str, Any]) -> DynamicOptions:
+    return DynamicOptions(
+        per_channel=a["per_channel"], weight_type=a["weight_type"],
+        reduce_range=a["reduce_range"], op_types=tuple(a["op_types"]),
+        nodes_to_quantize=tuple(a["nodes_to_quantize"]),
+        nodes_to_exclude=tuple(a["nodes_to_exclude"]), extra_options=a["extra_options"])
+
+
+def _rewrites(dep: Dep) -> dict[str, Any] | None:
+    """The node renames of the pre-processing that made ``dep``'s model, if it says."""
+    rewrites = (dep.info or {}).get("preprocess_rewrites")
+    return rewrites if isinstance(rewrites, dict) else None
+
+
+def _validate(check, options) -> None:
+    try:
+        check(options)
+    except OnnxError as exc:
+        raise ConfigError(exc.message, attr=exc.attr) from None
+
+
+def _run(ctx: ActionContext, work, inputs: dict[Path, Dep]) -> dict[str, Any]:
+    try:
+        return work()
+    except OnnxError as exc:
+        message = exc.message
+        for path, dep in inputs.items():  # staged paths mean nothing to the user: use labels
+            message = message.replace(str(path), f"{dep.label} ({path.name})")
+        raise ctx.fail(message, attr=exc.attr) from None
+
+
+class Quantize(OnnxRule):
+    """Static quantization from a calibration artifact."""
+
+    kind = "quantize"
+    version = 3
+    heavy = True
+    doc = ("Static quantization with onnxruntime's QDQ or QOperator quantizer, from the "
+           "tensor ranges of a `calibrate` target (never recalibrates). The calibration must "
+           "have been computed on exactly the `model` file (sha256 checked). Per-channel "
+           "models below opset 13 are upgraded (DequantizeLinear needs `axis`); the output "
+           "is checked with onnx's full checker and an onnxruntime session. `overrides` "
+           "merges a mixed_precision target's overrides.json (inline values win). Outputs "
+           "the model and report.json (Q/DQ counts, quantized ops, dtypes, size).")
+    attrs = {
+        **_COMMON,
+        "calibration": attr.label(doc="The calibrate target (its calibration.json).",
+                                  required=True, providers=[CalibrationInfo]),
+        "format": attr.enum(list(FORMATS), default="qdq", doc="QDQ (QuantizeLinear/"
+                            "DequantizeLinear pairs) or QOperator (QLinear* operators)."),
+        "weight_type": attr.enum(list(WEIGHT_TYPES), default="int8", doc="Weight type; "
+                                 "int4/uint4 and 16-bit types need format = 'qdq'."),
+        "activation_type": attr.enum(list(ACTIVATION_TYPES + tuple(sorted(FOUR_BIT))),
+                                     default="uint8", doc="Activation type (uint8 fuses into "
+                                     "QLinear kernels on x86 CPUs; int8 does not)."),
+        "activation_symmetric": attr.bool(default=False, doc="Symmetric activation ranges."),
+        "weight_symmetric": attr.bool(doc="Symmetric weights; unset: symmetric for signed "
+                                      "weight types. Per-channel weights are always symmetric."),
+        "tensor_overrides": attr.mapping(default={}, doc="Per-tensor settings: tensor name -> "
+                                         "table (quant_type, symmetric, rmin, rmax, scale, "
+                                         "zero_point, reduce_range, convert) or, per channel, "
+                                         "a list of tables, the first with axis."),
+        "node_overrides": attr.mapping(default={}, doc="Node name -> table applied to every "
+                                       "output tensor of that node (as tensor_overrides)."),
+        "per_channel": attr.bool(default=True, doc="Quantize Conv/Gemm/MatMul weights per "
+                                 "output channel (the default: per-tensor weights wreck most "
+                                 "CNNs)."),
+        "float_joins_ratio": attr.float(default=32.0, doc="Keep in float every Concat whose "
+                                        "inputs' calibrated ranges differ by this factor or "
+                                        "more (pixel boxes beside scores), with the Reshape/"
+                                        "Transpose after it; each input keeps its own scale. "
+                                        "0 disables."),
+        "overrides": attr.label(doc="A mixed_precision target: its overrides.json 'tensors' "
+                                "are merged into tensor_overrides (an inline entry for the "
+                                "same tensor wins whole) and its 'nodes_to_exclude' into "
+                                "nodes_to_exclude (union).", providers=[OverridesInfo]),
+    }
+    outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo, QuantizedModelInfo)
+
+    def validate(self, attrs: dict[str, Any]) -> None:
+        _validate(check_static_options, _static_options(attrs))
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        from ..quantization.quantize import quantize_static_model
+
+        model = ctx.attrs["model"][OnnxModelInfo].model
+        calibration = ctx.attrs["calibration"][CalibrationInfo].table
+        a = ctx.attrs
+        inputs = {model: a["model"], calibration: a["calibration"]}
+        promoted = None
+        if a["overrides"] is not None:
+            doc = _load_overrides(ctx, a["overrides"])
+            a, shadowed = merge_label_overrides(a, doc)
+            promoted = doc["promoted"]
+            ctx.log(f"overrides from {ctx.attrs['overrides'].label}: {len(doc['tensors'])} "
+                    f"tensor(s), {len(doc['nodes_to_exclude'])} excluded node(s)")
+            if shadowed:
+                ctx.log(f"inline tensor_overrides win for: {', '.join(shadowed)}")
+        options = _static_options(a)
+        if promoted is not None:
+            try:
+                check_static_options(options)
+            except OnnxError as exc:
+                raise ctx.fail(f"with the overrides of {a['overrides'].label}: {exc.message}",
+                               attr="overrides") from None
+        info = _run(ctx, lambda: quantize_static_model(
+            model, calibration, ctx.output("{name}.onnx"), options,
+            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn,
+            rewrites=_rewrites(a["model"]),
+            float_joins_ratio=a["float_joins_ratio"]), inputs)
+        if promoted is not None:
+            info = {**info, "overrides": a["overrides"].label, "promoted": promoted}
+        return [*_providers(ctx, info), info]
+
+
+class QuantizeDynamic(OnnxRule):
+    """Dynamic quantization: int8 weights now, uint8 activations computed at run time."""
+
+    kind = "quantize_dynamic"
+    version = 2
+    heavy = True
+    doc = ("Dynamic quantization with onnxruntime's integer-ops quantizer: weights are "
+           "quantized now, activations at run time (DynamicQuantizeLinear), so no calibration "
+           "is needed. Suits MatMul-heavy models (transformers, RNNs). onnxruntime quantizes "
+           "Conv weights per-tensor here even with per_channel. Outputs the model and "
+           "report.json.")
+    attrs = {
+        **_COMMON,
+        "weight_type": attr.enum(list(DYNAMIC_WEIGHT_TYPES), default="int8",
+                                 doc="Weight type."),
+        "latency_check": attr.bool(default=False, doc="Record in report.json when the result "
+                                   "is slower than the float model (1 thread, synthetic "
+                                   "input; makes the report machine-dependent). A warning "
+                                   "says so in any case."),
+    }
+    outputs = ["{name}.onnx", "report.json"]
+    provides = (OnnxModelInfo, QuantizedModelInfo)
+
+    def validate(self, attrs: dict[str, Any]) -> None:
+        _validate(check_dynamic_options, _dynamic_options(attrs))
+
+    def run(self, ctx: ActionContext) -> list[Any]:
+        from ..quantization.quantize import quantize_dynamic_model
+
+        model = ctx.attrs["model"][OnnxModelInfo].model
+        options = _dynamic_options(ctx.attrs)
+        info = _run(ctx, lambda: quantize_dynamic_model(
+            model, ctx.output("{name}.onnx"), options, report_path=ctx.output("report.json"),
+            log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.attrs["model"]),
+            latency_in_report=ctx.attrs["latency_check"]),
+            {model: ctx.attrs["model"]})
+        return [*_providers(ctx, info), info]
+
+
+def _providers(ctx: ActionContext, info: dict[str, Any]) -> list[Any]:
+    """The quantized model as dependents read it: the model, and how it was quantized
+    (float_nodes: the nodes kept in float around mixed-range joins)."""
+    out = ctx.output("{name}.onnx")
+    kept = sorted({n for j in info.get("float_joins") or [] for n in j["float_nodes"]})
+    return [onnx_model_info(out),
+            QuantizedModelInfo(model=out, format=info["format"],
+                               weight_type=info["weight_type"],
+                               activation_type=info["activation_type"],
+                               float_nodes=tuple(kept))]
+
+
+@hookimpl
+def qbuild_rule_types() -> list[type[Rule]]:
+    return [Quantize, QuantizeDynamic]

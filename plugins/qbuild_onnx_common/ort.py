@@ -1,0 +1,60 @@
+"""onnxruntime CPU sessions, made one way: the thread count the action was granted
+(``ctx.threads``; never all cores, since parallel actions share them), sequential
+execution, onnxruntime's own logging at errors only, and one clear error when the model
+does not load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import OnnxError
+
+ERRORS = 3  # onnxruntime log severity: errors and fatal only
+FATAL = 4
+
+
+def session(model: Any, threads: int = 1, *, optimize: bool = True,
+            optimized_path: str | Path | None = None, profile_prefix: str | None = None,
+            log_severity: int = ERRORS, what: str | None = None) -> Any:
+    """An ``onnxruntime.InferenceSession`` on the CPU for a ModelProto, serialized bytes or
+    a path (a path keeps external data working).
+
+    ``optimize=False`` turns graph optimisations off (tensors stay exactly the graph's);
+    ``optimized_path`` saves the optimised model; ``profile_prefix`` turns profiling on.
+    Raises ``OnnxError`` ("onnxruntime cannot load WHAT: why"; WHAT defaults to the file
+    name, or "the model") when onnxruntime cannot load it.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = log_severity
+    so.intra_op_num_threads = max(1, int(threads))
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not optimize:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    if profile_prefix:
+        so.enable_profiling = True
+        so.profile_file_prefix = profile_prefix
+    if isinstance(model, (bytes, str)):
+        src = model
+    elif isinstance(model, Path):
+        src = str(model)
+    else:
+        src = model.SerializeToString()
+    try:
+        return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises several unrelated exception types
+        name = what or (Path(model).name if isinstance(model, (str, Path)) else "the model")
+        raise OnnxError(f"onnxruntime cannot load {name}: {short_message(e)}") from None
+
+
+def short_message(e: BaseException) -> str:
+    """onnxruntime's message in one line: its long source-location prefix dropped."""
+    msg = str(e).strip()
+    if " : " in msg:
+        msg = msg.split(" : ")[-1]
+    return msg.splitlines()[0][:400] if msg else type(e).__name__
