@@ -47,6 +47,7 @@ class BuildOptions:
     explain: bool = False
     cpu: int | None = None  # --local_resources cpu=N (default: the CPU count)
     memory: int | None = None  # --local_resources memory=MiB (default: 2/3 of RAM)
+    remote_executor: Any = None  # _dask_executor.RemoteExecution: run actions on a cluster
 
 
 def _default_memory_mib() -> int:
@@ -67,6 +68,7 @@ class BuildResult:
     cached: list[str] = field(default_factory=list)
     remote_hits: list[str] = field(default_factory=list)
     remote: dict[str, Any] | None = None
+    remote_execution: dict[str, Any] | None = None
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
@@ -112,16 +114,31 @@ class Build:
             assert isinstance(self.store, LayeredStore)
             self.remote = self.store
             self.remote.warn = reporter.message
-        inner = executor or LocalExecutor(self.store, session.workspace.root,
-                                          session.digests, options.jobs)
+        local = None if executor is not None else LocalExecutor(
+            self.store, session.workspace.root, session.digests, options.jobs)
+        inner: Executor = executor or local  # type: ignore[assignment]
+        self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
+        self.memory_budget = max(1, options.memory or _default_memory_mib())
+        self.remote_executor: Any = None
+        if local is not None and options.remote_executor is not None:
+            from ._dask_executor import DaskExecutor
+
+            inner = self.remote_executor = DaskExecutor(
+                local, self.store, options.remote_executor, dict(session.workspace.toolchain),
+                self.cpu_budget, reporter.message,
+                verbose=any(getattr(r, "verbose", False)
+                            for r in getattr(reporter, "reporters", (reporter,))))
+            # Placement is the cluster's; actions that run here share this machine's
+            # cores inside the executor.
+            self.cpu_budget = self.memory_budget = 1 << 40
         self.rebuilder = Rebuilder(session, inner, self.state, options.jobs,
                                    started=lambda label: reporter.action_started(str(label)),
                                    message=reporter.message)
+        if self.remote_executor is not None:
+            self.remote_executor.parts = self.rebuilder.parts  # what workers check
         self.materializer = Materializer(session.workspace.output_dir, self.store, self.state,
                                          self.rebuilder.results.__getitem__,
                                          self.rebuilder.rebuild)
-        self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
-        self.memory_budget = max(1, options.memory or _default_memory_mib())
 
     @property
     def results(self) -> dict[Label, ActionResult]:
@@ -177,6 +194,8 @@ class Build:
         result.ok = not result.failed and not result.skipped and not interrupted
         result.bytes_hashed = self.session.digests.bytes_hashed
         result.remote = self.remote.summary() if self.remote is not None else None
+        if self.remote_executor is not None:
+            result.remote_execution = self.remote_executor.summary()
         result.seconds = time.monotonic() - started
         result.infos = {str(label): dict(r.info) for label, r in self.results.items()}
         result.providers = {str(label): dict(r.providers) for label, r in self.results.items()}
@@ -190,7 +209,7 @@ class Build:
             skipped_reasons=dict(result.skip_reasons), cache_dir=str(self.store.directory),
             cache_bytes=self.store.volume(), interrupted=interrupted,
             remote_cache_hits=len(result.remote_hits) if result.remote is not None else None,
-            remote=result.remote)
+            remote=result.remote, remote_execution=result.remote_execution)
         self.reporter.build_finished(summary.to_json())
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
 
@@ -235,7 +254,8 @@ class Build:
         self._event(ActionEvent(str(label), "ran", outcome.seconds,
                                 key=self.rebuilder.actions[label].key, origin="ran",
                                 rule=self.graph.targets[label].kind,
-                                warnings=outcome.result.warnings))
+                                warnings=outcome.result.warnings,
+                                worker=outcome.worker or None))
         return True
 
     def _skipped(self, label: Label, failed_deps: list[Label]) -> None:

@@ -138,8 +138,9 @@ class ConsoleReporter(Reporter):
             elif not self.quiet and (status == "ran" and (not self.tty or self.verbose)
                                      or status != "ran" and self.verbose):
                 word = "built" if status == "ran" else status
+                where = f" on {event['worker']}" if event.get("worker") else ""
                 self.stream.write(f"[{self.done}/{self.total}] {word} {label} "
-                                  f"({event['seconds']:.2f}s)\n")
+                                  f"({event['seconds']:.2f}s{where})\n")
             self._status()
             self.stream.flush()
 
@@ -197,6 +198,13 @@ def summary_line(summary: dict[str, Any]) -> str:
     if summary["skipped"]:
         line += f", {summary['skipped']} skipped"
     line += f", {summary['seconds']:.2f}s"
+    executed = summary.get("remote_execution")
+    if executed and (executed["remote_actions"] or executed["fallback"]):
+        workers = ", ".join(f"{w} {n}" for w, n in executed["workers"].items())
+        line += (f", {executed['remote_actions']} run on {len(executed['workers'])} Dask "
+                 f"workers" + (f" ({workers})" if workers else ""))
+        if executed["fallback"]:
+            line += " (then here: scheduler unreachable)"
     if summary.get("cache_dir"):
         line += f"; cache {short_path(summary['cache_dir'])}"
         if summary.get("cache_bytes") is not None:

@@ -116,5 +116,6 @@ class Outcome:
     result: ActionResult
     seconds: float = 0.0
     status: Literal["ran", "cached"] = "ran"
+    worker: str = ""  # the remote worker that ran it (empty: this machine)
     steps: tuple[tuple[str, str, str], ...] = ()
     """v2 targets: (mnemonic, key, "ran" | "cached") of each declared action."""

@@ -35,7 +35,8 @@ from ._toml import load_toml
 
 RESULT_PATH = ".qbuild/result.json"  # the output file of an ActionResult holding our metadata
 _FORMAT = 1
-_KNOWN = {"cache", "upload_local_results", "timeout", "headers"}
+_KNOWN = {"cache", "upload_local_results", "timeout", "headers",
+          "executor", "local_fallback", "strategy"}  # the last three: _dask_executor
 _UPLOAD_THREADS = 4
 
 
@@ -203,6 +204,7 @@ class LayeredStore:
     def __init__(self, local: LocalStore, config: RemoteConfig) -> None:
         self.local = local
         self.tmp = local.tmp
+        self.remote_config = config
         self.remote = HttpCache(config)
         self.upload = config.upload
         self.warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
@@ -304,15 +306,13 @@ class LayeredStore:
 
     def put_action(self, key: str, result: ActionResult) -> None:
         self.local.put_action(key, result)
+        if result.origin == "remote":
+            return  # a remote worker made it and wrote its entry (``publish``)
         if not self.upload or not self.usable:
             return
         if any(e.path == RESULT_PATH for e in result.outputs):
             return  # cannot be told apart from our metadata: keep it local
-        meta = {"format": _FORMAT, "declared": list(result.declared),
-                "info": dict(result.info), "warnings": list(result.warnings),
-                "components": self.local.get_components(key)}
-        if result.providers:
-            meta["providers"] = dict(result.providers)
+        meta = self._meta(key, result)
         with self._lock:
             if self._pool is None:
                 import concurrent.futures
@@ -322,22 +322,46 @@ class LayeredStore:
             self._futures.append(self._pool.submit(
                 self._upload, key, [e.to_json() for e in result.outputs], meta))
 
+    def _meta(self, key: str, result: ActionResult) -> dict[str, Any]:
+        meta = {"format": _FORMAT, "declared": list(result.declared),
+                "info": dict(result.info), "warnings": list(result.warnings),
+                "components": self.local.get_components(key)}
+        if result.providers:
+            meta["providers"] = dict(result.providers)
+        return meta
+
+    def publish(self, key: str, result: ActionResult) -> None:
+        """Upload a result now, in this thread, whatever ``upload`` says (a remote
+        worker's results): every blob, then the metadata, then the entry. Raises
+        RemoteError or OSError; the store stays usable for the next call."""
+        if any(e.path == RESULT_PATH for e in result.outputs):
+            raise RemoteError(f"an output is named {RESULT_PATH}, which qbuild's metadata "
+                              "uses")
+        if not self._send(key, [e.to_json() for e in result.outputs],
+                          self._meta(key, result)):
+            raise RemoteError("an output blob left the local cache before its upload")
+
+    def _send(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> bool:
+        meta_bytes = json.dumps(meta, sort_keys=True).encode()
+        meta_digest = hash_bytes(meta_bytes)
+        for entry in outputs:
+            if self.remote.cas_size(entry["digest"]) == entry["size"]:
+                continue
+            path = self.local._blob_path(entry["digest"])
+            if path is None:
+                return False  # evicted meanwhile: better no entry than one without blobs
+            self.remote.put_cas(entry["digest"], path, entry["size"])
+        if self.remote.cas_size(meta_digest) != len(meta_bytes):
+            self.remote.put_cas_bytes(meta_digest, meta_bytes)
+        self.remote.put_ac(key, to_action_result(outputs, meta_digest, len(meta_bytes)))
+        return True
+
     def _upload(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         if not self.usable:
             return
-        meta_bytes = json.dumps(meta, sort_keys=True).encode()
-        meta_digest = hash_bytes(meta_bytes)
         try:
-            for entry in outputs:
-                if self.remote.cas_size(entry["digest"]) == entry["size"]:
-                    continue
-                path = self.local._blob_path(entry["digest"])
-                if path is None:
-                    return  # evicted meanwhile: better no entry than one without blobs
-                self.remote.put_cas(entry["digest"], path, entry["size"])
-            if self.remote.cas_size(meta_digest) != len(meta_bytes):
-                self.remote.put_cas_bytes(meta_digest, meta_bytes)
-            self.remote.put_ac(key, to_action_result(outputs, meta_digest, len(meta_bytes)))
+            if not self._send(key, outputs, meta):
+                return
         except RemoteError as exc:
             self._give_up(f"upload failed ({exc})")
             return

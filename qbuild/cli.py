@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from ._workspace import Workspace
 
 EXIT_OK, EXIT_BUILD_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+REMOTE_JOBS = 64  # default -j with --remote_executor (actions in flight, as Bazel's advice)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -72,6 +73,18 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--toolchain_mismatch", choices=["error", "warn"], default="error",
                        help="what to do when installed versions differ from qbuild.toml's "
                        "[toolchain] pins (default: error, exit 2)")
+    executing = build.add_argument_group("remote execution (a Dask cluster; needs a remote "
+                                         "cache, see docs/distributed.md)")
+    executing.add_argument("--remote_executor", metavar="dask://HOST:PORT",
+                           help="run actions on the Dask scheduler at this address (default: "
+                           "$QBUILD_REMOTE_EXECUTOR, then [remote] executor in qbuild.toml); "
+                           "empty turns it off")
+    executing.add_argument("--remote_local_fallback", action="store_true", default=None,
+                           help="run actions here when the scheduler cannot be reached, "
+                           "no worker fits them, or every worker refuses them")
+    executing.add_argument("--strategy", action="append", default=[], metavar="KIND=WHERE",
+                           help="where actions of a rule kind run: remote or local (KIND * "
+                           "for all unlisted kinds; default: heavy rules remote, light local)")
     build.add_argument("--local_resources", action="append", default=[], metavar="KIND=N",
                        help="cores (cpu=4) or memory (memory=8G; plain numbers are MiB) "
                        "running actions may use together (default: all cores, 2/3 of RAM)")
@@ -321,7 +334,18 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         check_toolchain(dict(session.workspace.toolchain), args.toolchain_mismatch,
                         session.workspace.root / "qbuild.toml",
                         lambda line: print(line, file=sys.stderr))
+        from ._dask_executor import resolve_executor
+
+        executor = resolve_executor(session.workspace.root, {
+            "executor": args.remote_executor, "local_fallback": args.remote_local_fallback,
+            "strategy": args.strategy})
+        if executor is not None and session.remote is None:
+            raise UsageError("--remote_executor needs a remote cache (the workers' only way "
+                             "to get inputs and return outputs): give --remote_cache=URL, "
+                             "$QBUILD_REMOTE_CACHE or [remote] cache in qbuild.toml")
         jobs = args.jobs if args.jobs is not None else session.workspace.jobs
+        if args.jobs is None and executor is not None:
+            jobs = max(jobs, REMOTE_JOBS)  # the cluster queues and places them
         if jobs < 1:
             raise UsageError("-j must be at least 1")
         forget(session.workspace.output_dir, args.patterns, package)
@@ -334,7 +358,8 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         clean_stale_sandboxes(session.store.tmp)
         build = session.build(args.patterns, package,
                               BuildOptions(jobs=jobs, keep_going=args.keep_going,
-                                           explain=args.explain, **resources), reporter,
+                                           explain=args.explain, remote_executor=executor,
+                                           **resources), reporter,
                               started=started)
         result = build.result
         save_known(known_file, session.digests, started)

@@ -51,10 +51,13 @@ class ActionEvent(_DictView):
     error: str | None = None
     log_tail: str | None = None
     warnings: tuple[str, ...] = ()
+    worker: str | None = None  # the remote (Dask) worker that ran it
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {"label": self.label, "status": self.status,
                                   "seconds": round(self.seconds, 3), "key": self.key}
+        if self.worker is not None:
+            record["worker"] = self.worker
         if self.origin is not None:
             record["origin"] = self.origin
         if self.rule is not None:
@@ -98,6 +101,7 @@ class BuildSummary(_DictView):
     interrupted: bool = False
     remote_cache_hits: int | None = None
     remote: Mapping[str, Any] | None = None
+    remote_execution: Mapping[str, Any] | None = None  # _dask_executor's summary
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -114,6 +118,8 @@ class BuildSummary(_DictView):
         if self.remote is not None:
             record["remote_cache_hits"] = self.remote_cache_hits
             record["remote"] = dict(self.remote)
+        if self.remote_execution is not None:
+            record["remote_execution"] = dict(self.remote_execution)
         return record
 
     __hash__ = object.__hash__

@@ -55,6 +55,7 @@ class BuildOutcome:
     cached: list[str] = field(default_factory=list)
     remote_hits: list[str] = field(default_factory=list)
     remote: dict[str, Any] | None = None
+    remote_execution: dict[str, Any] | None = None  # per-worker counts, refusals, fallback
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
     error: str = ""
@@ -154,8 +155,9 @@ class Workspace:
               explain: bool = False, cwd: str = "", cpu: int | None = None,
               memory: int | None = None, remote_cache: str | None = None,
               remote_upload: bool | None = None, remote_timeout: float | None = None,
-              remote_headers: list[str] | None = None, blocked: tuple[str, ...] = ()
-              ) -> BuildOutcome:
+              remote_headers: list[str] | None = None, blocked: tuple[str, ...] = (),
+              remote_executor: str | None = None, strategy: list[str] | None = None,
+              remote_local_fallback: bool | None = None) -> BuildOutcome:
         """Build in-process with the real engine; configuration errors become
         ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``.
 
@@ -179,9 +181,17 @@ class Workspace:
                 remote_flags={"cache": remote_cache, "upload": remote_upload,
                               "timeout": remote_timeout, "headers": remote_headers},
                 environ={}, entry_point_cache=False)
+            from ._dask_executor import resolve_executor
+
+            executor = resolve_executor(session.workspace.root, {
+                "executor": remote_executor, "strategy": strategy,
+                "local_fallback": remote_local_fallback}, environ={})
+            if executor is not None and session.remote is None:
+                raise QbuildError("remote_executor needs a remote cache")
             result = session.build(list(patterns), package,
                                    BuildOptions(jobs=jobs, keep_going=keep_going,
-                                                explain=explain, cpu=cpu, memory=memory),
+                                                explain=explain, cpu=cpu, memory=memory,
+                                                remote_executor=executor),
                                    ConsoleReporter(log, tty=False)).result
             output_dir = session.workspace.output_dir
         except QbuildError as exc:
@@ -199,6 +209,7 @@ class Workspace:
             failed=result.failed, skipped=result.skipped, error=errors,
             log=log.getvalue(), bytes_hashed=result.bytes_hashed,
             explanations=result.explanations, _outputs=result.outputs, _infos=result.infos,
+            remote_execution=result.remote_execution,
             steps=result.steps, _providers=result.providers,
             _output_dir=output_dir,
         )

@@ -1,0 +1,34 @@
+"""Rules for the distributed tests: one that blocks until its worker is killed (the retry,
+seeing the marker the first run left, finishes at once with the same bytes)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from qbuild import ActionContext, Rule, attr, hookimpl
+
+
+class Block(Rule):
+    """Write the first run's process id to ``markers``/started, then block; a later run
+    (the retry on another worker) writes the output at once."""
+
+    kind = "block"
+    attrs = {"markers": attr.string(required=True, doc="A folder outside the sandbox."),
+             "text": attr.string(default="done", doc="What to write.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        started = Path(ctx.attrs["markers"]) / "started"
+        if not started.exists():
+            started.write_text(str(os.getpid()))
+            time.sleep(60)  # the test kills this worker long before
+        ctx.output("out.txt").write_text(ctx.attrs["text"])
+        return {"length": len(ctx.attrs["text"])}
+
+
+@hookimpl
+def qbuild_rule_types() -> list[type[Rule]]:
+    return [Block]
