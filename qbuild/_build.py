@@ -113,7 +113,7 @@ class Build:
             self.remote = self.store
             self.remote.warn = reporter.message
         inner = executor or LocalExecutor(self.store, session.workspace.root,
-                                          session.digests, options.jobs)
+                                          session.digests, options.jobs, inline=True)
         self.rebuilder = Rebuilder(session, inner, self.state, options.jobs,
                                    started=lambda label: reporter.action_started(str(label)),
                                    message=reporter.message)
