@@ -114,8 +114,11 @@ class Build:
             assert isinstance(self.store, LayeredStore)
             self.remote = self.store
             self.remote.warn = reporter.message
+        # inline: a local miss runs in the thread that submits it (no hand-over between
+        # two pools); a remote executor keeps its own threads for local fallbacks
         local = None if executor is not None else LocalExecutor(
-            self.store, session.workspace.root, session.digests, options.jobs)
+            self.store, session.workspace.root, session.digests, options.jobs,
+            inline=options.remote_executor is None)
         inner: Executor = executor or local  # type: ignore[assignment]
         self.cpu_budget = max(1, options.cpu or os.cpu_count() or 1)
         self.memory_budget = max(1, options.memory or _default_memory_mib())
