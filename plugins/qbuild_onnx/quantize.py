@@ -18,6 +18,7 @@ from typing import Any
 
 import onnx
 
+from .algorithms.markers import keep_float_nodes
 from .model_checks import (
     control_flow_compute,
     describe_quantized,
@@ -222,6 +223,10 @@ def quantize_static_model(
         name_nodes(model)
         joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
     excluded = list(options.nodes_to_exclude)
+    marked = [n for n in keep_float_nodes(model) if n not in excluded]
+    if marked:  # e.g. SmoothQuant's Mul: its input must stay float (algorithms.markers)
+        excluded += marked
+        log(f"kept float as the model's metadata asks: {', '.join(marked)}")
     if options.per_channel:
         flat = flatten_gemm_biases(model)
         if flat:

@@ -1,0 +1,314 @@
+"""AdaRound: learned up/down rounding of a QDQ model's integer weights, layer by layer.
+
+Nearest rounding of each weight is not what minimises a layer's output error. For every
+Conv (2-D), Gemm and MatMul whose weight is a DequantizeLinear of an 8- or 16-bit
+initializer, this keeps onnxruntime's scale and zero point and chooses, per weight,
+floor(w / s) or floor(w / s) + 1, by minimising over calibration samples
+
+    || W_float x_float  -  W_hat(V) x_quant ||^2  +  lam * sum(1 - |2 h(V) - 1|^beta)
+
+with the rectified sigmoid h(V) = clip(sigmoid(V) (zeta - gamma) + gamma, 0, 1), beta
+annealed from 20 to 2 (Nagel et al., "Up or Down? Adaptive Rounding for Post-Training
+Quantization", ICML 2020, eq. 21-24). x_quant is the layer's input in the QDQ model (its
+activations already quantized: the paper's "asymmetric" reconstruction) and x_float the
+float model's input to the same node (matched by name). Layers are optimised
+independently on one pass of data (not sequentially); rows of the layer's input (im2col
+patches for Conv) are sampled at random, seeded, up to ``rows`` per layer. Plain numpy
+with Adam; a layer keeps nearest rounding unless the learned rounding lowers its
+reconstruction error on the sampled rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._graph import attr, initializers
+
+ZETA, GAMMA = 1.1, -0.1
+_INT_TYPES = (2, 3, 4, 5)  # TensorProto UINT8, INT8, UINT16, INT16
+
+
+@dataclass
+class _Layer:
+    node: Any  # node of the QDQ model
+    fnode: Any  # same node in the float model
+    kind: str  # "conv" or "dense"
+    w: Any  # float weight in canonical [G, cout_g, d] layout (float64)
+    q_init: Any  # the integer initializer behind the DequantizeLinear
+    scale: Any  # [G, cout_g, 1] (broadcast) float64
+    zp: Any  # same layout
+    qmin: int
+    qmax: int
+    to_canonical: Any  # function: integer array as stored -> [G, cout_g, d]
+    from_canonical: Any  # function: [G, cout_g, d] -> array as stored
+    group: int = 1
+    xq: list = field(default_factory=list)  # sampled input rows, [G, r, d] per sample
+    yf: list = field(default_factory=list)  # float output rows, [G, r, cout_g] per sample
+
+
+def _dq_of(graph, inits, tensor):
+    producer = next((n for n in graph.node if tensor in n.output), None)
+    if producer is None or producer.op_type != "DequantizeLinear":
+        return None
+    if any(i not in inits for i in producer.input if i):
+        return None
+    if attr(producer, "block_size", 0):
+        return None  # blocked weights: not handled
+    if inits[producer.input[0]].data_type not in _INT_TYPES:
+        return None
+    return producer
+
+
+def _find_layers(qm, fm, op_types) -> list[_Layer]:
+    import numpy as np
+    from onnx import numpy_helper
+
+    q_inits, f_inits = initializers(qm.graph), initializers(fm.graph)
+    f_nodes = {n.name: n for n in fm.graph.node if n.name}
+    layers = []
+    for node in qm.graph.node:
+        if node.op_type not in op_types or len(node.input) < 2 or not node.name:
+            continue
+        fnode = f_nodes.get(node.name)
+        if fnode is None or fnode.op_type != node.op_type or len(fnode.input) < 2 \
+                or fnode.input[1] not in f_inits:
+            continue
+        dq = _dq_of(qm.graph, q_inits, node.input[1])
+        if dq is None:
+            continue
+        q_init = q_inits[dq.input[0]]
+        q = numpy_helper.to_array(q_init)
+        wf = numpy_helper.to_array(f_inits[fnode.input[1]]).astype(np.float64)
+        if wf.shape != q.shape:
+            continue
+        scale = numpy_helper.to_array(q_inits[dq.input[1]]).astype(np.float64)
+        zp = numpy_helper.to_array(q_inits[dq.input[2]]).astype(np.float64) \
+            if len(dq.input) > 2 and dq.input[2] else np.zeros_like(scale)
+        axis = int(attr(dq, "axis", 1))
+        info = np.iinfo(q.dtype)
+        per_axis = scale.ndim == 1 and scale.size > 1
+        if node.op_type == "Conv":
+            if q.ndim != 4:
+                continue
+            group = int(attr(node, "group", 1))
+            cout = q.shape[0]
+            if per_axis and axis != 0:
+                continue
+            cg = cout // group
+            shape = q.shape
+
+            def to_c(a, shape=shape, group=group, cg=cg):
+                return a.reshape(group, cg, -1)
+
+            def from_c(a, shape=shape):
+                return a.reshape(shape)
+
+            sc = (scale.reshape(group, cg, 1) if per_axis
+                  else np.full((group, cg, 1), float(scale)))
+            z = (zp.reshape(group, cg, 1) if per_axis
+                 else np.full((group, cg, 1), float(zp)))
+            layers.append(_Layer(node, fnode, "conv", to_c(wf), q_init, sc, z, info.min,
+                                 info.max, to_c, from_c, group))
+            continue
+        if q.ndim != 2:
+            continue
+        trans_b = node.op_type == "Gemm" and bool(attr(node, "transB", 0))
+        if node.op_type == "Gemm" and attr(node, "transA", 0):
+            continue
+        out_axis = 0 if trans_b else 1  # the weight axis that indexes output channels
+        if per_axis and axis != out_axis:
+            continue
+
+        def to_c(a, trans_b=trans_b):
+            return (a if trans_b else a.T)[None]
+
+        def from_c(a, trans_b=trans_b):
+            return a[0] if trans_b else a[0].T
+
+        cout = q.shape[out_axis]
+        sc = scale.reshape(1, cout, 1) if per_axis else np.full((1, cout, 1), float(scale))
+        z = zp.reshape(1, cout, 1) if per_axis else np.full((1, cout, 1), float(zp))
+        layers.append(_Layer(node, fnode, "dense", to_c(wf), q_init, sc, z, info.min,
+                             info.max, to_c, from_c, 1))
+    return layers
+
+
+def _conv_geometry(node, in_hw, k_hw):
+    """(pads [top, left, bottom, right], strides, dilations, out_hw) of a 2-D Conv."""
+    strides = list(attr(node, "strides", [1, 1]))
+    dil = list(attr(node, "dilations", [1, 1]))
+    auto = attr(node, "auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    pads = list(attr(node, "pads", [0, 0, 0, 0]))
+    out = []
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        pads = [0, 0, 0, 0]
+        for i in range(2):
+            o = -(-in_hw[i] // strides[i])
+            total = max((o - 1) * strides[i] + (k_hw[i] - 1) * dil[i] + 1 - in_hw[i], 0)
+            small, big = total // 2, total - total // 2
+            pads[i], pads[i + 2] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    elif auto == "VALID":
+        pads = [0, 0, 0, 0]
+    for i in range(2):
+        span = (k_hw[i] - 1) * dil[i] + 1
+        out.append((in_hw[i] + pads[i] + pads[i + 2] - span) // strides[i] + 1)
+    return pads, strides, dil, out
+
+
+def _conv_rows(x, node, group, k_hw, pick):
+    """im2col rows of a 2-D Conv input x [1, C, H, W] at the output positions chosen by
+    ``pick(count) -> indices``: [group, rows, C/group * kh * kw]."""
+    import numpy as np
+
+    pads, strides, dil, out = _conv_geometry(node, x.shape[2:], k_hw)
+    xp = np.pad(x[0], ((0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    idx = pick(out[0] * out[1])
+    oh, ow = idx // out[1], idx % out[1]
+    hh = oh[:, None] * strides[0] + np.arange(k_hw[0])[None] * dil[0]  # [P, kh]
+    ww = ow[:, None] * strides[1] + np.arange(k_hw[1])[None] * dil[1]  # [P, kw]
+    patches = xp[:, hh[:, :, None], ww[:, None, :]]  # [C, P, kh, kw]
+    patches = np.moveaxis(patches, 1, 0)  # [P, C, kh, kw]
+    p, c = patches.shape[0], patches.shape[1]
+    return patches.reshape(p, group, (c // group) * k_hw[0] * k_hw[1]).transpose(1, 0, 2)
+
+
+def _collect(layers, qm, fm, feeds, rows: int, seed: int, scratch=None) -> int:
+    import numpy as np
+
+    from .layer_data import session_with_outputs
+
+    q_names = sorted({lay.node.input[0] for lay in layers})
+    f_names = sorted({lay.fnode.input[0] for lay in layers})
+    qs = session_with_outputs(qm, q_names, scratch)
+    fs = session_with_outputs(fm, f_names, scratch)
+    feeds = list(feeds)
+    per_sample = max(1, -(-rows // max(len(feeds), 1)))
+    rng = np.random.default_rng(seed)
+    for feed in feeds:
+        xq = dict(zip(q_names, qs.run(q_names, dict(feed))))
+        xf = dict(zip(f_names, fs.run(f_names, dict(feed))))
+        for lay in layers:
+            a_q = np.asarray(xq[lay.node.input[0]], dtype=np.float32)
+            a_f = np.asarray(xf[lay.fnode.input[0]], dtype=np.float32)
+            if a_q.shape != a_f.shape:
+                continue
+            if lay.kind == "conv":
+                if a_q.ndim != 4:
+                    continue
+                k_hw = lay.from_canonical(lay.w).shape[2:]
+                for b in range(a_q.shape[0]):
+                    chosen = {}
+
+                    def pick(total, chosen=chosen):
+                        chosen["i"] = rng.choice(total, size=min(per_sample, total),
+                                                 replace=False)
+                        return chosen["i"]
+
+                    rq = _conv_rows(a_q[b:b + 1], lay.node, lay.group, k_hw, pick)
+                    rf = _conv_rows(a_f[b:b + 1], lay.node, lay.group, k_hw,
+                                    lambda _t, chosen=chosen: chosen["i"])
+                    lay.xq.append(rq.astype(np.float32))
+                    lay.yf.append(np.matmul(rf.astype(np.float64),
+                                            lay.w.transpose(0, 2, 1)).astype(np.float32))
+            else:
+                d = lay.w.shape[2]
+                if a_q.shape[-1] != d:
+                    continue
+                rq, rf = a_q.reshape(-1, d), a_f.reshape(-1, d)
+                idx = rng.choice(rq.shape[0], size=min(per_sample, rq.shape[0]), replace=False)
+                lay.xq.append(rq[idx][None])
+                lay.yf.append((rf[idx].astype(np.float64) @ lay.w[0].T)[None].astype(
+                    np.float32))
+    return len(feeds)
+
+
+def _optimise(lay: _Layer, iterations: int, lr: float, lam: float, warmup: float):
+    """(integer weights in canonical layout, nearest loss, learned loss)."""
+    import numpy as np
+
+    x = np.concatenate(lay.xq, axis=1).astype(np.float64)  # [G, R, d]
+    y = np.concatenate(lay.yf, axis=1).astype(np.float64)  # [G, R, cout_g]
+    r = x.shape[1]
+    s, z = lay.scale, lay.zp
+    lo, hi = lay.qmin - z, lay.qmax - z  # bounds of the integer offset from the zero point
+    wdiv = lay.w / s
+    fl = np.floor(wdiv)
+    rest = wdiv - fl
+
+    def loss_of(q):
+        e = np.matmul(x, (s * q).transpose(0, 2, 1)) - y
+        return float((e * e).sum() / r)
+
+    nearest = np.clip(np.rint(wdiv), lo, hi)
+    base = loss_of(nearest)
+    p = np.clip((rest - GAMMA) / (ZETA - GAMMA), 1e-6, 1 - 1e-6)
+    v = np.log(p / (1 - p))
+    m1 = np.zeros_like(v)
+    m2 = np.zeros_like(v)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    start = int(warmup * iterations)
+    for t in range(1, iterations + 1):
+        sig = 1.0 / (1.0 + np.exp(-v))
+        hu = sig * (ZETA - GAMMA) + GAMMA
+        h = np.clip(hu, 0.0, 1.0)
+        qv = fl + h
+        inside = (qv >= lo) & (qv <= hi)
+        w_hat = s * np.clip(qv, lo, hi)
+        e = np.matmul(x, w_hat.transpose(0, 2, 1)) - y  # [G, R, cout_g]
+        g_w = 2.0 / r * np.matmul(e.transpose(0, 2, 1), x)  # [G, cout_g, d]
+        g_h = g_w * s * inside
+        if t > start:
+            frac = (t - start) / max(iterations - start, 1)
+            beta = 20.0 + (2.0 - 20.0) * frac
+            u = 2.0 * h - 1.0
+            g_h = g_h - lam * beta * np.abs(u) ** (beta - 1.0) * np.sign(u) * 2.0
+        g_v = g_h * (ZETA - GAMMA) * sig * (1.0 - sig) * ((hu > 0) & (hu < 1))
+        m1 = b1 * m1 + (1 - b1) * g_v
+        m2 = b2 * m2 + (1 - b2) * g_v * g_v
+        v -= lr * (m1 / (1 - b1 ** t)) / (np.sqrt(m2 / (1 - b2 ** t)) + eps)
+    hard = np.clip(fl + (v >= 0), lo, hi)  # h(V) >= 0.5 exactly when V >= 0
+    learned = loss_of(hard)
+    return hard, base, learned
+
+
+def adaround(qdq_model, float_model, feeds, *, op_types=("Conv", "Gemm", "MatMul"),
+             rows: int = 1024, iterations: int = 500, lr: float = 0.01, lam: float = 0.01,
+             warmup: float = 0.2, seed: int = 0, scratch=None, log=None
+             ) -> tuple[Any, dict[str, Any]]:
+    """Re-round the weights of ``qdq_model`` (ModelProto, copied) against ``float_model``
+    on ``feeds``; returns (model, report)."""
+    import onnx
+    from onnx import numpy_helper
+
+    log = log or (lambda _m: None)
+    qm = onnx.ModelProto()
+    qm.CopyFrom(qdq_model)
+    layers = _find_layers(qm, float_model, op_types)
+    if not layers:
+        raise ValueError("no Conv/Gemm/MatMul with an 8- or 16-bit DequantizeLinear weight "
+                         "that matches a node of the float model by name")
+    n = _collect(layers, qm, float_model, feeds, rows, seed, scratch)
+    if n == 0:
+        raise ValueError("the dataset fed no sample")
+    report: dict[str, Any] = {}
+    changed = 0
+    for lay in layers:
+        if not lay.xq:
+            continue
+        hard, base, learned = _optimise(lay, iterations, lr, lam, warmup)
+        kept = learned >= base
+        entry = {"nearest_loss": round(base, 9), "learned_loss": round(learned, 9),
+                 "kept_nearest": bool(kept)}
+        if not kept:
+            old = numpy_helper.to_array(lay.q_init)
+            ints = lay.from_canonical(hard + lay.zp).astype(old.dtype)
+            entry["flipped"] = int((ints != old).sum())
+            lay.q_init.CopyFrom(numpy_helper.from_array(ints, lay.q_init.name))
+            changed += 1
+        report[lay.node.name] = entry
+        log(f"adaround {lay.node.name}: loss {base:.4g} -> {learned:.4g}"
+            + (" (kept nearest)" if kept else ""))
+    return qm, {"layers": len(report), "changed_layers": changed, "rows": rows,
+                "iterations": iterations, "samples": n, "nodes": dict(sorted(report.items()))}
