@@ -66,11 +66,21 @@ def _load(path: Path) -> tuple[bytes, onnx.ModelProto]:
     except FileNotFoundError:
         raise QuantizeError(f"model file {path} does not exist", attr="model") from None
     try:
-        model = onnx.load(str(path))
+        # External weights stay on disk until _prepare has inferred shapes on the graph
+        # alone (a model over 2 GB cannot be serialized for shape inference).
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError and onnx's own errors
         raise QuantizeError(f"model file {path} is not an ONNX model: {exc}",
                             attr="model") from None
     return data, model
+
+
+def _float_bytes(onnx_bytes: int, path: Path, model: onnx.ModelProto) -> int:
+    """Size of the float model: the .onnx file and its external data files."""
+    from .algorithms.external_data import locations
+
+    return onnx_bytes + sum((Path(path).parent / loc).stat().st_size
+                            for loc in locations(model))
 
 
 def _drop_initializer_inputs(model: onnx.ModelProto, log: Log) -> None:
@@ -104,8 +114,13 @@ def _check_quantizable(model: onnx.ModelProto, action: str, warn: Log) -> None:
     warn(f"compute inside control-flow subgraphs stays float: {where}")
 
 
-def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelProto:
+def _prepare(model: onnx.ModelProto, target_opset: int, log: Log, base_dir: Path
+             ) -> onnx.ModelProto:
+    """The model at ``target_opset`` with shapes inferred, then its external weights
+    loaded from ``base_dir`` (once: the caller's graph-only copy has none)."""
     from onnxruntime.quantization.quant_utils import add_infer_metadata
+
+    from .algorithms.external_data import fill
 
     current = ai_onnx_opset(model)
     if target_opset > current:
@@ -115,7 +130,7 @@ def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelP
     _drop_initializer_inputs(model, log)
     model = onnx.shape_inference.infer_shapes(model)
     add_infer_metadata(model)  # tells the quantizer shapes are inferred: no temp-file reload
-    return model
+    return fill(model, base_dir)
 
 
 def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelProto:
@@ -214,7 +229,7 @@ def quantize_static_model(
         contrib_qdq=bool(options.extra_options.get("UseQDQContribOps", False)))
     had_infer_key = any(p.key == _INFER_KEY for p in model.metadata_props)
     original = model
-    model = _prepare(model, target, log)
+    model = _prepare(model, target, log, Path(model_path).parent)
 
     names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
     ranges = tensors_data(calibration, names)
@@ -282,7 +297,8 @@ def quantize_static_model(
         settings["float_joins"] = [{"node": j.node, "ratio": j.ratio, "input_widths":
                                     list(j.widths), "float_nodes": list(j.float_nodes),
                                     "reaches_output": j.reaches_output} for j in joins]
-    info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
+    info, report = _finish(original, quantized, output_path, report_path,
+                           _float_bytes(len(data), model_path, original), settings,
                            had_infer_key)
     if options.per_channel:
         overridden = {n.name for n in quantized.graph.node
@@ -365,7 +381,7 @@ def quantize_dynamic_model(
                             types={options.weight_type})
     had_infer_key = any(p.key == _INFER_KEY for p in model.metadata_props)
     original = model
-    model = _prepare(model, target, log)
+    model = _prepare(model, target, log, Path(model_path).parent)
     extra: dict[str, Any] = {"MatMulConstBOnly": True, **options.extra_options}
     op_types = sorted(options.op_types or DYNAMIC_OP_TYPES)
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
@@ -389,13 +405,19 @@ def quantize_dynamic_model(
         "reduce_range": options.reduce_range,
         "input_model_sha256": sha256_bytes(data),
     }
-    info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
+    info, report = _finish(original, quantized, output_path, report_path,
+                           _float_bytes(len(data), model_path, original), settings,
                            had_infer_key)
     if options.per_channel:
         # onnxruntime's dynamic Conv (ConvInteger) always takes per-tensor weights.
         convs = {n.name for n in quantized.graph.node if n.op_type == "ConvInteger"}
         _warn_lost_per_channel(report, convs, warn)
-    slower = _slower_than_float(Path(model_path), Path(output_path), log)
+    model = quantized = original = None  # freed: the latency check opens two sessions
+    if report["float_model_bytes"] > _LATENCY_CHECK_MAX_BYTES:
+        log("latency check skipped: the float model is over 1 GB")
+        slower = None
+    else:
+        slower = _slower_than_float(Path(model_path), Path(output_path), log)
     if slower is not None:
         if latency_in_report and report_path is not None:
             report["slower_than_float"] = slower
@@ -407,6 +429,7 @@ def quantize_dynamic_model(
     return info
 
 
+_LATENCY_CHECK_MAX_BYTES = 1 << 30
 _SLOWER_RATIO = 1.25  # below this, run-to-run noise on a shared CPU could flip the verdict
 
 

@@ -13,14 +13,16 @@ Quantization", ICML 2020, eq. 21-24). x_quant is the layer's input in the QDQ mo
 activations already quantized: the paper's "asymmetric" reconstruction) and x_float the
 float model's input to the same node (matched by name). Layers are optimised
 independently on one pass of data (not sequentially); rows of the layer's input (im2col
-patches for Conv) are sampled at random, seeded, up to ``rows`` per layer. Plain numpy
+patches for Conv) are sampled at random, seeded, up to ``rows`` per layer, and only their
+second moments are kept (x x^T and y x^T per group: the squared error of any rounding
+follows from them, so an Adam step costs cout * d^2, not rows * d * cout). Plain numpy
 with Adam; a layer keeps nearest rounding unless the learned rounding lowers its
 reconstruction error on the sampled rows.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ._graph import attr, initializers
@@ -43,8 +45,23 @@ class _Layer:
     to_canonical: Any  # function: integer array as stored -> [G, cout_g, d]
     from_canonical: Any  # function: [G, cout_g, d] -> array as stored
     group: int = 1
-    xq: list = field(default_factory=list)  # sampled input rows, [G, r, d] per sample
-    yf: list = field(default_factory=list)  # float output rows, [G, r, cout_g] per sample
+    # Sufficient statistics of the sampled rows: H = sum x_q x_q^T [G, d, d],
+    # B = sum y_f x_q^T [G, cout_g, d], yy = sum |y_f|^2, rows = count.
+    h: Any = None
+    b: Any = None
+    yy: float = 0.0
+    rows: int = 0
+
+    def add(self, xq, yf) -> None:
+        import numpy as np
+
+        xq, yf = xq.astype(np.float64), yf.astype(np.float64)
+        h = np.matmul(xq.transpose(0, 2, 1), xq)
+        b = np.matmul(yf.transpose(0, 2, 1), xq)
+        self.h = h if self.h is None else self.h + h
+        self.b = b if self.b is None else self.b + b
+        self.yy += float((yf * yf).sum())
+        self.rows += xq.shape[1]
 
 
 def _dq_of(graph, inits, tensor):
@@ -209,18 +226,14 @@ def _collect(layers, qm, fm, feeds, rows: int, seed: int, scratch=None) -> int:
                     rq = _conv_rows(a_q[b:b + 1], lay.node, lay.group, k_hw, pick)
                     rf = _conv_rows(a_f[b:b + 1], lay.node, lay.group, k_hw,
                                     lambda _t, chosen=chosen: chosen["i"])
-                    lay.xq.append(rq.astype(np.float32))
-                    lay.yf.append(np.matmul(rf.astype(np.float64),
-                                            lay.w.transpose(0, 2, 1)).astype(np.float32))
+                    lay.add(rq, np.matmul(rf.astype(np.float64), lay.w.transpose(0, 2, 1)))
             else:
                 d = lay.w.shape[2]
                 if a_q.shape[-1] != d:
                     continue
                 rq, rf = a_q.reshape(-1, d), a_f.reshape(-1, d)
                 idx = rng.choice(rq.shape[0], size=min(per_sample, rq.shape[0]), replace=False)
-                lay.xq.append(rq[idx][None])
-                lay.yf.append((rf[idx].astype(np.float64) @ lay.w[0].T)[None].astype(
-                    np.float32))
+                lay.add(rq[idx][None], (rf[idx].astype(np.float64) @ lay.w[0].T)[None])
     return len(feeds)
 
 
@@ -228,9 +241,8 @@ def _optimise(lay: _Layer, iterations: int, lr: float, lam: float, warmup: float
     """(integer weights in canonical layout, nearest loss, learned loss)."""
     import numpy as np
 
-    x = np.concatenate(lay.xq, axis=1).astype(np.float64)  # [G, R, d]
-    y = np.concatenate(lay.yf, axis=1).astype(np.float64)  # [G, R, cout_g]
-    r = x.shape[1]
+    r = max(lay.rows, 1)
+    hm, bm, yy = lay.h / r, lay.b / r, lay.yy / r  # mean statistics of the rows
     s, z = lay.scale, lay.zp
     lo, hi = lay.qmin - z, lay.qmax - z  # bounds of the integer offset from the zero point
     wdiv = lay.w / s
@@ -238,8 +250,9 @@ def _optimise(lay: _Layer, iterations: int, lr: float, lam: float, warmup: float
     rest = wdiv - fl
 
     def loss_of(q):
-        e = np.matmul(x, (s * q).transpose(0, 2, 1)) - y
-        return float((e * e).sum() / r)
+        # mean over rows of |W_hat x - y|^2 = tr(W H W^T) - 2 <W, B> + yy
+        w_hat = s * q
+        return float((np.matmul(w_hat, hm) * w_hat).sum() - 2 * (w_hat * bm).sum() + yy)
 
     nearest = np.clip(np.rint(wdiv), lo, hi)
     base = loss_of(nearest)
@@ -256,8 +269,7 @@ def _optimise(lay: _Layer, iterations: int, lr: float, lam: float, warmup: float
         qv = fl + h
         inside = (qv >= lo) & (qv <= hi)
         w_hat = s * np.clip(qv, lo, hi)
-        e = np.matmul(x, w_hat.transpose(0, 2, 1)) - y  # [G, R, cout_g]
-        g_w = 2.0 / r * np.matmul(e.transpose(0, 2, 1), x)  # [G, cout_g, d]
+        g_w = 2.0 * (np.matmul(w_hat, hm) - bm)  # [G, cout_g, d]
         g_h = g_w * s * inside
         if t > start:
             frac = (t - start) / max(iterations - start, 1)
@@ -295,7 +307,7 @@ def adaround(qdq_model, float_model, feeds, *, op_types=("Conv", "Gemm", "MatMul
     report: dict[str, Any] = {}
     changed = 0
     for lay in layers:
-        if not lay.xq:
+        if not lay.rows:
             continue
         hard, base, learned = _optimise(lay, iterations, lr, lam, warmup)
         kept = learned >= base
