@@ -153,26 +153,33 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=8192)
     ap.add_argument("--layers", type=int, default=9)
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--workdir", help="reuse (or keep) this folder: the generated model and "
+                    "the cache survive, so --steps can re-measure some steps")
+    ap.add_argument("--steps", default="fp,data,pre,calib,q,dyn")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="qbuild-bench-large-", dir=os.environ.get("TMPDIR")))
+    tmp = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(
+        prefix="qbuild-bench-large-", dir=os.environ.get("TMPDIR")))
     try:
         ws = tmp / "ws"
-        (ws / "m").mkdir(parents=True)
-        (ws / "qbuild.toml").write_text(f'[settings]\ncache_dir = "{tmp / "cache"}"\n')
-        t = time.perf_counter()
-        size = generate(ws / "m", args.dim, args.layers)
-        gen_s = time.perf_counter() - t
-        x = np.random.default_rng(0).standard_normal((4, 1, args.dim)).astype(np.float32)
-        np.save(ws / "m" / "x.npy", x)
-        (ws / "m" / "BUILD.toml").write_text(BUILD)
+        gen_s = 0.0
+        if not (ws / "m" / "big.onnx").exists():
+            (ws / "m").mkdir(parents=True, exist_ok=True)
+            (ws / "qbuild.toml").write_text(f'[settings]\ncache_dir = "{tmp / "cache"}"\n')
+            t = time.perf_counter()
+            generate(ws / "m", args.dim, args.layers)
+            gen_s = time.perf_counter() - t
+            x = np.random.default_rng(0).standard_normal((4, 1, args.dim)).astype(np.float32)
+            np.save(ws / "m" / "x.npy", x)
+            (ws / "m" / "BUILD.toml").write_text(BUILD)
+        size = (ws / "m" / "big.onnx.data").stat().st_size
         rows = []
-        for target in ("fp", "data", "pre", "calib", "q", "dyn"):
+        for target in args.steps.split(","):
             seconds, peak = measure(ws, target)
             rows.append((target, seconds, peak))
             print(f"{target}: {seconds:.1f} s, peak {peak / 2**30:.2f} GiB "
                   f"({peak / size:.2f}x)", file=sys.stderr, flush=True)
     finally:
-        if not args.keep:
+        if not args.keep and not args.workdir:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}, numpy "
           f"{np.__version__}, Python {sys.version.split()[0]}; model {size / 2**30:.2f} GiB "

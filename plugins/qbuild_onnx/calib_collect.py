@@ -110,6 +110,10 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
         payload = str(path)
     del model
     sess = ort.InferenceSession(payload, so, providers=["CPUExecutionProvider"])
+    if external:  # the session holds the weights: drop the hard links
+        from .algorithms.external_data import unstage
+
+        unstage(Path(payload))
     types = {o.name: o.type for o in sess.get_outputs()}
     keep = [n for n in candidates if types.get(n) in _FLOAT_TYPES]
     skipped = [n for n in candidates if n in types and n not in keep]

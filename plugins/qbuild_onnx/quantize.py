@@ -11,6 +11,7 @@ thin wrappers over ``quantize_static_model`` and ``quantize_dynamic_model``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 
 import onnx
 
+from .algorithms.external_data import lean_load
 from .algorithms.markers import keep_float_nodes
 from .model_checks import (
     control_flow_compute,
@@ -66,9 +68,9 @@ def _load(path: Path) -> tuple[bytes, onnx.ModelProto]:
     except FileNotFoundError:
         raise QuantizeError(f"model file {path} does not exist", attr="model") from None
     try:
-        # External weights stay on disk until _prepare has inferred shapes on the graph
-        # alone (a model over 2 GB cannot be serialized for shape inference).
-        model = onnx.load(str(path), load_external_data=False)
+        # External weights stay on disk: shapes are inferred on the graph alone (a model
+        # over 2 GB cannot be serialized) and the quantizer reads them one at a time.
+        model = lean_load(path)
     except Exception as exc:  # protobuf's DecodeError and onnx's own errors
         raise QuantizeError(f"model file {path} is not an ONNX model: {exc}",
                             attr="model") from None
@@ -114,13 +116,8 @@ def _check_quantizable(model: onnx.ModelProto, action: str, warn: Log) -> None:
     warn(f"compute inside control-flow subgraphs stays float: {where}")
 
 
-def _prepare(model: onnx.ModelProto, target_opset: int, log: Log, base_dir: Path
-             ) -> onnx.ModelProto:
-    """The model at ``target_opset`` with shapes inferred, then its external weights
-    loaded from ``base_dir`` (once: the caller's graph-only copy has none)."""
+def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelProto:
     from onnxruntime.quantization.quant_utils import add_infer_metadata
-
-    from .algorithms.external_data import fill
 
     current = ai_onnx_opset(model)
     if target_opset > current:
@@ -130,10 +127,22 @@ def _prepare(model: onnx.ModelProto, target_opset: int, log: Log, base_dir: Path
     _drop_initializer_inputs(model, log)
     model = onnx.shape_inference.infer_shapes(model)
     add_infer_metadata(model)  # tells the quantizer shapes are inferred: no temp-file reload
-    return fill(model, base_dir)
+    return model
 
 
-def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelProto:
+def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log, model: onnx.ModelProto,
+                   model_path: Path) -> onnx.ModelProto:
+    """Run onnxruntime's quantizer; external weights are read from ``model_path``'s folder
+    one at a time, and those left float are loaded into the result."""
+    from .algorithms.external_data import fill, uses_external_data, weights_readable_from
+
+    base = os.path.abspath(Path(model_path).parent) if uses_external_data(model) else None
+    with weights_readable_from(base):
+        quantized = _run_ort_quantizer(build, log, warn)
+    return quantized if base is None else fill(quantized, base)
+
+
+def _run_ort_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelProto:
     with ort_output_to_log(log, warn):
         try:
             quantizer = build()
@@ -229,7 +238,7 @@ def quantize_static_model(
         contrib_qdq=bool(options.extra_options.get("UseQDQContribOps", False)))
     had_infer_key = any(p.key == _INFER_KEY for p in model.metadata_props)
     original = model
-    model = _prepare(model, target, log, Path(model_path).parent)
+    model = _prepare(model, target, log)
 
     names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
     ranges = tensors_data(calibration, names)
@@ -282,7 +291,7 @@ def quantize_static_model(
         return QDQQuantizer(model, options.per_channel, options.reduce_range, wtype, atype,
                             ranges, list(options.nodes_to_quantize), excluded, op_types, extra)
 
-    quantized = _run_quantizer(build, log, warn)
+    quantized = _run_quantizer(build, log, warn, model, model_path)
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -381,7 +390,7 @@ def quantize_dynamic_model(
                             types={options.weight_type})
     had_infer_key = any(p.key == _INFER_KEY for p in model.metadata_props)
     original = model
-    model = _prepare(model, target, log, Path(model_path).parent)
+    model = _prepare(model, target, log)
     extra: dict[str, Any] = {"MatMulConstBOnly": True, **options.extra_options}
     op_types = sorted(options.op_types or DYNAMIC_OP_TYPES)
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
@@ -395,7 +404,7 @@ def quantize_dynamic_model(
                              list(options.nodes_to_quantize), list(options.nodes_to_exclude),
                              op_types, extra)
 
-    quantized = _run_quantizer(build, log, warn)
+    quantized = _run_quantizer(build, log, warn, model, model_path)
     settings = {
         "mode": "dynamic",
         "format": "dynamic",

@@ -12,13 +12,19 @@ needed:
   links to the original data files, so onnxruntime opens it by path and reads the
   weights from the original files (nothing copied; onnxruntime 1.32 refuses symbolic
   links that resolve outside the model's folder);
-* ``fill``: load the weights into a lean graph once it is ready to be quantized.
+* ``weights_readable_from``: onnxruntime's quantizer reads each weight with
+  ``onnx.numpy_helper.to_array`` (which, in onnx >= 1.23, reads external data without
+  storing it in the tensor) relative to the current directory: run it inside the model's
+  folder and a lean graph's weights are read one at a time, never all held;
+* ``fill``: load the external tensors left in a graph (e.g. weights that stayed float).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +99,19 @@ def stage_beside(model, data_dir: str | Path, scratch: str | Path, name: str = "
     return out
 
 
+def unstage(staged: Path) -> None:
+    """Remove a ``stage_beside`` copy and its links (onnx refuses to read data files that
+    have more than one hard link, so the originals must be single again before onnx
+    reads them)."""
+    import onnx
+
+    staged = Path(staged)
+    if staged.exists():
+        for loc in locations(onnx.load(str(staged), load_external_data=False)):
+            (staged.parent / loc).unlink(missing_ok=True)
+        staged.unlink()
+
+
 def fill(model, base_dir: str | Path) -> Any:
     """Load every external tensor of ``model`` from ``base_dir`` (in place); return it."""
     from onnx import external_data_helper
@@ -119,3 +138,37 @@ def rename_data_file(model_path: Path, new_name: str) -> None:
                 entry.value = new_name
     os.replace(old, model_path.parent / new_name)
     onnx.save(proto, str(model_path))
+
+
+def _infer_lean(model):
+    import onnx
+
+    return onnx.shape_inference.infer_shapes(model)
+
+
+@contextlib.contextmanager
+def weights_readable_from(base_dir: str | Path | None) -> Iterator[None]:
+    """Run the body in ``base_dir`` (absolute), so relative external-data locations
+    resolve; ``None``: nothing changes. Actions run one at a time per worker process.
+
+    onnxruntime's dynamic quantizer (and its static one, without shape metadata) saves
+    the model to a temporary folder and reloads it to infer shapes: a deep copy plus a
+    full reload of every weight, and external tensors that no longer resolve. Inside
+    the body that step infers shapes on the lean graph in memory instead."""
+    if base_dir is None:
+        yield
+        return
+    from onnxruntime.quantization import base_quantizer, onnx_quantizer
+
+    patched = [(m, m.save_and_reload_model_with_shape_infer)
+               for m in (base_quantizer, onnx_quantizer)]
+    old = os.getcwd()
+    os.chdir(base_dir)
+    try:
+        for m, _ in patched:
+            m.save_and_reload_model_with_shape_infer = _infer_lean
+        yield
+    finally:
+        for m, original in patched:
+            m.save_and_reload_model_with_shape_infer = original
+        os.chdir(old)

@@ -10,15 +10,34 @@ from typing import Any
 _MAX_PROTO = 2**31 - 1
 
 
-def session_with_outputs(model, names: Sequence[str], scratch: Path | None = None):
+def session_with_outputs(model, names: Sequence[str], scratch: Path | None = None,
+                         source: Path | None = None):
     """An unoptimised onnxruntime session of ``model`` (ModelProto) that also outputs
-    ``names`` (the model is copied, not changed)."""
+    ``names`` (the model is copied, not changed). With ``source`` (the file ``model`` was
+    lean-loaded from, weights in external data) the session reads the weights from
+    ``source``'s data files (see ``external_data.stage_beside``)."""
     import onnx
 
     from ..accuracy_metrics import make_session
 
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    if source is not None:
+        from .external_data import stage_beside
+
+        if scratch is None:
+            raise ValueError("a model with external data needs a scratch directory")
+        for n in names:
+            if n not in {o.name for o in m.graph.output}:
+                m.graph.output.add().name = n
+        path = stage_beside(m, Path(source).parent, scratch, "with_outputs.onnx")
+        del m
+        try:
+            return make_session(str(path), optimize=False)
+        finally:  # the session holds the weights: the links can go
+            from .external_data import unstage
+
+            unstage(path)
     existing = {o.name for o in m.graph.output}
     for n in names:
         if n not in existing:

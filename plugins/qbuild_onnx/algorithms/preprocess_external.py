@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .external_data import lean_load, rename_data_file, stage_beside
+from .external_data import fill, lean_load, rename_data_file, stage_beside, unstage
 
 
 def quant_pre_process_external(src: Path, out: Path, opts: Any, data_name: str) -> None:
@@ -53,6 +53,7 @@ def quant_pre_process_external(src: Path, out: Path, opts: Any, data_name: str) 
                 "session.optimized_model_external_initializers_min_size_in_bytes", "1024")
             sess = ort.InferenceSession(str(current), so, providers=["CPUExecutionProvider"])
             del sess
+            unstage(current)
             current, owns_data = tmp / "optimized.onnx", True
         if not opts.skip_onnx_shape:
             inferred = tmp / "inferred.onnx"
@@ -67,7 +68,9 @@ def quant_pre_process_external(src: Path, out: Path, opts: Any, data_name: str) 
         else:
             # the staged graph still points at the original files (hard links): write
             # a real copy of the weights beside the output
-            proto = onnx.load(str(current))
+            proto = onnx.load(str(current), load_external_data=False)
+            unstage(tmp / "staged.onnx")  # onnx reads no file with two hard links
+            fill(proto, src.parent)
             onnx.save(proto, str(out), save_as_external_data=True,
                       all_tensors_to_one_file=True, location=data_name, size_threshold=1024)
             del proto

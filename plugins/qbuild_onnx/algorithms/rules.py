@@ -133,10 +133,13 @@ class Equalize(Rule):
         import onnx
 
         from ..model import model_info, sha256_file
+        from .external_data import file_uses_external_data, lean_load
 
         a = ctx.attrs
         src = _model_file(ctx, a["model"], "model")
-        model = onnx.load(str(src))
+        external = a["method"] == "smoothquant" and file_uses_external_data(src)
+        # smoothquant on external weights measures with the weights on disk (loaded later)
+        model = lean_load(src) if external else onnx.load(str(src))
         if a["method"] == "cle":
             from .cle import equalize
 
@@ -154,7 +157,8 @@ class Equalize(Rule):
 
             feeds = _feeds(ctx, a["dataset"], "dataset", src, a["max_samples"])
             try:
-                model, rep = smooth(model, feeds, a["alpha"], a["fold"], scratch=ctx.scratch)
+                model, rep = smooth(model, feeds, a["alpha"], a["fold"], scratch=ctx.scratch,
+                                    source=src if external else None)
             except ValueError as e:
                 raise ctx.fail(str(e), attr="dataset") from None
             ctx.log(f"smoothquant: {rep['smoothed']} activation(s) smoothed "

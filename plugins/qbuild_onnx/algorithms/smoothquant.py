@@ -48,13 +48,13 @@ def find_groups(model, op_types=("MatMul", "Gemm")) -> dict[str, list[tuple[Any,
     return groups
 
 
-def channel_absmax(model, names, feeds, scratch=None) -> dict[str, Any]:
+def channel_absmax(model, names, feeds, scratch=None, source=None) -> dict[str, Any]:
     """Per-channel (last axis) max |x| of each named tensor over the feeds."""
     import numpy as np
 
     from .layer_data import session_with_outputs, stream_tensors
 
-    sess = session_with_outputs(model, names, scratch)
+    sess = session_with_outputs(model, names, scratch, source)
     found: dict[str, Any] = {}
 
     def sink(_i, arrays):
@@ -70,8 +70,11 @@ def channel_absmax(model, names, feeds, scratch=None) -> dict[str, Any]:
 
 
 def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
-           op_types=("MatMul", "Gemm"), scratch=None) -> tuple[Any, dict[str, Any]]:
-    """Smooth ``model`` (ModelProto, edited in place and returned); also a report."""
+           op_types=("MatMul", "Gemm"), scratch=None, source=None
+           ) -> tuple[Any, dict[str, Any]]:
+    """Smooth ``model`` (ModelProto, edited in place and returned); also a report. With
+    ``source``, ``model`` is lean (``external_data.lean_load(source)``): the statistics
+    are measured with the weights on disk, then loaded once to be rescaled."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -81,9 +84,17 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
     g = model.graph
     groups = find_groups(model, op_types)
     if not groups:
+        if source is not None:
+            from .external_data import fill
+
+            fill(model, source.parent)
         return model, {"smoothed": 0, "folded": 0, "inserted_mul": 0, "alpha": alpha,
                        "tensors": {}}
-    xmax = channel_absmax(model, sorted(groups), feeds, scratch)
+    xmax = channel_absmax(model, sorted(groups), feeds, scratch, source)
+    if source is not None:
+        from .external_data import fill
+
+        fill(model, source.parent)
     inits, cons, outs, counts = initializers(g), consumers(g), graph_outputs(g), use_counts(g)
     producers = {o: n for n in g.node for o in n.output}
     report: dict[str, Any] = {}
