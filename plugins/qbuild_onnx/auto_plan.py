@@ -53,7 +53,7 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     methods = _list(raw, "calibration_methods", ["minmax", "percentile"], str)
     if not methods:
         raise ConfigError("needs at least one method", attr="calibration_methods")
-    steps = _list(raw, "steps", list(STEPS), str)
+    steps = _list(raw, "steps", [s for s in STEPS if s != "adaround"], str)
     bad = [s for s in steps if s not in STEPS]
     if bad:
         raise ConfigError(f"unknown step '{bad[0]}' (known: {', '.join(STEPS)})", attr="steps")

@@ -99,10 +99,12 @@ class AutoQuantize(Rule):
         "calibration_methods": attr.string_list(default=["minmax", "percentile"],
                                                 doc="Calibration methods tried."),
         "steps": attr.string_list(default=["activation_type", "per_channel", "calibration",
-                                           "cle", "bias_correction", "adaround", "region",
+                                           "cle", "bias_correction", "region",
                                            "float_top_k", "uint16_top_k"],
                                   doc="Which trial families (cle: cross-layer equalization; "
-                                      "adaround: learned weight rounding)."),
+                                      "\"adaround\", learned weight rounding, is not in the "
+                                      "default: it costs minutes and kept no layer on "
+                                      "MobileNetV2, BENCHMARKS.md)."),
         "adaround_options": attr.mapping(default={}, doc="Attributes of the adaround trials "
                                          "(rows, iterations, max_samples, ...)."),
         "top_k": attr.int_list(default=[2, 8], doc="Sensitive activations kept float / "
