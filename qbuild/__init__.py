@@ -1,7 +1,9 @@
 """qbuild: a Bazel-style, content-addressed build system for ONNX model artifacts.
 
 The public API for plugin authors is what this module exports (``__all__``): the
-``Rule`` base class, the ``attr`` schema constructors, ``Dep`` and ``ActionContext``,
+``Rule`` base class, the ``attr`` schema constructors, typed providers (``Provider``,
+``DefaultInfo``), ``AnalysisContext`` and ``RunContext`` (rule API v2: analysis declares
+actions), ``Dep`` and ``ActionContext`` (v1 ``run``),
 the ``hookimpl`` marker, the errors, ``dist_version`` for environment facts and
 ``output_folder`` (where a label's outputs live).
 Everything in underscore modules is internal. See ``qbuild.hookspecs`` for the hooks and
@@ -12,9 +14,11 @@ from __future__ import annotations
 
 import pluggy
 
+from ._actions import AnalysisContext, RunContext
 from ._attrs import Attr, attr
 from ._errors import BuildFailed, ConfigError, PluginError, QbuildError, RuleError, UsageError
 from ._label import output_folder
+from ._providers import DefaultInfo, Provider
 from ._rule import ActionContext, Dep, Rule
 
 __version__ = "0.1.0"
@@ -42,14 +46,18 @@ def dist_version(distribution: str) -> str:
 
 __all__ = [
     "ActionContext",
+    "AnalysisContext",
     "Attr",
     "BuildFailed",
     "ConfigError",
+    "DefaultInfo",
     "Dep",
     "PluginError",
+    "Provider",
     "QbuildError",
     "Rule",
     "RuleError",
+    "RunContext",
     "UsageError",
     "__version__",
     "attr",

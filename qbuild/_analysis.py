@@ -2,7 +2,9 @@
 
 Attributes are checked against the rule's schema (defaults applied), labels resolved,
 source files and globs expanded and checked to exist inside the package, and the
-dependency graph checked for cycles. Nothing runs here.
+dependency graph checked for cycles, dependencies checked to give the providers their
+attribute asks for, and a v2 rule's ``analyze`` called to declare its actions. Nothing
+runs here.
 """
 
 from __future__ import annotations
@@ -12,12 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ._actions import ActionSpec, AnalysisContext
 from ._attrs import Attr
 from ._errors import ConfigError
 from ._glob import glob_files, has_magic
 from ._label import OUT_PREFIX, Label, Pattern, is_label_text, parse_label, parse_pattern
 from ._loader import MATRIX_KIND, PackageLoader, TargetSpec
 from ._plugins import Registry, RuleEntry
+from ._providers import provider_name
 from ._rule import Rule, check_attrs, inactive_attrs
 from ._workspace import Workspace
 
@@ -38,6 +42,7 @@ class Target:
     outputs: list[str] = field(default_factory=list)
     tags: tuple[str, ...] = ()
     inactive: tuple[str, ...] = ()  # attributes that do not apply (kept at their default)
+    actions: list[ActionSpec] = field(default_factory=list)  # v2 rules only
 
     @property
     def is_group(self) -> bool:
@@ -53,7 +58,7 @@ class Graph:
         self.loader = PackageLoader(workspace, self._macro)
         self.targets: dict[Label, Target] = {}
 
-    def _macro(self, kind: str):
+    def _macro(self, kind: str) -> Any:
         entry = self.registry.get(kind)
         return getattr(entry.cls, "expand_targets", None) if entry is not None else None
 
@@ -97,7 +102,7 @@ class Graph:
 
     def _require(self, label: Label, file: str | None, target: str | None,
                  attr: str | None) -> TargetSpec:
-        where: dict[str, str | None] = {"file": file, "target": target, "attr": attr}
+        where: dict[str, Any] = {"file": file, "target": target, "attr": attr}
         if not self.loader.has_package(label.package):
             raise ConfigError(f"no package '//{label.package}' "
                               f"({self.loader.shown_path(label.package)} does not exist)", **where)
@@ -156,7 +161,7 @@ class Graph:
             return Target(label, MATRIX_KIND, spec.build_file, deps=list(spec.variants),
                           tags=spec.tags)
         entry = self.registry.get(spec.kind)
-        where = {"file": spec.build_file, "target": str(label)}
+        where: dict[str, Any] = {"file": spec.build_file, "target": str(label)}
         if entry is None:
             known = ", ".join(self.registry.kinds())
             raise ConfigError(f"unknown rule '{spec.kind}' (known rules: {known}; "
@@ -195,6 +200,15 @@ class Graph:
         _check_outputs(outputs, where)
         target.attrs = values
         target.outputs = list(outputs)
+        if rule.is_v2():
+            ctx = AnalysisContext(label=str(label), attrs=values,
+                                  attr_types={n: s.type for n, s in rule.attrs.items()},
+                                  outputs=target.outputs, heavy=bool(rule.heavy))
+            try:
+                rule.analyze(ctx)
+                target.actions = ctx.finish()
+            except ConfigError as exc:
+                raise exc.located(**where) from None
         target.deps = list(dict.fromkeys(target.deps))
         target.sources = list(dict.fromkeys(target.sources))
         return target
@@ -204,9 +218,10 @@ class Graph:
         if value is None:
             return None
         if kind == "label":
-            return self._dep(value, label, target)
+            return self._dep(value, label, target, schema.providers)
         if kind == "label_list":
-            return [dep for v in value for dep in self._deps(v, label, target)]
+            return [dep for v in value
+                    for dep in self._deps(v, label, target, schema.providers)]
         if kind == "file":
             if is_label_text(value):
                 return self._dep(value, label, target)
@@ -227,24 +242,51 @@ class Graph:
             return out
         return value
 
-    def _dep(self, text: str, label: Label, target: Target) -> str:
+    def _dep(self, text: str, label: Label, target: Target,
+             providers: tuple[type, ...] = ()) -> str:
         dep = parse_label(text, label.package)
         spec = self._require(dep, None, None, None)
         if spec.kind == MATRIX_KIND:
             raise ConfigError(f"{dep} is a matrix of {len(spec.variants)} variants; name one "
                               f"(e.g. {spec.variants[0]}) or use a list attribute")
+        self._check_providers(dep, spec, providers)
         target.deps.append(dep)
         return str(dep)
 
-    def _deps(self, text: str, label: Label, target: Target) -> list[str]:
+    def _deps(self, text: str, label: Label, target: Target,
+              providers: tuple[type, ...] = ()) -> list[str]:
         """Like ``_dep``, but a matrix group stands for all its variants, in order."""
         dep = parse_label(text, label.package)
         spec = self._require(dep, None, None, None)
         if spec.kind == MATRIX_KIND:
+            for variant in spec.variants:
+                self._check_providers(variant, self._require(variant, None, None, None),
+                                      providers)
             target.deps.extend(spec.variants)
             return [str(v) for v in spec.variants]
+        self._check_providers(dep, spec, providers)
         target.deps.append(dep)
         return [str(dep)]
+
+    def _check_providers(self, dep: Label, spec: TargetSpec,
+                         providers: tuple[type, ...]) -> None:
+        """Refuse a dependency whose rule does not declare every provider asked for
+        (from its rule class alone: the dependency need not be analysed yet)."""
+        if not providers:
+            return
+        entry = self.registry.get(spec.kind)
+        if entry is None:
+            return  # its own analysis reports the unknown rule
+        if not entry.cls.is_v2() and not entry.cls.provides:
+            # A v1 rule that declares no providers predates them: it is not checked
+            # (its dependents fall back to its files) until it declares what it gives.
+            return
+        given = entry.cls.provider_names()
+        for provider in providers:
+            if provider_name(provider) not in given:
+                has = ", ".join(sorted(n.rsplit(".", 1)[-1] for n in given))
+                raise ConfigError(f"{dep} (rule '{spec.kind}') does not provide "
+                                  f"{provider.__qualname__} (it provides: {has})")
 
     def _sources(self, text: str, label: Label,
                  folder_suffixes: tuple[str, ...] | None = None) -> list[str]:
@@ -318,7 +360,7 @@ class Graph:
         return matches
 
 
-def _check_outputs(outputs: list[str], where: dict[str, str]) -> None:
+def _check_outputs(outputs: list[str], where: dict[str, Any]) -> None:
     seen = set()
     for name in outputs:
         if not isinstance(name, str):

@@ -7,6 +7,7 @@ well-typed values, and the action key covers every attribute after defaults.
 
 from __future__ import annotations
 
+import builtins  # annotations inside ``attr``, whose methods shadow bool, int, float
 import datetime
 import json
 from collections.abc import Mapping, Sequence
@@ -76,6 +77,9 @@ class Attr:
     # For ``files``: a folder expands to the files directly in it with these suffixes
     # (any suffix if empty); None refuses folders.
     folder_suffixes: tuple[str, ...] | None = None
+    # For ``label``/``label_list``: provider classes every dependency must give,
+    # checked at analysis against the dependency rule's ``provides``.
+    providers: tuple[builtins.type, ...] = ()
 
     def applies(self, values: Mapping[str, Any]) -> bool:
         """Whether this attribute applies given the target's other attribute values."""
@@ -179,23 +183,28 @@ class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's 
     ["percentile"]}``); otherwise it keeps its default and does not enter the key."""
 
     @staticmethod
-    def label(*, doc: str = "", required: bool = False) -> Attr:
-        """Another target (``:name`` or ``//pkg:name``); the rule gets a ``Dep``."""
-        return Attr("label", doc, None, required)
+    def label(*, doc: str = "", required: builtins.bool = False,
+              providers: Sequence[builtins.type] = ()) -> Attr:
+        """Another target (``:name`` or ``//pkg:name``); the rule gets a ``Dep``. With
+        ``providers``, a target whose rule does not declare each of them is refused at
+        analysis, before anything runs."""
+        return Attr("label", doc, None, required, providers=tuple(providers))
 
     @staticmethod
-    def label_list(*, doc: str = "", required: bool = False) -> Attr:
-        """A list of targets; the rule gets ``list[Dep]``."""
-        return Attr("label_list", doc, None, required)
+    def label_list(*, doc: str = "", required: builtins.bool = False,
+                   providers: Sequence[builtins.type] = ()) -> Attr:
+        """A list of targets; the rule gets ``list[Dep]``. ``providers`` as for
+        ``label``, checked for every item."""
+        return Attr("label_list", doc, None, required, providers=tuple(providers))
 
     @staticmethod
-    def file(*, doc: str = "", required: bool = False) -> Attr:
+    def file(*, doc: str = "", required: builtins.bool = False) -> Attr:
         """A source file relative to the package, or a label of a target with one output
         file; the rule gets a ``pathlib.Path``."""
         return Attr("file", doc, None, required)
 
     @staticmethod
-    def files(*, doc: str = "", required: bool = False,
+    def files(*, doc: str = "", required: builtins.bool = False,
               folders: Sequence[str] | None = None) -> Attr:
         """Source files (glob patterns allowed, expanded in sorted order) or labels; the
         rule gets ``list[Path]``. With ``folders`` (suffixes such as ``[".jpg"]``, or
@@ -204,29 +213,29 @@ class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's 
         return Attr("files", doc, None, required, folder_suffixes=suffixes)
 
     @staticmethod
-    def string(*, default: str | None = None, doc: str = "", required: bool = False,
+    def string(*, default: str | None = None, doc: str = "", required: builtins.bool = False,
                when: _When = None) -> Attr:
         return Attr("string", doc, default, required, when=_when(when))
 
     @staticmethod
-    def int(*, default: int | None = None, doc: str = "", required: bool = False,
+    def int(*, default: builtins.int | None = None, doc: str = "", required: builtins.bool = False,
             when: _When = None) -> Attr:
         return Attr("int", doc, default, required, when=_when(when))
 
     @staticmethod
-    def float(*, default: float | None = None, doc: str = "", required: bool = False,
-              when: _When = None) -> Attr:
+    def float(*, default: builtins.float | None = None, doc: str = "",
+              required: builtins.bool = False, when: _When = None) -> Attr:
         return Attr("float", doc, default, required, when=_when(when))
 
     @staticmethod
-    def bool(*, default: bool | None = None, doc: str = "", required: bool = False,
-             when: _When = None) -> Attr:
+    def bool(*, default: builtins.bool | None = None, doc: str = "",
+             required: builtins.bool = False, when: _When = None) -> Attr:
         return Attr("bool", doc, default, required, when=_when(when))
 
     @staticmethod
     def enum(
         values: Sequence[str], *, default: str | None = None, doc: str = "",
-        required: bool = False, when: _When = None,
+        required: builtins.bool = False, when: _When = None,
     ) -> Attr:
         if default is not None and default not in values:
             raise ValueError(f"enum default {default!r} is not one of {list(values)}")
@@ -234,21 +243,21 @@ class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's 
 
     @staticmethod
     def string_list(*, default: list[str] | None = None, doc: str = "",
-                    required: bool = False, when: _When = None) -> Attr:
+                    required: builtins.bool = False, when: _When = None) -> Attr:
         return Attr("string_list", doc, default, required, when=_when(when))
 
     @staticmethod
-    def int_list(*, default: list[int] | None = None, doc: str = "",
-                 required: bool = False, when: _When = None) -> Attr:
+    def int_list(*, default: list[builtins.int] | None = None, doc: str = "",
+                 required: builtins.bool = False, when: _When = None) -> Attr:
         return Attr("int_list", doc, default, required, when=_when(when))
 
     @staticmethod
-    def float_list(*, default: list[float] | None = None, doc: str = "",
-                   required: bool = False, when: _When = None) -> Attr:
+    def float_list(*, default: list[builtins.float] | None = None, doc: str = "",
+                   required: builtins.bool = False, when: _When = None) -> Attr:
         return Attr("float_list", doc, default, required, when=_when(when))
 
     @staticmethod
     def mapping(*, default: dict[str, Any] | None = None, doc: str = "",
-                required: bool = False, when: _When = None) -> Attr:
+                required: builtins.bool = False, when: _When = None) -> Attr:
         """A free-form TOML table (JSON-like values)."""
         return Attr("mapping", doc, default, required, when=_when(when))

@@ -131,11 +131,13 @@ class CodeDigests:
         self._units[unit] = result
         return result
 
-    def units_for(self, rule_cls: type, refs: Iterable[str], pm: Any = None) -> list[str]:
-        """The units a rule's action depends on: its classes' modules, the engine, and
+    def units_for(self, rule_cls: type | None, refs: Iterable[str], pm: Any = None
+                  ) -> list[str]:
+        """The units a rule's action depends on: its classes' modules (unless
+        ``rule_cls`` is None: a v2 action names its function instead), the engine, and
         the modules or hook implementers it names."""
         units = {ENGINE_UNIT}
-        for cls in rule_cls.__mro__:
+        for cls in rule_cls.__mro__ if rule_cls is not None else ():
             if cls.__module__ not in ("builtins",):
                 units.add(unit_of(cls.__module__))
         for ref in refs:

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 class QbuildError(Exception):
@@ -45,7 +46,8 @@ class QbuildError(Exception):
         self.line = line
         self.column = column
 
-    def __reduce__(self):  # keep the location fields across process boundaries
+    # Keep the location fields across process boundaries.
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild, (type(self), self.message, dict(self.__dict__)))
 
     def located(self, **where: object) -> QbuildError:
@@ -106,7 +108,7 @@ class CacheError(QbuildError):
     exit_code = 1
 
 
-def _rebuild(cls: type[QbuildError], message: str, state: dict) -> QbuildError:
+def _rebuild(cls: type[QbuildError], message: str, state: dict[str, Any]) -> QbuildError:
     error = cls.__new__(cls)
     Exception.__init__(error, message)
     error.__dict__.update(state)

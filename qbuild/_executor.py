@@ -1,9 +1,11 @@
-"""Running one action: stage its declared inputs in a private sandbox, call the rule
-(in a worker process when the rule is heavy), check and store its declared outputs.
+"""Running one action on this machine: stage its declared inputs in a private sandbox,
+call the rule (in a worker process when the rule is heavy), check and store its declared
+outputs.
 
-``Action`` is a plain, picklable description (rule reference, attributes, input digests),
-so a distributed executor can take the same object: it needs only the store's blobs and
-the rule's importable module. ``LocalExecutor`` is the implementation on this machine.
+``LocalExecutor`` implements the ``_protocols.Executor`` seam: ``submit`` takes an
+``Action`` record (plain and picklable: rule reference, attributes, input digests) and
+returns a future of its ``Outcome``. A distributed executor takes the same record: it
+needs only the store's blobs and the rule's importable module.
 """
 
 from __future__ import annotations
@@ -15,47 +17,19 @@ import signal
 import stat
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
 from ._errors import QbuildError, RuleError
 from ._label import OUT_PREFIX, output_folder
+from ._protocols import Store
+from ._providers import provider_name, returned_providers
+from ._records import Action, ActionResult, Outcome, OutputEntry
 from ._rule import ActionContext, Dep
-from ._store import LocalStore
 
 if TYPE_CHECKING:
     import concurrent.futures
-
-
-
-@dataclass
-class Action:
-    """Everything needed to run one target's action, with no absolute paths."""
-
-    label: str
-    build_file: str
-    rule_ref: str
-    heavy: bool
-    attrs: dict[str, Any]
-    attr_types: dict[str, str]
-    sources: dict[str, tuple[str, str]]  # workspace-relative path -> (digest, stat key)
-    deps: dict[str, dict[str, Any]]  # label -> {"outputs": [...], "declared": [...], "info"}
-    outputs: list[str]
-    key: str
-    reproducible: bool = True  # False: may give other bytes when run again (timings)
-    threads: int = 1  # cores granted by the scheduler (ctx.threads)
-
-
-@dataclass
-class Outcome:
-    """What an action produced: output entries, info, warnings, timing."""
-
-    outputs: list[dict[str, Any]] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 class ActionFailed(Exception):
@@ -72,20 +46,22 @@ class MissingBlob(Exception):
 
     def __init__(self, dep_label: str) -> None:
         super().__init__(dep_label)
-        self.dep_label = dep_label
+        self.dep_label = dep_label  # as the action's ``deps`` name it
 
 
 label_dir = output_folder
 
 
-def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str]]:
-    """Import and run a rule; also the entry point of worker processes."""
+def _invoke(rule_ref: str, ctx: ActionContext
+            ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Import and run a rule; also the entry point of worker processes. Returns (info,
+    providers, warnings)."""
     module_name, qualname = rule_ref.split(":", 1)
     obj: Any = importlib.import_module(module_name)
     for part in qualname.split("."):
         obj = getattr(obj, part)
     try:
-        info = obj().run(ctx)
+        value = obj().run(ctx)
     except QbuildError as exc:
         raise exc.located(file=ctx.build_file, target=ctx.label) from None
     except BaseException as exc:  # sys.exit() and the like too: the action fails, not qbuild
@@ -96,12 +72,16 @@ def _invoke(rule_ref: str, ctx: ActionContext) -> tuple[dict[str, Any], list[str
         if isinstance(exc, SystemExit):
             what = f"the rule called sys.exit({exc.code!r})"
         raise RuleError(what, file=ctx.build_file, target=ctx.label) from None
-    if info is None:
-        info = {}
-    if not isinstance(info, dict):
-        raise RuleError(f"rule returned {type(info).__name__} from run(); expected a dict",
-                        target=ctx.label)
-    return info, ctx.warnings
+    out_root = ctx.workdir / OUT_PREFIX / label_dir(ctx.label)
+    try:
+        info, providers = returned_providers(value, out_root, tuple(obj.provides))
+        missing = [p.__qualname__ for p in obj.provides if provider_name(p) not in providers]
+        if missing:
+            raise RuleError(f"run() did not return the declared provider(s) "
+                            f"{', '.join(missing)}")
+    except RuleError as exc:
+        raise exc.located(file=ctx.build_file, target=ctx.label) from None
+    return info or {}, providers, ctx.warnings
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -218,15 +198,30 @@ class LocalExecutor:
     """Runs actions on this machine: light ones in the calling thread, heavy ones in a
     pool of worker processes."""
 
-    def __init__(self, store: LocalStore, root: Path, digests: SourceDigests, jobs: int) -> None:
+    def __init__(self, store: Store, root: Path, digests: SourceDigests, jobs: int) -> None:
         self.store = store
         self.root = root
         self.digests = digests
         self.jobs = jobs
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
 
+    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+        """Run ``action`` in one of ``jobs`` threads (heavy rules then in a worker process)."""
+        with self._pool_lock:
+            if self._threads is None:  # created on the first miss: no-op builds skip it
+                import concurrent.futures
+
+                self._threads = concurrent.futures.ThreadPoolExecutor(
+                    self.jobs, thread_name_prefix="qbuild-action")
+            threads = self._threads
+        return threads.submit(self.execute, action)
+
     def close(self) -> None:
+        if self._threads is not None:
+            self._threads.shutdown(wait=True)
+            self._threads = None
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -234,9 +229,12 @@ class LocalExecutor:
     def kill(self) -> None:
         """Stop at once: kill worker processes and every process actions started."""
         pool, self._pool = self._pool, None
+        threads, self._threads = self._threads, None
         kill_children()
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
+        if threads is not None:
+            threads.shutdown(wait=False, cancel_futures=True)
 
     def _workers(self) -> concurrent.futures.ProcessPoolExecutor:
         with self._pool_lock:  # one pool, however many actions ask at once
@@ -254,8 +252,8 @@ class LocalExecutor:
             max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
             initializer=_worker_init, initargs=(os.getpid(),))
 
-    def _run_in_worker(self, action: Action, ctx: ActionContext, log_path: Path
-                       ) -> tuple[dict[str, Any], list[str]]:
+    def _run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+                       ) -> Any:
         from concurrent.futures.process import BrokenProcessPool
 
         # A worker killed (out of memory) breaks the whole pool and every action in
@@ -263,7 +261,7 @@ class LocalExecutor:
         # action that kills its worker fails.
         pool = self._workers()
         try:
-            return pool.submit(_invoke, action.rule_ref, ctx).result()
+            return pool.submit(function, *args).result()
         except BrokenProcessPool:
             with self._pool_lock:
                 if self._pool is pool:
@@ -271,15 +269,19 @@ class LocalExecutor:
                     pool.shutdown(wait=False, cancel_futures=True)
         alone = self._new_pool(1)
         try:
-            return alone.submit(_invoke, action.rule_ref, ctx).result()
+            return alone.submit(function, *args).result()
         except BrokenProcessPool:
             raise ActionFailed(RuleError("the worker process died (killed or out of memory)",
-                                         target=action.label), _tail(log_path)) from None
+                                         target=str(action.label)), _tail(log_path)) from None
         finally:
             alone.shutdown(wait=False, cancel_futures=True)
 
     def execute(self, action: Action) -> Outcome:
         """Run ``action``; raises ActionFailed or MissingBlob. Nothing partial is stored."""
+        if action.steps:
+            from ._steps import execute_steps
+
+            return execute_steps(self, action)
         started = time.monotonic()
         name = f"{os.getpid()}-{os.urandom(6).hex()}"
         lock = _try_lock(self.store.tmp / f"{name}.lock")  # held while the sandbox lives
@@ -291,57 +293,56 @@ class LocalExecutor:
             ctx, staged = self._stage(action, sandbox, log_path)
             try:
                 if action.heavy:
-                    info, warnings = self._run_in_worker(action, ctx, log_path)
+                    info, providers, warnings = self._run_in_worker(
+                        action, log_path, _invoke, action.rule_ref, ctx)
                 else:
-                    info, warnings = _invoke(action.rule_ref, ctx)
+                    info, providers, warnings = _invoke(action.rule_ref, ctx)
             except QbuildError as exc:
                 raise ActionFailed(exc, _tail(log_path)) from None
-            outcome = Outcome(info=info, warnings=list(warnings))
             out_root = sandbox / OUT_PREFIX / label_dir(action.label)
             self._check_inputs(action, sandbox, staged)
-            outcome.outputs = self._collect(action, out_root, log_path)
+            outputs = self._collect(action, out_root, log_path)
             for path, (digest, key) in action.sources.items():
                 if not self.digests.still(self.root / path, digest, key):
                     raise ActionFailed(RuleError(
                         f"input {path} changed while the action ran; its result was not "
-                        "cached. Run the build again.", target=action.label))
-            outcome.seconds = time.monotonic() - started
-            return outcome
+                        "cached. Run the build again.", target=str(action.label)))
+            result = ActionResult(tuple(outputs), action.outputs, info, tuple(warnings),
+                                  providers=providers)
+            return Outcome(result, time.monotonic() - started)
         finally:
             _remove_tree(sandbox)
             if lock is not None:
                 (self.store.tmp / f"{name}.lock").unlink(missing_ok=True)
                 os.close(lock)
 
-    def _collect(self, action: Action, out_root: Path, log_path: Path) -> list[dict[str, Any]]:
+    def _collect(self, action: Action, out_root: Path, log_path: Path,
+                 names: tuple[str, ...] | None = None) -> list[OutputEntry]:
         entries = []
-        for name in action.outputs:
+        for name in action.outputs if names is None else names:
             path = out_root / name.rstrip("/")
             if name.endswith("/"):
                 if not path.is_dir() or path.is_symlink():
                     raise ActionFailed(RuleError(f"the rule did not create declared output "
-                                                 f"directory '{name}'", target=action.label),
+                                                 f"directory '{name}'", target=str(action.label)),
                                        _tail(log_path))
                 files = sorted(p for p in path.rglob("*") if p.is_file() or p.is_symlink())
             else:
                 if not path.is_file():
                     raise ActionFailed(RuleError(f"the rule did not write declared output "
-                                                 f"'{name}'", target=action.label),
+                                                 f"'{name}'", target=str(action.label)),
                                        _tail(log_path))
                 files = [path]
             for file in files:
                 if file.is_symlink():
                     raise ActionFailed(RuleError(f"output {file.relative_to(out_root)} is a "
                                                  "symlink; write real files",
-                                                 target=action.label))
+                                                 target=str(action.label)))
                 digest = hash_file(file)
                 st = file.stat()
                 self.store.put_blob(file, digest, adopt=True)  # the sandbox is thrown away
-                entry = {"path": file.relative_to(out_root).as_posix(), "digest": digest,
-                         "size": st.st_size}
-                if st.st_mode & stat.S_IXUSR:
-                    entry["x"] = True
-                entries.append(entry)
+                entries.append(OutputEntry(file.relative_to(out_root).as_posix(), digest,
+                                           st.st_size, bool(st.st_mode & stat.S_IXUSR)))
         return entries
 
     def _check_inputs(self, action: Action, sandbox: Path,
@@ -357,7 +358,7 @@ class LocalExecutor:
                 raise ActionFailed(RuleError(
                     f"the rule modified its input {path.relative_to(sandbox).as_posix()}; "
                     "inputs are read-only: write outputs instead",
-                    target=action.label))
+                    target=str(action.label)))
 
     def _stage(self, action: Action, sandbox: Path, log_path: Path
                ) -> tuple[ActionContext, dict[Path, tuple[str, str]]]:
@@ -369,14 +370,14 @@ class LocalExecutor:
         dep_objects: dict[str, Dep] = {}
         for dep_label, dep in action.deps.items():
             base = sandbox / OUT_PREFIX / label_dir(dep_label)
-            for entry in dep["outputs"]:
-                dest = base / entry["path"]
-                if not self.store.restore_blob(entry["digest"], dest, bool(entry.get("x"))):
+            for entry in dep.outputs:
+                dest = base / entry.path
+                if not self.store.restore_blob(entry.digest, dest, entry.executable):
                     raise MissingBlob(dep_label)
-                staged[dest] = (entry["digest"], stat_key(os.lstat(dest)))
-            files = [base / name.rstrip("/") for name in dep["declared"]]
-            digests = {e["path"]: e["digest"] for e in dep["outputs"]}
-            dep_objects[dep_label] = Dep(dep_label, files, dict(dep["info"]), base, digests)
+                staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
+            files = [base / name.rstrip("/") for name in dep.declared]
+            dep_objects[dep_label] = Dep(dep_label, files, dict(dep.info), base, dep.digests(),
+                                         dict(dep.providers))
         out_root = sandbox / OUT_PREFIX / label_dir(action.label)
         outputs = {}
         for name in action.outputs:
@@ -390,9 +391,9 @@ class LocalExecutor:
         scratch.mkdir()
         attrs = {name: _resolve(value, action.attr_types[name], sandbox, dep_objects)
                  for name, value in action.attrs.items()}
-        ctx = ActionContext(label=action.label, build_file=action.build_file, attrs=attrs,
+        ctx = ActionContext(label=str(action.label), build_file=action.build_file, attrs=attrs,
                             outputs=outputs, scratch=scratch, log_path=log_path,
-                            workdir=sandbox, threads=action.threads)
+                            workdir=sandbox, threads=action.threads, hooks=action.hooks)
         return ctx, staged
 
     def _stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
@@ -405,11 +406,11 @@ class LocalExecutor:
             st = os.stat(path)
         except OSError as exc:
             raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",
-                                         target=action.label)) from None
+                                         target=str(action.label))) from None
         if before != key or stat_key(st) != key:
             raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
                                          "result was not cached. Run the build again.",
-                                         target=action.label))
+                                         target=str(action.label)))
         os.chmod(dest, 0o555 if st.st_mode & stat.S_IXUSR else 0o444)
         return stat_key(os.lstat(dest))
 

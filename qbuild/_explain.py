@@ -4,11 +4,10 @@ outputs are what would change the target's inputs."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from ._build import Session
 from ._keys import diff
 from ._label import Label
+from ._records import ActionResult
+from ._session import Session
 from ._state import WorkspaceState
 
 
@@ -17,7 +16,7 @@ def explain(session: Session, label: Label) -> list[str]:
     order = graph.analyze([label])
     state = WorkspaceState(session.workspace.output_dir)
     store = session.store
-    results: dict[Label, dict[str, Any]] = {}
+    results: dict[Label, ActionResult] = {}
     lines: list[str] = []
     for item in order:
         target = graph.targets[item]
@@ -32,10 +31,7 @@ def explain(session: Session, label: Label) -> list[str]:
             continue
         parts, key, _ = session.key_for(target, results)
         last = state.last_keys.get(str(item))
-        if session.remote is not None:
-            cached, origin = store.find_action(key, record=False)  # type: ignore[attr-defined]
-        else:
-            cached, origin = store.get_action(key), "local"
+        cached, origin = store.find_action(key, record=False)
         if cached is not None:
             results[item] = cached
         if item != label and cached is not None:
@@ -46,7 +42,7 @@ def explain(session: Session, label: Label) -> list[str]:
             lines.append(f"{item} would rebuild: " + "; ".join(changes or ["not in the cache"]))
             continue
         if last == key and cached is not None and origin == "local":
-            came = ("came from the remote cache" if cached.get("origin") == "remote"
+            came = ("came from the remote cache" if cached.origin == "remote"
                     else "was built on this machine")
             lines.append(f"{item} is up to date (action key {key[:16]}; its result {came})")
         elif cached is not None and origin == "remote":

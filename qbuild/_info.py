@@ -16,8 +16,10 @@ from pathlib import Path
 
 from . import __version__, dist_version
 from ._machine import machine_facts
+from ._plugins import Registry
 from ._progress import human_size
 from ._toolchain import matches
+from ._workspace import Workspace
 
 # Distributions whose versions change ONNX artifacts (always shown).
 TOOLCHAIN = ("onnx", "onnxruntime", "numpy", "sympy", "ml_dtypes", "protobuf", "Pillow")
@@ -36,7 +38,7 @@ def folder_size(path: Path) -> tuple[int, int]:
     return total, files
 
 
-def info_lines(workspace, registry) -> Iterator[str]:
+def info_lines(workspace: Workspace, registry: Registry) -> Iterator[str]:
     yield f"qbuild {__version__} ({Path(__file__).resolve().parent})"
     yield f"python {platform.python_version()} ({sys.executable})"
     yield f"platform {platform.system()} {platform.release()} {platform.machine()}"
@@ -72,3 +74,23 @@ def info_lines(workspace, registry) -> Iterator[str]:
                               .missing_requirements()})
             note = f"  [missing: {', '.join(missing)}]" if missing else ""
             yield f"  {dist} {version} from {place}: {', '.join(kinds)}{note}"
+
+
+def plugin_lines(registry: Registry) -> Iterator[str]:
+    """``qbuild info --plugins``: every plugin with its distribution, version, module
+    file, the rules it provides and the hooks it implements; blocked ones say so."""
+    for plugin in registry.plugins:
+        if plugin.blocked:
+            yield (f"{plugin.name}: {plugin.dist} {plugin.version} ({plugin.module}) "
+                   f"blocked (-p no:{plugin.name})")
+            continue
+        loaded = registry.pm.get_plugin(plugin.name)
+        hooks = sorted(caller.name for caller in registry.pm.get_hookcallers(loaded) or []
+                       ) if loaded is not None else []
+        provided = [kind for kind in registry.kinds()
+                    if registry.entries[kind].plugin == plugin.name]
+        yield f"{plugin.name}: {plugin.dist} {plugin.version} from {plugin.path}"
+        if provided:
+            yield f"  rules: {', '.join(provided)}"
+        if hooks:
+            yield f"  hooks: {', '.join(hooks)}"

@@ -6,7 +6,7 @@ rule kind and version, the providing distribution and its version, qbuild's vers
 digests of the code units implementing the rule (``_code``), every attribute after
 defaults, the content digests and executable bits of all inputs (sources and dependency
 outputs, by workspace-relative path, and each dependency's declared output order), the
-dependencies' info, and the environment facts the rule declares (per rule and per
+dependencies' info and providers, and the environment facts the rule declares (per rule and per
 target). No absolute path enters a key, so moved or copied workspaces and caches hit.
 """
 
@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from . import __version__
 from ._analysis import Target
+from ._records import ActionResult, KeyParts
 
 _env_cache: dict[type, dict[str, str]] = {}
 
@@ -47,15 +48,17 @@ def target_env(target: Target) -> dict[str, str]:
 def components(
     target: Target,
     sources: dict[str, str],
-    deps: dict[str, dict[str, Any]],
+    deps: Mapping[str, ActionResult],
     code: dict[str, str],
     executable: list[str],
-) -> dict[str, Any]:
-    """The key's parts. ``deps`` maps label -> {"outputs": [...], "declared": [...],
-    "info": {...}}; ``code`` unit -> digest; ``executable`` the executable sources."""
+    hooks: Mapping[str, list[tuple[str, str]]] | None = None,
+) -> KeyParts:
+    """The key's parts. ``deps`` maps label -> its result; ``code`` unit -> digest;
+    ``executable`` the executable sources; ``hooks`` the plugins implementing each hook
+    the rule calls (name -> [(module, distribution and version)])."""
     entry = target.entry
     assert entry is not None
-    return {
+    parts: KeyParts = {
         "label": str(target.label),
         "rule": entry.kind,
         "rule_version": entry.cls.version,
@@ -67,17 +70,27 @@ def components(
         "outputs": target.outputs,
         "sources": sources,
         "executable_sources": sorted(executable),
-        "deps": {
-            label: {
-                "outputs": {e["path"]: e["digest"] for e in dep["outputs"]},
-                "executable": sorted(e["path"] for e in dep["outputs"] if e.get("x")),
-                "declared": list(dep["declared"]),
-                "info": dep["info"],
-            }
-            for label, dep in deps.items()
-        },
+        "deps": {label: dep_part(dep) for label, dep in deps.items()},
         "env": target_env(target),
     }
+    if hooks:  # only rules that call hooks have the part (other keys stay as they were)
+        parts["hooks"] = {name: [list(item) for item in found]
+                          for name, found in hooks.items()}
+    return parts
+
+
+def dep_part(dep: ActionResult) -> dict[str, Any]:
+    """What a dependency's result contributes to a key: its files' digests, executable
+    bits, declared outputs, info and providers."""
+    part: dict[str, Any] = {
+        "outputs": dep.digests(),
+        "executable": sorted(e.path for e in dep.outputs if e.executable),
+        "declared": list(dep.declared),
+        "info": dep.info,
+    }
+    if dep.providers:  # absent for v1 dependencies: their keys stay as they were
+        part["providers"] = dep.providers
+    return part
 
 
 def action_key(parts: dict[str, Any]) -> str:
@@ -125,10 +138,15 @@ def diff(old: dict[str, Any] | None, new: dict[str, Any],
                                  new_deps[label]["outputs"])
             if old_deps[label]["info"] != new_deps[label]["info"]:
                 lines.append(f"info of {label} changed")
+            if old_deps[label].get("providers") != new_deps[label].get("providers"):
+                lines.append(f"providers of {label} changed")
             for part in ("declared", "executable"):
                 if old_deps[label].get(part) != new_deps[label].get(part):
                     lines.append(f"{part} outputs of {label}: {old_deps[label].get(part)} -> "
                                  f"{new_deps[label].get(part)}")
+    if old.get("hooks", {}) != new.get("hooks", {}):
+        lines.append(f"hook implementations: {json.dumps(old.get('hooks', {}))} -> "
+                     f"{json.dumps(new.get('hooks', {}))}")
     old_env, new_env = old.get("env", {}), new["env"]
     for name in sorted(set(old_env) | set(new_env)):
         if old_env.get(name) != new_env.get(name):
@@ -162,7 +180,7 @@ def _diff_files(what: str, old: dict[str, str], new: dict[str, str]) -> list[str
         if before == after:
             continue
         if before is None:
-            lines.append(f"{what} {path} added ({after[:12]})")
+            lines.append(f"{what} {path} added ({(after or '')[:12]})")
         elif after is None:
             lines.append(f"{what} {path} removed (was {before[:12]})")
         else:

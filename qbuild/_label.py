@@ -128,9 +128,9 @@ def parse_pattern(text: str, current_package: str | None = None) -> Pattern:
         package = text[2:-3].rstrip("/")
         return Pattern(_check_package(package, text), None, True)
     if text.endswith(":all") or text.endswith(":*"):
-        package = text[2:].rsplit(":", 1)[0] if text.startswith("//") else current_package
-        if package is None:
+        in_package = text[2:].rsplit(":", 1)[0] if text.startswith("//") else current_package
+        if in_package is None:
             raise ConfigError(f"pattern '{text}' needs a package")
-        return Pattern(_check_package(package, text), None, False)
+        return Pattern(_check_package(in_package, text), None, False)
     label = parse_label(text, current_package)
     return Pattern(label.package, label.name, False)

@@ -132,7 +132,7 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
                 raise ConfigError(f"'{{{unknown}}}' is a matrix template, but this target has "
                                   "no matrix", file=shown, target=str(label), attr=attr_name)
         return [TargetSpec(label, kind, raw, shown, tags=tags)]
-    where = {"file": shown, "target": str(label), "attr": "matrix"}
+    where: dict[str, Any] = {"file": shown, "target": str(label), "attr": "matrix"}
     if not isinstance(matrix, dict) or not matrix:
         raise ConfigError("'matrix' must be a non-empty table of lists", **where)
     axes = []
@@ -182,9 +182,9 @@ def _expand(package: str, name: str, table: dict[str, Any], shown: str) -> list[
 MacroLookup = Callable[[str], Callable[[str, dict[str, Any]], Any] | None]
 
 
-def _expand_macro(package: str, spec: TargetSpec, expander, shown: str,
+def _expand_macro(package: str, spec: TargetSpec, expander: Callable[..., Any], shown: str,
                   targets: dict[str, TargetSpec]) -> list[TargetSpec]:
-    where = {"file": shown, "target": str(spec.label)}
+    where: dict[str, Any] = {"file": shown, "target": str(spec.label)}
     try:
         extra, own = expander(spec.label.name, dict(spec.raw))
     except ConfigError as exc:

@@ -82,7 +82,7 @@ def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | N
         int(snapshot["summary"]["targets"]), int(snapshot["summary"]["actions"])
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # absent or damaged: the full path decides
-    return snapshot
+    return dict(snapshot)
 
 
 def record(root: Path, output_dir: Path, patterns: list[str], package: str | None, *,
@@ -98,8 +98,9 @@ def record(root: Path, output_dir: Path, patterns: list[str], package: str | Non
     for file in code_files:  # rule code hashed for the keys (stat-checked, never re-read)
         files.setdefault(file, _stat(file))
     for module in list(sys.modules.values()):
-        file = getattr(module, "__file__", None)
-        if file:
+        module_file: str | None = getattr(module, "__file__", None)
+        if module_file:
+            file = module_file
             name = os.path.relpath(file, root) if file.startswith(str(root) + os.sep) else file
             files.setdefault(name, _stat(file))
     for key in files.values():

@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ._executor import label_dir
+from ._label import output_folder
 
 if TYPE_CHECKING:
-    from ._build import Session
+    from ._session import Session
 
 
 def declared_paths(session: Session, patterns: list[str], package: str | None) -> list[Path]:
@@ -30,6 +30,6 @@ def declared_paths(session: Session, patterns: list[str], package: str | None) -
         if target.is_group:
             pending[:0] = target.deps
             continue
-        base = session.workspace.output_dir / label_dir(str(label))
+        base = session.workspace.output_dir / output_folder(label)
         paths.extend(base / name.rstrip("/") for name in target.outputs)
     return paths

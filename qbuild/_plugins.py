@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -33,24 +33,66 @@ class RuleEntry:
     cls: type[Rule]
     dist: str
     dist_version: str
+    plugin: str = field(default="", compare=False)  # the plugin that returned it
 
     @property
     def ref(self) -> str:
         return f"{self.cls.__module__}:{self.cls.__qualname__}"
 
 
-class Registry:
-    """Every rule kind known to this process, with its provider."""
+@dataclass(frozen=True)
+class PluginInfo:
+    """A loaded plugin: its name, where it came from, and its module's file."""
 
-    def __init__(self, pm: pluggy.PluginManager, entries: dict[str, RuleEntry]) -> None:
+    name: str
+    dist: str
+    version: str
+    module: str
+    path: str
+    blocked: bool = False
+
+
+class Registry:
+    """Every rule kind known to this process, with its provider, and the plugins."""
+
+    def __init__(self, pm: pluggy.PluginManager, entries: dict[str, RuleEntry],
+                 plugins: list[PluginInfo] | None = None) -> None:
         self.pm = pm
         self.entries = entries
+        self.plugins = list(plugins or [])
+        self._hooks: dict[str, list[tuple[str, str]]] = {}
 
     def get(self, kind: str) -> RuleEntry | None:
         return self.entries.get(kind)
 
     def kinds(self) -> list[str]:
         return sorted(self.entries)
+
+    def hook_plugins(self, target: Any) -> dict[str, list[tuple[str, str]]]:
+        """The plugins implementing each hook ``target``'s rule calls (its ``code()``
+        names them ``hook:<name>``), resolved here in the main process once per hook:
+        hook name -> [(importable module, "distribution version")]. Part of the key,
+        and what the action's ``ctx.hooks`` calls in whatever process runs it."""
+        refs = target.rule.code(target.attrs) or [] if target.rule is not None else []
+        out: dict[str, list[tuple[str, str]]] = {}
+        for ref in refs:
+            if ref.startswith("hook:"):
+                name = ref[5:]
+                if name not in self._hooks:
+                    self._hooks[name] = self._resolve_hook(name)
+                out[name] = self._hooks[name]
+        return out
+
+    def _resolve_hook(self, name: str) -> list[tuple[str, str]]:
+        caller = getattr(self.pm.hook, name, None)
+        by_module = {p.module: f"{p.dist} {p.version}" for p in self.plugins}
+        found = []
+        for impl in caller.get_hookimpls() if caller is not None else ():
+            plugin = impl.plugin
+            module = (plugin.__name__ if isinstance(plugin, ModuleType)
+                      else type(plugin).__module__)
+            found.append((module, by_module.get(module, f"local:{module} 0")))
+        return found
 
 
 def _path_fingerprint() -> list[list[Any]]:
@@ -73,7 +115,8 @@ def _entry_points(cache_file: Path | None) -> list[list[str]]:
         try:
             cached = json.loads(cache_file.read_text(encoding="utf-8"))
             if cached.get("fingerprint") == fingerprint:
-                return cached["entry_points"]
+                found: list[list[str]] = cached["entry_points"]
+                return found
         except (OSError, ValueError, AttributeError):
             pass
     from importlib import metadata
@@ -105,9 +148,18 @@ def _load(value: str) -> Any:
     return obj
 
 
+def _origin(plugin: Any) -> tuple[str, str]:
+    """(module name, file) of a plugin object."""
+    module = plugin.__name__ if isinstance(plugin, ModuleType) else type(plugin).__module__
+    loaded = sys.modules.get(module)
+    return module, str(getattr(loaded, "__file__", None) or module)
+
+
 def load_registry(extra_plugins: Iterable[ModuleType | Any] = (),
-                  cache_file: Path | None = None) -> Registry:
+                  cache_file: Path | None = None, blocked: Iterable[str] = ()) -> Registry:
     """Load entry-point plugins plus ``extra_plugins`` and collect their rules.
+    Plugins named in ``blocked`` (``-p no:NAME``: an entry-point name, or the module
+    name of an extra plugin) are not loaded at all.
 
     Raises:
         PluginError: a plugin fails to import, returns something that is not a Rule
@@ -117,8 +169,16 @@ def load_registry(extra_plugins: Iterable[ModuleType | Any] = (),
     pm.add_hookspecs(hookspecs)
     # Historic: every plugin, registered before or after, may add hook specs of its own.
     pm.hook.qbuild_addhooks.call_historic(kwargs={"pluginmanager": pm})
+    blocked = set(blocked)
+    for name in blocked:
+        pm.set_blocked(name)
     dists: dict[int, tuple[str, str]] = {}
+    infos: list[PluginInfo] = []
     for name, value, dist_name, dist_version in _entry_points(cache_file):
+        if name in blocked:
+            infos.append(PluginInfo(name, dist_name, dist_version, value.partition(":")[0],
+                                    "", blocked=True))
+            continue
         try:
             plugin = _load(value)
         except Exception as exc:  # a broken third-party plugin must not crash with a traceback
@@ -127,9 +187,15 @@ def load_registry(extra_plugins: Iterable[ModuleType | Any] = (),
         if pm.get_plugin(name) is None and not pm.is_registered(plugin):
             pm.register(plugin, name=name)
             dists[id(plugin)] = (dist_name, dist_version)
+            infos.append(PluginInfo(name, dist_name, dist_version, *_origin(plugin)))
     for plugin in extra_plugins:
+        module, path = _origin(plugin)
+        if module in blocked or module.rpartition(".")[2] in blocked:
+            continue
         if not pm.is_registered(plugin):
             pm.register(plugin)
+            infos.append(PluginInfo(pm.get_name(plugin) or module, f"local:{module}", "0",
+                                    module, path))
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
@@ -146,7 +212,7 @@ def load_registry(extra_plugins: Iterable[ModuleType | Any] = (),
             if not (isinstance(cls, type) and issubclass(cls, Rule) and cls.kind):
                 raise PluginError(f"plugin '{name}' ({dist}) returned {cls!r} from "
                                   "qbuild_rule_types, which is not a Rule subclass with a kind")
-            entry = RuleEntry(cls.kind, cls, dist, version)
+            entry = RuleEntry(cls.kind, cls, dist, version, name)
             previous = entries.get(cls.kind)
             if previous is not None and previous.cls is not cls:
                 raise PluginError(
@@ -155,4 +221,4 @@ def load_registry(extra_plugins: Iterable[ModuleType | Any] = (),
                     f"({entry.ref}); uninstall one of them"
                 )
             entries[cls.kind] = entry
-    return Registry(pm, entries)
+    return Registry(pm, entries, infos)

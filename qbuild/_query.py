@@ -65,6 +65,10 @@ class Query:
     def _peek(self) -> tuple[str, str] | None:
         return self.tokens[self.pos] if self.pos < len(self.tokens) else None
 
+    def _next_is(self, kind: str) -> bool:
+        token = self._peek()
+        return token is not None and token[0] == kind
+
     def _take(self, kind: str) -> str:
         token = self._peek()
         if token is None or token[0] != kind:
@@ -136,7 +140,7 @@ class Query:
         if name == "attr":
             return self._attr()
         if name in ("kind", "filter"):
-            regex = self._take("str") if self._peek() and self._peek()[0] == "str" else \
+            regex = self._take("str") if self._next_is("str") else \
                 self._take("word")
             self._take(",")
             inner = self._expr()
@@ -151,13 +155,13 @@ class Query:
         first = self._expr()
         second = None
         depth = None
-        if self._peek() and self._peek()[0] == ",":
+        if self._next_is(","):
             self.pos += 1
             if name == "deps":
                 depth = self._int()
             else:
                 second = self._expr()
-                if name == "rdeps" and self._peek() and self._peek()[0] == ",":
+                if name == "rdeps" and self._next_is(","):
                     self.pos += 1
                     depth = self._int()
         self._take(")")

@@ -270,6 +270,7 @@ class HttpCache:
                 writer = _Hashing(out, hasher)
                 sink: Any = writer
                 if encoding == "zstd":
+                    assert zstd is not None
                     sink = zstd.ZstdDecompressor().stream_writer(writer, closefd=False)
                 while chunk := response.read1(_CHUNK):
                     received += len(chunk)

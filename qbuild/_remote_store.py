@@ -24,10 +24,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ._digest import hash_bytes
 from ._errors import ConfigError, UsageError
+from ._records import ActionResult, KeyParts
 from ._remote_http import DigestMismatch, HttpCache, RemoteConfig, RemoteError, is_digest
 from ._store import LocalStore
 from ._toml import load_toml
@@ -154,14 +155,14 @@ def parse_action_result(raw: bytes) -> tuple[list[dict[str, Any]], tuple[str, in
     if not isinstance(files, list):
         raise ValueError("no outputFiles")
     outputs: list[dict[str, Any]] = []
-    meta = None
+    meta: tuple[str, int] | None = None
     for item in files:
         digest = item.get("digest") if isinstance(item, dict) else None
         if not isinstance(digest, dict) or not _safe_path(item.get("path")):
             raise ValueError("malformed output file")
         value = digest.get("hash")
         size = _size(digest.get("sizeBytes", digest.get("size_bytes", 0)))
-        if not is_digest(value):
+        if not isinstance(value, str) or not is_digest(value):
             raise ValueError("malformed digest")
         if item["path"] == RESULT_PATH:
             meta = (value, size)
@@ -181,6 +182,8 @@ def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
         raise ValueError("bad declared outputs")
     if not isinstance(meta.get("info"), dict) or not isinstance(meta.get("warnings"), list):
         raise ValueError("bad info")
+    if not isinstance(meta.get("providers", {}), dict):
+        raise ValueError("bad providers")
     paths = [e["path"] for e in outputs]
     if len(set(paths)) != len(paths):
         raise ValueError("duplicate output paths")
@@ -231,21 +234,21 @@ class LayeredStore:
                   "with the local cache only for the rest of this build")
 
     # -- action cache -----------------------------------------------------------------------
-    def get_action(self, key: str) -> dict[str, Any] | None:
+    def get_action(self, key: str) -> ActionResult | None:
         return self.find_action(key)[0]
 
     def find_action(self, key: str, record: bool = True
-                    ) -> tuple[dict[str, Any] | None, str]:
+                    ) -> tuple[ActionResult | None, Literal["local", "remote"]]:
         """(result, "local" | "remote"); a remote hit is recorded locally unless
         ``record`` is False (``qbuild explain`` only looks)."""
         result = self.local.get_action(key)
         if result is not None or not self.usable:
             return result, "local"
-        result = self._remote_action(key)
-        if result is None:
+        found = self._remote_action(key)
+        if found is None:
             return None, "local"
+        result, components = found
         if record:
-            components = result.pop("components", None)
             if isinstance(components, dict):
                 self.local.put_components(key, components)
             self.local.put_action(key, result)
@@ -253,7 +256,8 @@ class LayeredStore:
             self.remote_hits += 1
         return result, "remote"
 
-    def _remote_action(self, key: str) -> dict[str, Any] | None:
+    def _remote_action(self, key: str) -> tuple[ActionResult, Any] | None:
+        """The remote result of ``key`` and the key parts stored with it."""
         try:
             raw = self.remote.get_ac(key)
             if raw is None:
@@ -292,26 +296,31 @@ class LayeredStore:
         with self._lock:
             for entry in outputs:
                 self._sizes[entry["digest"]] = entry["size"]
-        return {"outputs": outputs, "declared": meta["declared"], "info": meta["info"],
-                "warnings": meta["warnings"], "origin": "remote",
-                "components": meta.get("components")}
+        result = ActionResult.from_json({
+            "outputs": outputs, "declared": meta["declared"], "info": meta["info"],
+            "warnings": meta["warnings"], "origin": "remote",
+            "providers": meta.get("providers") or {}})
+        return result, meta.get("components")
 
-    def put_action(self, key: str, result: dict[str, Any]) -> None:
+    def put_action(self, key: str, result: ActionResult) -> None:
         self.local.put_action(key, result)
         if not self.upload or not self.usable:
             return
-        if any(e["path"] == RESULT_PATH for e in result["outputs"]):
+        if any(e.path == RESULT_PATH for e in result.outputs):
             return  # cannot be told apart from our metadata: keep it local
-        meta = {"format": _FORMAT, "declared": result["declared"], "info": result["info"],
-                "warnings": result.get("warnings", []),
+        meta = {"format": _FORMAT, "declared": list(result.declared),
+                "info": dict(result.info), "warnings": list(result.warnings),
                 "components": self.local.get_components(key)}
+        if result.providers:
+            meta["providers"] = dict(result.providers)
         with self._lock:
             if self._pool is None:
                 import concurrent.futures
 
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     _UPLOAD_THREADS, thread_name_prefix="qbuild-upload")
-            self._futures.append(self._pool.submit(self._upload, key, result["outputs"], meta))
+            self._futures.append(self._pool.submit(
+                self._upload, key, [e.to_json() for e in result.outputs], meta))
 
     def _upload(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
         if not self.usable:
@@ -366,10 +375,10 @@ class LayeredStore:
     def drop_action(self, key: str) -> None:
         self.local.drop_action(key)
 
-    def get_components(self, key: str) -> dict[str, Any] | None:
+    def get_components(self, key: str) -> KeyParts | None:
         return self.local.get_components(key)
 
-    def put_components(self, key: str, components: dict[str, Any]) -> None:
+    def put_components(self, key: str, components: KeyParts) -> None:
         self.local.put_components(key, components)
 
     # -- blobs --------------------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """The rule API: ``Rule`` (what a plugin subclasses), ``Dep`` and ``ActionContext``.
 
-A rule declares its kind, version, typed attributes and outputs; the engine resolves a
-target's attributes, stages its declared inputs in a private directory and calls
-``run(ctx)``. ``run`` reads only what ``ctx`` hands it, writes only ``ctx.output(...)``
-paths, and returns a JSON-serializable dict ("info") that dependents see as
-``Dep.info`` without re-reading any file.
+A rule declares its kind, version, typed attributes, outputs and the providers it gives.
+A v2 rule overrides ``analyze(ctx)`` and declares one or more actions there (see
+``_actions``); a v1 rule overrides ``run(ctx)``, which the default ``analyze`` makes the
+target's single action: the engine stages its declared inputs in a private directory and
+calls ``run(ctx)``, which reads only what ``ctx`` hands it, writes only
+``ctx.output(...)`` paths and returns providers and/or a JSON-serializable dict ("info",
+deprecated) that dependents see as ``Dep.info``.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ._attrs import Attr
 from ._errors import ConfigError, RuleError
+from ._providers import DefaultInfo, Provider, check_provider_class, decode, provider_name
+
+if TYPE_CHECKING:
+    from ._actions import AnalysisContext
 
 RESERVED_KEYS = frozenset({"rule", "matrix", "tags"})
 _KIND = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -51,6 +57,10 @@ class Rule:
         requires: distributions the rule needs installed; a target of the rule fails at
             analysis with ``install_hint`` when one is missing.
         install_hint: how to install ``requires`` (e.g. "pip install 'qbuild[onnx]'").
+        provides: the provider classes every target of the rule gives (besides
+            ``DefaultInfo``, which every target has); its actions return instances.
+            ``attr.label(providers=[...])`` of dependents is checked against it at
+            analysis.
     """
 
     kind: ClassVar[str] = ""
@@ -65,6 +75,7 @@ class Rule:
     machine_dependent: ClassVar[bool] = False
     requires: ClassVar[Sequence[str]] = ()
     install_hint: ClassVar[str] = ""
+    provides: ClassVar[Sequence[type[Provider]]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -79,10 +90,25 @@ class Rule:
                 raise TypeError(f"{cls.__qualname__}.attrs[{name!r}] is not built with qbuild.attr")
             if name in RESERVED_KEYS:
                 raise TypeError(f"{cls.__qualname__}: attribute name {name!r} is reserved")
+            for provider in schema.providers:
+                check_provider_class(provider, f"{cls.__qualname__}.attrs[{name!r}]")
             for other, _allowed in schema.when:
                 if other not in cls.attrs:
                     raise TypeError(f"{cls.__qualname__}.attrs[{name!r}]: 'when' names "
                                     f"unknown attribute {other!r}")
+        cls.provides = tuple(cls.provides)
+        for provider in cls.provides:
+            check_provider_class(provider, f"{cls.__qualname__}.provides")
+
+    @classmethod
+    def provider_names(cls) -> set[str]:
+        """Names of every provider a target of this rule gives (DefaultInfo included)."""
+        return {provider_name(DefaultInfo), *(provider_name(p) for p in cls.provides)}
+
+    @classmethod
+    def is_v2(cls) -> bool:
+        """Whether the rule declares its actions in ``analyze`` (else ``run`` is one)."""
+        return cls.analyze is not Rule.analyze
 
     def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         """Output names for a target; override when they depend on attributes."""
@@ -124,14 +150,26 @@ class Rule:
         implementing that hook). Its source files join the key."""
         return []
 
-    def run(self, ctx: ActionContext) -> dict[str, Any] | None:
-        """Produce every declared output; return info for dependents."""
+    def analyze(self, ctx: AnalysisContext) -> None:
+        """Declare the target's actions with ``ctx.action(...)`` (rule API v2).
+
+        The default declares one action that calls ``run`` with every attribute as its
+        input and every declared output as its output (rule API v1)."""
+
+    def run(self, ctx: ActionContext) -> Any:
+        """v1: produce every declared output; return the providers the rule declares
+        (a Provider or a list of them) and/or an info dict (deprecated)."""
         raise NotImplementedError(f"rule {self.kind!r} has no run()")
 
 
 @dataclass
 class Dep:
-    """A built dependency as a rule sees it: its files and the info its rule returned."""
+    """A built dependency as a rule sees it: its files and providers.
+
+    ``dep[OnnxModelInfo]`` is the dependency's provider (``KeyError`` naming what it
+    has if it gives none), ``OnnxModelInfo in dep`` asks, ``dep[DefaultInfo].files``
+    are its files. ``info`` is the dict a v1 rule returned (deprecated: use providers).
+    In a v2 action ``label`` is empty: actions never see labels."""
 
     label: str
     files: list[Path]
@@ -140,6 +178,25 @@ class Dep:
     digests: dict[str, str] = field(default_factory=dict)
     """SHA-256 of each output file, by path relative to ``root`` (verified by the engine:
     no need to hash the files again)."""
+    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Stored provider data by provider name (read them typed: ``dep[Cls]``)."""
+
+    def __contains__(self, cls: type[Provider]) -> bool:
+        return cls is DefaultInfo or provider_name(cls) in self.providers
+
+    def __getitem__(self, cls: type[Provider]) -> Any:
+        if cls is DefaultInfo:
+            return DefaultInfo(tuple(self.files))
+        data = self.providers.get(provider_name(cls))
+        if data is None:
+            has = ", ".join(["DefaultInfo", *(n.rsplit(".", 1)[-1] for n in self.providers)])
+            raise KeyError(f"{self.label or 'the dependency'} gives no {cls.__qualname__} "
+                           f"(it gives: {has})")
+        return decode(cls, data, self.root)
+
+    def get(self, cls: type[Provider], default: Any = None) -> Any:
+        """The provider ``cls`` of this dependency, or ``default``."""
+        return self[cls] if cls in self else default
 
     def digest(self, path: Path) -> str | None:
         """The engine's digest of one of this dependency's files (None if unknown)."""
@@ -185,6 +242,7 @@ class ActionContext:
         log_path: Path,
         workdir: Path,
         threads: int = 1,
+        hooks: Mapping[str, tuple[str, ...]] | None = None,
     ) -> None:
         self.label = label
         self.name = label.rsplit(":", 1)[1]
@@ -199,6 +257,19 @@ class ActionContext:
         thread pool) exactly this many threads, so parallel actions never oversubscribe."""
         self.log_path = log_path
         self.warnings: list[str] = []
+        self._hooks = dict(hooks or {})
+        self._resolved: Any = None
+
+    @property
+    def hooks(self) -> Any:
+        """The plugin hooks this rule declared in ``code()`` (``"hook:<name>"``), with
+        the implementations the main process resolved: ``ctx.hooks.<name>(...)``, or
+        ``ctx.hooks.pluginmanager`` for code that takes a pluggy plugin manager."""
+        from ._hooks import ResolvedHooks
+
+        if self._resolved is None:
+            self._resolved = ResolvedHooks(self._hooks)
+        return self._resolved
 
     @property
     def outputs(self) -> dict[str, Path]:

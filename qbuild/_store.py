@@ -22,9 +22,10 @@ message), entries of the wrong shape are misses, a blob that does not match its 
 is deleted and rebuilt, and errors reading the store are misses. Errors writing it
 (full disk, read-only cache) become one-line ``CacheError``s.
 
-This is the only module that imports diskcache. ``Store`` is the narrow interface the
-executor and the build use, so a remote cache (Bazel's HTTP protocol: ``/ac/<sha256>``,
-``/cas/<sha256>``) can sit behind the same methods.
+This is the only module that imports diskcache. ``LocalStore`` implements the
+``_protocols.Store`` interface the executor and the build are typed against, so a remote
+cache (Bazel's HTTP protocol: ``/ac/<sha256>``, ``/cas/<sha256>``) can sit behind the
+same methods.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 import diskcache
 
 from ._digest import clone_or_copy, copy_hashing, hash_file, stat_key
 from ._errors import CacheError
+from ._records import ActionResult, KeyParts
 
 _SETTINGS = {
     "eviction_policy": "none",  # never evict behind our back; `qbuild cache gc` does it
@@ -71,7 +73,7 @@ class _Adopt:
         self.path = path
 
 
-class _AdoptingDisk(diskcache.Disk):
+class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
     """diskcache's file storage, plus adoption: a blob written in the cache's own tmp/
     (an action's sandbox) is moved in, so storing an output costs no second copy."""
 
@@ -86,18 +88,6 @@ class _AdoptingDisk(diskcache.Disk):
                 with open(value.path, "rb") as handle:  # another filesystem: copy
                     return super().store(handle, read, key=key)
         return super().store(value, read, key=key)
-
-
-class Store(Protocol):
-    """What the build needs from a cache: action results and verified blobs."""
-
-    def get_action(self, key: str) -> dict[str, Any] | None: ...
-    def put_action(self, key: str, result: dict[str, Any]) -> None: ...
-    def has_blob(self, digest: str) -> bool: ...
-    def put_blob(self, path: Path, digest: str, adopt: bool = False) -> None: ...
-    def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool: ...
-    def memo_get(self, key: str) -> str | None: ...
-    def memo_put(self, key: str, digest: str) -> None: ...
 
 
 class _DurableDisk(_AdoptingDisk):
@@ -143,7 +133,8 @@ def valid_result(value: Any) -> bool:
         if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
                 and isinstance(entry.get("digest"), str) and _DIGEST.match(entry["digest"])):
             return False
-    return isinstance(value.get("warnings", []), list)
+    return isinstance(value.get("warnings", []), list) and \
+        isinstance(value.get("providers", {}), dict)
 
 
 class LocalStore:
@@ -239,25 +230,33 @@ class LocalStore:
                 cache.close()
 
     # -- action cache -----------------------------------------------------------------
-    def get_action(self, key: str) -> dict[str, Any] | None:
+    def find_action(self, key: str, record: bool = True
+                    ) -> tuple[ActionResult | None, Literal["local", "remote"]]:
+        """(result, "local"): the local store has no other origin."""
+        return self.get_action(key), "local"
+
+    def get_action(self, key: str) -> ActionResult | None:
         raw = self._read("ac", lambda c: c.get(key), None)
         try:
             result = json.loads(raw) if raw is not None else None
         except (TypeError, ValueError):
             result = None
-        if result is None or valid_result(result):
-            return result
+        if result is None:
+            return None
+        if valid_result(result):
+            return ActionResult.from_json(result)
         self.drop_action(key)  # written by something else: a miss
         return None
 
-    def put_action(self, key: str, result: dict[str, Any]) -> None:
-        self._write("ac", lambda c: c.set(key, json.dumps(result, sort_keys=True)))
+    def put_action(self, key: str, result: ActionResult) -> None:
+        text = json.dumps(result.to_json(), sort_keys=True)
+        self._write("ac", lambda c: c.set(key, text))
 
     def drop_action(self, key: str) -> None:
         with contextlib.suppress(CacheError):
             self._write("ac", lambda c: c.delete(key))
 
-    def get_components(self, key: str) -> dict[str, Any] | None:
+    def get_components(self, key: str) -> KeyParts | None:
         raw = self._read("ac", lambda c: c.get("components:" + key), None)
         try:
             value = json.loads(raw) if raw is not None else None
@@ -265,11 +264,10 @@ class LocalStore:
             return None
         return value if isinstance(value, dict) else None
 
-    def put_result(self, key: str, components: dict[str, Any], result: dict[str, Any]
-                   ) -> None:
+    def put_result(self, key: str, components: KeyParts, result: ActionResult) -> None:
         """The key's parts and its action result, in one transaction."""
         parts_text = json.dumps(components, sort_keys=True)
-        result_text = json.dumps(result, sort_keys=True)
+        result_text = json.dumps(result.to_json(), sort_keys=True)
 
         def write(cache: diskcache.Cache) -> None:
             with cache.transact():
@@ -278,7 +276,7 @@ class LocalStore:
 
         self._write("ac", write)
 
-    def put_components(self, key: str, components: dict[str, Any]) -> None:
+    def put_components(self, key: str, components: KeyParts) -> None:
         self._write("ac", lambda c: c.set("components:" + key,
                                           json.dumps(components, sort_keys=True)))
 
@@ -357,7 +355,7 @@ class LocalStore:
             seen = stat_key(os.stat(path))
         except OSError:
             return False
-        return self._read("memo", lambda c: c.get("verified:" + digest), None) == seen
+        return bool(self._read("memo", lambda c: c.get("verified:" + digest), None) == seen)
 
     def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
         """Place a verified private copy of the blob at ``dest`` (read-only; executable
@@ -438,7 +436,7 @@ class LocalStore:
             cache.reset("eviction_policy", "least-recently-stored")
             cache.reset("size_limit", max(0, max_bytes))
             try:
-                return cache.cull()
+                return int(cache.cull())
             finally:
                 cache.reset("eviction_policy", "none")
                 cache.reset("size_limit", _SETTINGS["size_limit"])

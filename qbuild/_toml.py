@@ -24,7 +24,8 @@ def load_toml(path: Path, shown_as: str | None = None) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=shown_as or path) from None
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        loaded: dict[str, Any] = tomllib.loads(data.decode("utf-8"))
+        return loaded
     except UnicodeDecodeError:
         raise ConfigError("not UTF-8 text", file=shown_as or path) from None
     except RecursionError:

@@ -14,7 +14,8 @@ distributions' metadata, never by importing them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 
 from ._errors import ConfigError
 
@@ -44,7 +45,8 @@ def mismatches(pins: Mapping[str, str]) -> list[str]:
     return out
 
 
-def check(pins: Mapping[str, str], mode: str, marker: object, warn) -> None:
+def check(pins: Mapping[str, str], mode: str, marker: str | Path,
+          warn: Callable[[str], None]) -> None:
     """Raise ConfigError (or ``warn`` each line) when installed versions differ from pins."""
     found = mismatches(pins)
     if not found:

@@ -6,6 +6,7 @@
     cache_dir = "~/.cache/qbuild"   # content-addressed store and action cache
     jobs = 2                        # default parallelism (default: CPU count)
     output_dir = "qbuild-out"       # where requested targets' files appear
+    plugins = ["no:NAME"]           # plugins not to load (like the -p no:NAME flag)
 
     [toolchain]                     # versions that change artifacts (see _toolchain)
     onnxruntime = "1.31.1"
@@ -26,7 +27,7 @@ from ._toml import load_toml
 
 MARKER = "qbuild.toml"
 BUILD_FILE = "BUILD.toml"
-_KNOWN_SETTINGS = {"cache_dir", "jobs", "output_dir"}
+_KNOWN_SETTINGS = {"cache_dir", "jobs", "output_dir", "plugins"}
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class Workspace:
     output_dir: Path
     # Pinned distribution versions from [toolchain], sorted (name, version) pairs.
     toolchain: tuple[tuple[str, str], ...] = ()
+    # Plugins not to load ([settings] plugins = ["no:NAME"]).
+    blocked_plugins: tuple[str, ...] = ()
     # Stat key of qbuild.toml taken before it was read (for the no-op fast path).
     marker_stat: str | None = field(default=None, compare=False)
 
@@ -110,9 +113,24 @@ def load_workspace(start: Path) -> Workspace:
                           'onnxruntime = "1.31.1"', file=marker)
     workspace = Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs,
                           output_dir=root / output, marker_stat=marker_stat,
-                          toolchain=tuple(sorted(toolchain.items())))
+                          toolchain=tuple(sorted(toolchain.items())),
+                          blocked_plugins=blocked_plugins(settings.get("plugins", []), marker))
     check_ownership(workspace, marker)
     return workspace
+
+
+def blocked_plugins(values: object, where: Path | None = None) -> tuple[str, ...]:
+    """The names in ``["no:NAME", ...]`` (the ``plugins`` setting and ``-p`` flags)."""
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise ConfigError('setting \'plugins\' must be a list like ["no:NAME"]', file=where)
+    names = []
+    for value in values:
+        name = value.strip().removeprefix("no:")
+        if not value.strip().startswith("no:") or not name:
+            raise ConfigError(f"plugin option {value!r}: only 'no:NAME' (do not load the "
+                              "plugin NAME) is known", file=where)
+        names.append(name)
+    return tuple(names)
 
 
 OWNED_MARKER = ".qbuild"  # in the output folder: qbuild made it, so qbuild may delete in it

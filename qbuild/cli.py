@@ -11,10 +11,14 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from ._errors import QbuildError, UsageError
+
+if TYPE_CHECKING:
+    from ._session import Session
+    from ._workspace import Workspace
 
 EXIT_OK, EXIT_BUILD_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
@@ -26,13 +30,17 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     # SUPPRESS: a flag given before the command is not reset by the subcommand's default.
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="more detail: tracebacks on errors, every action and warning")
     common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
                         help="only results and errors: no progress, summary or warnings")
-    remote = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-p", dest="plugin_options", action="append", metavar="no:NAME",
+                        default=argparse.SUPPRESS,
+                        help="do not load the plugin NAME (repeatable; qbuild.toml: "
+                        '[settings] plugins = ["no:NAME"])')
+    remote = _Parser(add_help=False)
     group = remote.add_argument_group("remote cache (Bazel's HTTP protocol)")
     group.add_argument("--remote_cache", metavar="URL", help="http(s)://host:port[/prefix] "
                        "of a shared cache (default: $QBUILD_REMOTE_CACHE, then [remote] "
@@ -74,6 +82,11 @@ def _parser() -> argparse.ArgumentParser:
                        help="label: one per line; json: records with attributes; build: "
                        "the targets as BUILD.toml tables, matrix variants expanded")
 
+    aquery = sub.add_parser("aquery", parents=[common],
+                            help="list the actions of targets: inputs, outputs, keys")
+    aquery.add_argument("patterns", nargs="+", metavar="PATTERN")
+    aquery.add_argument("--output", choices=["text", "json"], default="text")
+
     graph = sub.add_parser("graph", parents=[common], help="draw the target graph")
     graph.add_argument("patterns", nargs="+", metavar="PATTERN")
     graph.add_argument("--format", choices=["dot", "mermaid"], default="dot")
@@ -92,8 +105,10 @@ def _parser() -> argparse.ArgumentParser:
     gc.add_argument("--max-size", "--max_size", dest="max_size", required=True,
                     help="e.g. 500M, 10G")
 
-    sub.add_parser("info", parents=[common], help="toolchain, Python, platform, cache and "
-                   "plugins in force")
+    info = sub.add_parser("info", parents=[common], help="toolchain, Python, platform, "
+                          "cache and plugins in force")
+    info.add_argument("--plugins", action="store_true", help="only the plugins: each with "
+                      "its distribution, version, module file, rules and hooks")
 
     rules = sub.add_parser("rules", parents=[common], help="list rules, or describe one")
     rules.add_argument("kind", nargs="?")
@@ -158,26 +173,26 @@ def _local_resources(items: list[str]) -> dict[str, int]:
 
 
 
-def _session(args: argparse.Namespace | None = None) -> tuple[Any, str | None]:
-    from ._build import Session
-    from ._plugins import load_registry
-    from ._workspace import load_workspace
+def _blocked(args: argparse.Namespace) -> tuple[str, ...]:
+    """The plugins ``-p no:NAME`` blocks."""
+    from ._errors import ConfigError
+    from ._workspace import blocked_plugins
 
-    cwd = Path.cwd()
-    workspace = load_workspace(cwd)
     try:
-        package = workspace.package_of(cwd)
-    except ValueError:
-        package = None
-    remote = None
-    if args is not None and hasattr(args, "remote_cache"):
-        from ._remote_store import resolve_remote
+        return blocked_plugins(list(getattr(args, "plugin_options", None) or []))
+    except ConfigError as exc:
+        raise UsageError(f"-p: {exc}") from None
 
-        remote = resolve_remote(workspace.root, {
-            "cache": args.remote_cache, "upload": args.remote_upload,
-            "timeout": args.remote_timeout, "headers": args.remote_header})
-    registry = load_registry(cache_file=workspace.cache_dir / "entry_points.json")
-    return Session(workspace, registry, remote), package
+
+def _session(args: argparse.Namespace) -> tuple[Session, str | None]:
+    """The session of the current directory's workspace, as the flags configure it."""
+    from ._session import Session
+
+    remote_flags = None
+    if hasattr(args, "remote_cache"):
+        remote_flags = {"cache": args.remote_cache, "upload": args.remote_upload,
+                        "timeout": args.remote_timeout, "headers": args.remote_header}
+    return Session.open(Path.cwd(), remote_flags=remote_flags, blocked=_blocked(args))
 
 
 def _rel(path: Path) -> str:
@@ -202,7 +217,7 @@ def _info(args: argparse.Namespace, text: str) -> None:
         print(text, file=sys.stderr)
 
 
-def _noop_package(workspace: Any) -> str | None:
+def _noop_package(workspace: Workspace) -> str | None:
     try:
         return workspace.package_of(Path.cwd())
     except ValueError:
@@ -261,13 +276,14 @@ def _options_digest(args: argparse.Namespace) -> str:
     import hashlib
 
     settings = [getattr(args, name, None) for name in
-                ("remote_cache", "remote_upload", "remote_header", "remote_timeout")]
+                ("remote_cache", "remote_upload", "remote_header", "remote_timeout",
+                 "plugin_options")]
     settings += [os.environ.get(name) for name in
                  ("QBUILD_REMOTE_CACHE", "SSL_CERT_FILE", "SSL_CERT_DIR")]
     return hashlib.sha256(json.dumps(settings, default=str).encode()).hexdigest()
 
 
-def _make_folders(workspace: Any) -> None:
+def _make_folders(workspace: Workspace) -> None:
     """Create the output and cache folders before the build starts: creating them
     changes their parent directory, which the build may list (and the fast path would
     then refuse to vouch for a directory modified during the build)."""
@@ -289,7 +305,7 @@ def _make_folders(workspace: Any) -> None:
 
 
 def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -> int:
-    from ._build import Build, BuildOptions
+    from ._build import BuildOptions
     from ._executor import clean_stale_sandboxes
     from ._noop import forget, record
     from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
@@ -306,16 +322,16 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
             raise UsageError("-j must be at least 1")
         forget(session.workspace.output_dir, args.patterns, package)
         resources = _local_resources(args.local_resources)
-        labels = session.graph.expand(args.patterns, package)
         reporters: list[Reporter] = [ConsoleReporter(quiet=getattr(args, "quiet", False),
                                                      verbose=getattr(args, "verbose", False))]
         if args.event_log:
             reporters.append(EventLogReporter(args.event_log))
         reporter = FanOut(*reporters)
         clean_stale_sandboxes(session.store.tmp)
-        build = Build(session, BuildOptions(jobs=jobs, keep_going=args.keep_going,
-                                            explain=args.explain, **resources), reporter)
-        result = build.run(labels)
+        build = session.build(args.patterns, package,
+                              BuildOptions(jobs=jobs, keep_going=args.keep_going,
+                                           explain=args.explain, **resources), reporter)
+        result = build.result
         lines, shown = [], []
         root_prefix = len(str(session.workspace.root)) + 1
         for label in result.requested:
@@ -333,7 +349,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
                             "actions": len(result.ran) + len(result.cached),
                             "cache_dir": str(session.store.directory),
                             "cache_bytes": session.store.volume()},
-                   code_files=sorted(session.code.files_read) if session._code else ())
+                   code_files=sorted(session.code.files_read) if session.code_used else ())
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
@@ -343,7 +359,7 @@ def cmd_query(args: argparse.Namespace) -> int:
     from ._query import Query
     from ._query_output import as_build, as_records
 
-    session, package = _session()
+    session, package = _session(args)
     labels = Query(session.graph, package).evaluate(args.expression)
     if args.output == "json":
         print(json.dumps(as_records(session.graph, labels), indent=2))
@@ -355,10 +371,25 @@ def cmd_query(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_aquery(args: argparse.Namespace) -> int:
+    from ._aquery import actions, as_text
+
+    session, package = _session(args)
+    try:
+        records = actions(session, session.graph.expand(args.patterns, package))
+    finally:
+        session.close()
+    if args.output == "json":
+        print(json.dumps(records, indent=2))
+    else:
+        sys.stdout.write(as_text(records))
+    return EXIT_OK
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from ._graphviz import render
 
-    session, package = _session()
+    session, package = _session(args)
     roots = session.graph.expand(args.patterns, package)
     order = session.graph.analyze(roots)
     sys.stdout.write(render(session.graph, order, args.format))
@@ -437,12 +468,13 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ._info import info_lines
+    from ._info import info_lines, plugin_lines
     from ._plugins import load_registry
     from ._workspace import load_workspace
 
     workspace = load_workspace(Path.cwd())
-    for line in info_lines(workspace, load_registry()):
+    registry = load_registry(blocked=[*workspace.blocked_plugins, *_blocked(args)])
+    for line in (plugin_lines(registry) if args.plugins else info_lines(workspace, registry)):
         print(line)
     return EXIT_OK
 
@@ -450,7 +482,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_outputs(args: argparse.Namespace) -> int:
     from ._outputs import declared_paths
 
-    session, package = _session()
+    session, package = _session(args)
     for path in declared_paths(session, args.patterns, package):
         print(_rel(path))
     return EXIT_OK
@@ -459,7 +491,7 @@ def cmd_outputs(args: argparse.Namespace) -> int:
 def cmd_rules(args: argparse.Namespace) -> int:
     from ._plugins import load_registry
 
-    registry = load_registry()
+    registry = load_registry(blocked=_blocked(args))
     if args.kind is None:
         width = max((len(k) for k in registry.kinds()), default=0)
         for kind in registry.kinds():
@@ -471,9 +503,10 @@ def cmd_rules(args: argparse.Namespace) -> int:
                     if missing else "")
             print(f"{kind:<{width}}  {first}  [{entry.dist} {entry.dist_version}]{note}")
         return EXIT_OK
-    entry = registry.get(args.kind)
-    if entry is None:
+    found = registry.get(args.kind)
+    if found is None:
         raise UsageError(f"no rule '{args.kind}' (known: {', '.join(registry.kinds())})")
+    entry = found
     cls = entry.cls
     print(f"rule {cls.kind} (version {cls.version}, from {entry.dist} {entry.dist_version})")
     print()
@@ -484,6 +517,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print("machine-dependent: " + ("yes (keyed by CPU architecture and instruction sets; "
                                    "not shared with other machine classes)"
                                    if cls.machine_dependent else "no (shareable across machines)"))
+    print("provides: " + ", ".join(["DefaultInfo", *(p.__qualname__ for p in cls.provides)])
+          + ("" if cls.is_v2() or cls.provides else " (v1 rule: not checked at analysis)"))
     if cls.requires:
         missing = cls.missing_requirements()
         print(f"requires: {', '.join(cls.requires)}" + (
@@ -491,6 +526,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
     print("attributes:")
     for name, schema in cls.attrs.items():
         when = f"; {schema.describe_when()}" if schema.when else ""
+        if schema.providers:
+            when += "; must provide " + ", ".join(p.__qualname__ for p in schema.providers)
         print(f"  {name}: {schema.type_name()} (default: {schema.describe_default()}{when})")
         if schema.doc:
             print(f"      {schema.doc}")
@@ -499,7 +536,7 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"build": cmd_build, "query": cmd_query, "graph": cmd_graph, "info": cmd_info,
              "explain": cmd_explain, "clean": cmd_clean, "cache": cmd_cache,
-             "rules": cmd_rules, "outputs": cmd_outputs}
+             "rules": cmd_rules, "outputs": cmd_outputs, "aquery": cmd_aquery}
 
 
 def main(argv: list[str] | None = None) -> int:

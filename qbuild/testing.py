@@ -27,17 +27,22 @@ import shutil
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ._errors import QbuildError
 
-__all__ = ["BuildOutcome", "CliOutcome", "Workspace", "qbuild_workspace"]
+if TYPE_CHECKING:
+    import concurrent.futures
+
+    from ._records import Action, Outcome
+
+__all__ = ["BuildOutcome", "CliOutcome", "FakeExecutor", "Workspace", "qbuild_workspace"]
 
 
 @dataclass
@@ -56,8 +61,12 @@ class BuildOutcome:
     log: str = ""
     bytes_hashed: int = 0
     explanations: dict[str, list[str]] = field(default_factory=dict)
+    steps: dict[str, dict[str, str]] = field(default_factory=dict)
+    """v2 targets whose target key missed: each declared action's "ran" or "cached"."""
     _outputs: dict[str, list[Path]] = field(default_factory=dict)
     _infos: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _providers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _output_dir: Path | None = None
 
     def outputs(self, label: str) -> list[Path]:
         """Paths of a requested target's outputs under the workspace's qbuild-out."""
@@ -71,6 +80,19 @@ class BuildOutcome:
     def info(self, label: str) -> dict[str, Any]:
         """The info the target's rule returned (also for cached actions)."""
         return self._infos[label]
+
+    def provider(self, label: str, cls: type) -> Any:
+        """A requested target's provider ``cls``, typed, its paths in qbuild-out
+        (``KeyError`` if the target does not give it)."""
+        from ._providers import decode, provider_name
+
+        data = self._providers.get(label, {}).get(provider_name(cls))
+        if data is None:
+            raise KeyError(f"{label} gives no {cls.__qualname__}")
+        from ._label import output_folder
+
+        root = self._output_dir / output_folder(label) if self._output_dir else None
+        return decode(cls, data, root)
 
 
 @dataclass
@@ -132,17 +154,19 @@ class Workspace:
               explain: bool = False, cwd: str = "", cpu: int | None = None,
               memory: int | None = None, remote_cache: str | None = None,
               remote_upload: bool | None = None, remote_timeout: float | None = None,
-              remote_headers: list[str] | None = None) -> BuildOutcome:
+              remote_headers: list[str] | None = None, blocked: tuple[str, ...] = ()
+              ) -> BuildOutcome:
         """Build in-process with the real engine; configuration errors become
         ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``.
 
         The remote cache comes from the ``remote_*`` arguments (like the ``--remote_*``
         flags) and ``[remote]`` in ``qbuild.toml``, never from this process's environment.
+        ``blocked`` names plugins not to load (like ``-p no:NAME``). The engine is wired
+        by the same ``Session`` the command line opens.
         """
-        from ._build import Build, BuildOptions, Session
-        from ._plugins import load_registry
+        from ._build import BuildOptions
         from ._progress import ConsoleReporter
-        from ._workspace import load_workspace
+        from ._session import Session
 
         log = io.StringIO()
         session = None
@@ -150,19 +174,16 @@ class Workspace:
         # QBUILD_CACHE_DIR at a shared one (as CI jobs do): tests must not see each other.
         shared_cache = os.environ.pop("QBUILD_CACHE_DIR", None)
         try:
-            from ._remote_store import resolve_remote
-
-            workspace = load_workspace(self.root / cwd)
-            remote = resolve_remote(workspace.root, {
-                "cache": remote_cache, "upload": remote_upload, "timeout": remote_timeout,
-                "headers": remote_headers}, environ={})
-            session = Session(workspace, load_registry(self.plugins), remote)
-            package = workspace.package_of(self.root / cwd)
-            labels = session.graph.expand(list(patterns), package)
-            build = Build(session, BuildOptions(jobs=jobs, keep_going=keep_going,
+            session, package = Session.open(
+                self.root / cwd, plugins=self.plugins, blocked=blocked,
+                remote_flags={"cache": remote_cache, "upload": remote_upload,
+                              "timeout": remote_timeout, "headers": remote_headers},
+                environ={}, entry_point_cache=False)
+            result = session.build(list(patterns), package,
+                                   BuildOptions(jobs=jobs, keep_going=keep_going,
                                                 explain=explain, cpu=cpu, memory=memory),
-                          ConsoleReporter(log, tty=False))
-            result = build.run(labels)
+                                   ConsoleReporter(log, tty=False)).result
+            output_dir = session.workspace.output_dir
         except QbuildError as exc:
             return BuildOutcome(ok=False, exit_code=exc.exit_code, error=str(exc),
                                 log=log.getvalue())
@@ -178,7 +199,22 @@ class Workspace:
             failed=result.failed, skipped=result.skipped, error=errors,
             log=log.getvalue(), bytes_hashed=result.bytes_hashed,
             explanations=result.explanations, _outputs=result.outputs, _infos=result.infos,
+            steps=result.steps, _providers=result.providers,
+            _output_dir=output_dir,
         )
+
+    def aquery(self, *patterns: str) -> list[dict[str, Any]]:
+        """The records ``qbuild aquery --output=json`` prints, computed in-process with
+        this workspace's plugins (keys from what the cache holds; nothing runs)."""
+        from ._aquery import actions
+        from ._session import Session
+
+        session, package = Session.open(self.root, plugins=self.plugins,
+                                        entry_point_cache=False)
+        try:
+            return actions(session, session.graph.expand(list(patterns), package))
+        finally:
+            session.close()
 
     def cli(self, *args: str, cwd: str = "", timeout: float = 300,
             env: dict[str, str] | None = None) -> CliOutcome:
@@ -191,6 +227,72 @@ class Workspace:
         proc = subprocess.run([sys.executable, "-m", "qbuild", *args], cwd=self.root / cwd,
                               capture_output=True, text=True, timeout=timeout, env=full_env)
         return CliOutcome(proc.returncode, proc.stdout, proc.stderr)
+
+
+class FakeExecutor:
+    """An ``Executor`` on a virtual clock, for exact scheduling tests (in the manner of
+    ninja's fake command runner): nothing runs; an action "takes" ``durations[label]``
+    time units (default 1) and fails if its label is in ``fail``. The scheduler waits
+    through ``wait``, which advances the clock to the next end and finishes every action
+    ending then. ``started`` and ``finished`` list (time, label) in order."""
+
+    def __init__(self, durations: Mapping[str, float] | None = None,
+                 fail: Iterable[str] = (), default: float = 1.0) -> None:
+        self.durations = dict(durations or {})
+        self.fail = set(fail)
+        self.default = default
+        self.now = 0.0
+        self.started: list[tuple[float, str]] = []
+        self.finished: list[tuple[float, str]] = []
+        self.actions: dict[str, Action] = {}
+        self._pending: dict[concurrent.futures.Future[Outcome], tuple[float, int, Action]] = {}
+
+    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+        import concurrent.futures
+
+        future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()
+        future.set_running_or_notify_cancel()
+        label = str(action.label)
+        self.started.append((self.now, label))
+        self.actions[label] = action
+        end = self.now + self.durations.get(label, self.default)
+        self._pending[future] = (end, len(self.started), action)
+        return future
+
+    def wait(self, fs: Iterable[concurrent.futures.Future[Outcome]], *, return_when: str
+             ) -> tuple[set[concurrent.futures.Future[Outcome]],
+                        set[concurrent.futures.Future[Outcome]]]:
+        from ._executor import ActionFailed
+        from ._records import ActionResult, Outcome
+
+        fs = set(fs)
+        if not any(f.done() for f in fs):
+            end = min(self._pending[f][0] for f in fs)
+            self.now = end
+            for future in sorted((f for f in fs if self._pending[f][0] == end),
+                                 key=lambda f: self._pending[f][1]):
+                _end, _seq, action = self._pending.pop(future)
+                label = str(action.label)
+                self.finished.append((end, label))
+                if label in self.fail:
+                    future.set_exception(ActionFailed(f"{label} failed (fake)"))
+                else:
+                    future.set_result(Outcome(ActionResult((), action.outputs),
+                                              self.durations.get(label, self.default)))
+        done = {f for f in fs if f.done()}
+        return done, fs - done
+
+    def running_at(self, time: float) -> list[str]:
+        """Labels running at ``time`` (started at or before it, finishing after it)."""
+        ends = dict((label, t) for t, label in self.finished)
+        return [label for t, label in self.started
+                if t <= time < ends.get(label, float("inf"))]
+
+    def close(self) -> None:
+        pass
+
+    def kill(self) -> None:
+        pass
 
 
 @pytest.fixture

@@ -1,9 +1,10 @@
-"""The dtype plugin's rules: ``qdq_retarget`` and ``requantize_weights``.
+"""The dtype plugin's rules: ``qdq_retarget`` and ``requantize_weights`` (rule API v2).
 
-Thin wrappers over :mod:`qbuild_dtypes.pipeline`: they pick the model out of the ``model``
-dependency, resolve the target (built-in or added by a plugin through the
-``qbuild_dtype_targets`` hook), and turn ``DtypeError`` into a ``RuleError`` naming the
-attribute. onnx, onnxruntime and numpy are imported only inside ``run``.
+Each declares one action at analysis, a thin wrapper over :mod:`qbuild_dtypes.pipeline`:
+it reads the model from the ``model`` dependency's ``OnnxModelInfo``, resolves the
+target (built-in or added by a plugin through the ``qbuild_dtype_targets`` hook), turns
+``DtypeError`` into a ``RuleError`` naming the attribute, and gives the written model as
+``OnnxModelInfo``. onnx, onnxruntime and numpy are imported only inside the actions.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qbuild import ActionContext, ConfigError, Dep, Rule, attr, dist_version, hookimpl
+from qbuild_onnx_common.providers import OnnxModelInfo, model_path, onnx_model_info
+
+from qbuild import AnalysisContext, ConfigError, Rule, RunContext, attr, dist_version, hookimpl
 
 from .targets import BUILTIN_TARGETS, FORMS
 
@@ -24,7 +27,7 @@ _BUILTIN_NAMES = ", ".join(t.name for t in BUILTIN_TARGETS)
 _COMMON = {
     "model": attr.label(doc="The model: a target with one .onnx output (a QDQ model for "
                             "qdq_retarget; float or QDQ for requantize_weights).",
-                        required=True),
+                        required=True, providers=[OnnxModelInfo]),
     "target": attr.string(default="onnxruntime-cpu",
                           doc=f"Runtime the model is written for: {_BUILTIN_NAMES}, or one "
                               "a plugin adds through the qbuild_dtype_targets hook."),
@@ -59,42 +62,31 @@ def _env() -> dict[str, str]:
             "target_plugins": _plugin_distributions()}
 
 
-def _model_file(ctx: ActionContext, dep: Dep) -> Path:
-    files = [f for f in dep.files if f.is_file() and f.suffix == ".onnx"]
-    name = (dep.info or {}).get("model_file")
-    if name:
-        files = [f for f in files if f.name == name] or files
-    if len(files) != 1:
-        raise ctx.fail(f"{dep.label} has {len(files)} .onnx outputs; expected exactly one",
-                       attr="model")
-    return files[0]
+def _model_file(ctx: RunContext) -> Path:
+    try:
+        return model_path(ctx.inputs["model"])
+    except ValueError as e:
+        raise ctx.fail(f"{ctx.params['source']} {e}", attr="model") from None
 
 
-def _target(ctx: ActionContext, name: str):
+def _target(ctx: RunContext, name: str):
     from .errors import DtypeError
     from .targets import get_target
 
-    pm = None
-    if name not in {t.name for t in BUILTIN_TARGETS}:
-        # Rules run in worker processes: collect hook targets from the entry points here.
-        import pluggy
-
-        from . import hookspecs
-
-        pm = pluggy.PluginManager("qbuild")
-        pm.add_hookspecs(hookspecs)
-        pm.load_setuptools_entrypoints("qbuild")
+    # A plugin's target comes from the qbuild_dtype_targets implementers the engine
+    # resolved (and keyed, see _target_code), whatever process runs the action.
+    pm = None if name in _BUILTIN_SET else ctx.hooks.pluginmanager
     try:
         return get_target(name, pm)
     except DtypeError as e:
         raise ctx.fail(str(e), attr="target") from None
 
 
-def _info(report: dict, out: Path) -> dict[str, Any]:
-    after = report["after"]
-    return {"model_file": out.name, "opset": after["opset"], "ir_version": after["ir_version"],
-            "inputs": after["inputs"], "outputs": after["outputs"],
-            "target": report["target"], "form": report["form"]}
+_BUILTIN_SET = frozenset(t.name for t in BUILTIN_TARGETS)
+
+
+def _target_code(attrs: dict[str, Any]) -> list[str]:
+    return [] if attrs.get("target") in _BUILTIN_SET else ["hook:qbuild_dtype_targets"]
 
 
 def _guess_attr(message: str, default: str) -> str:
@@ -119,28 +111,43 @@ class QdqRetarget(Rule):
            "unchanged) and a load-and-run in the target's runtime. Outputs the model and "
            "report.json (sizes, tensor counts per dtype, conversion counters, fused ops).")
     heavy = True
+    code = staticmethod(_target_code)
     attrs = dict(_COMMON)
     outputs = ["{name}.onnx", "report.json"]
 
     def env(self) -> dict[str, str]:
         return _env()
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from .errors import DtypeError
-        from .pipeline import retarget_file
+    provides = (OnnxModelInfo,)
 
-        a = ctx.attrs
-        src = _model_file(ctx, a["model"])
-        target = _target(ctx, a["target"])
-        out = ctx.output("{name}.onnx")
-        try:
-            report = retarget_file(src, out, target, a["form"],
-                                   report_path=ctx.output("report.json"),
-                                   input_dims=a["input_dims"], run=a["run_check"])
-        except DtypeError as e:
-            raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
-        ctx.log(f"{src.name} -> {out.name}: {report['conversion']}")
-        return _info(report, out)
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(qdq_retarget, inputs=["model"], outputs=ctx.outputs, mnemonic="QdqRetarget",
+                   params=_params(ctx, ()))
+
+
+def _params(ctx: AnalysisContext, extra: tuple[str, ...]) -> dict:
+    a = ctx.attrs
+    return {"source": a["model"], "model_out": f"{ctx.name}.onnx",
+            **{k: a[k] for k in ("target", "form", "input_dims", "run_check", *extra)}}
+
+
+def qdq_retarget(ctx: RunContext) -> OnnxModelInfo:
+    """The action of ``qdq_retarget``."""
+    from .errors import DtypeError
+    from .pipeline import retarget_file
+
+    p = ctx.params
+    src = _model_file(ctx)
+    target = _target(ctx, p["target"])
+    out = ctx.output(p["model_out"])
+    try:
+        report = retarget_file(src, out, target, p["form"],
+                               report_path=ctx.output("report.json"),
+                               input_dims=p["input_dims"], run=p["run_check"])
+    except DtypeError as e:
+        raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+    ctx.log(f"{src.name} -> {out.name}: {report['conversion']}")
+    return onnx_model_info(out)
 
 
 class RequantizeWeights(Rule):
@@ -157,6 +164,7 @@ class RequantizeWeights(Rule):
            "the spec. Default policy: MatMul int4 blocked (32), Conv and Gemm int8 per "
            "channel. Outputs the model and report.json (per-weight SQNR, sizes, dtype counts).")
     heavy = True
+    code = staticmethod(_target_code)
     attrs = {
         **_COMMON,
         "policy": attr.mapping(default={}, doc="Per op type: {dtype, granularity "
@@ -178,24 +186,33 @@ class RequantizeWeights(Rule):
         if attrs["min_elements"] < 0:
             raise ConfigError("min_elements must be >= 0", attr="min_elements")
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
-        from .errors import DtypeError
-        from .pipeline import requantize_file
+    provides = (OnnxModelInfo,)
 
-        a = ctx.attrs
-        src = _model_file(ctx, a["model"])
-        target = _target(ctx, a["target"])
-        out = ctx.output("{name}.onnx")
-        try:
-            report = requantize_file(src, out, target, a["form"], policy=a["policy"] or None,
-                                     tensors=a["tensors"], min_elements=a["min_elements"],
-                                     report_path=ctx.output("report.json"),
-                                     input_dims=a["input_dims"], run=a["run_check"])
-        except DtypeError as e:
-            raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
-        n = len(report["requantization"]["weights"])
-        ctx.log(f"{src.name} -> {out.name}: {n} weights; {report['conversion']}")
-        return _info(report, out)
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(requantize_weights, inputs=["model"], outputs=ctx.outputs,
+                   mnemonic="RequantizeWeights",
+                   params=_params(ctx, ("policy", "tensors", "min_elements")))
+
+
+def requantize_weights(ctx: RunContext) -> OnnxModelInfo:
+    """The action of ``requantize_weights``."""
+    from .errors import DtypeError
+    from .pipeline import requantize_file
+
+    p = ctx.params
+    src = _model_file(ctx)
+    target = _target(ctx, p["target"])
+    out = ctx.output(p["model_out"])
+    try:
+        report = requantize_file(src, out, target, p["form"], policy=p["policy"] or None,
+                                 tensors=p["tensors"], min_elements=p["min_elements"],
+                                 report_path=ctx.output("report.json"),
+                                 input_dims=p["input_dims"], run=p["run_check"])
+    except DtypeError as e:
+        raise ctx.fail(f"{src.name}: {e}", attr=_guess_attr(str(e), "model")) from None
+    n = len(report["requantization"]["weights"])
+    ctx.log(f"{src.name} -> {out.name}: {n} weights; {report['conversion']}")
+    return onnx_model_info(out)
 
 
 @hookimpl

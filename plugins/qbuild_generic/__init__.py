@@ -1,6 +1,7 @@
 """qbuild's generic built-in rules: ``filegroup`` (source files as a target) and
 ``command`` (run a command over declared inputs, keep declared outputs; like Bazel's
-genrule). Registered through the ``qbuild`` entry-point group like any plugin."""
+genrule). Registered through the ``qbuild`` entry-point group like any plugin; rule API
+v2 (each declares one action at analysis; dependents get ``DefaultInfo``)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,18 @@ import re
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 from typing import Any
 
-from qbuild import ActionContext, ConfigError, Rule, attr, hookimpl, output_folder
+from qbuild import (
+    AnalysisContext,
+    ConfigError,
+    Rule,
+    RunContext,
+    attr,
+    hookimpl,
+    output_folder,
+)
 
 _PLACEHOLDER = re.compile(r"\$\((SRCS|OUTS|OUT|location\s+([^)\s]+))\)")
 
@@ -38,17 +48,20 @@ class FileGroup(Rule):
     def declared_outputs(self, name: str, attrs: Any) -> list[str]:
         return [path.rsplit("/", 1)[-1] for path in attrs["srcs"]]
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
-        names = [path.name for path in ctx.attrs["srcs"]]
-        for name, path in zip(names, ctx.attrs["srcs"]):
-            try:
-                # The staged input is this action's private copy: moving it costs no I/O.
-                os.rename(path, ctx.output(name))
-            except OSError:
-                with open(path, "rb") as src, open(ctx.output(name), "wb") as dst:
-                    while chunk := src.read(1 << 20):
-                        dst.write(chunk)
-        return {"files": names}
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(gather, inputs=["srcs"], outputs=ctx.outputs, mnemonic="FileGroup")
+
+
+def gather(ctx: RunContext) -> None:
+    """Place each source under its file name (the action of ``filegroup``)."""
+    for path, out in zip(ctx.inputs["srcs"], ctx.outputs.values()):
+        try:
+            # The staged input is this action's private copy: moving it costs no I/O.
+            os.rename(path, out)
+        except OSError:
+            with open(path, "rb") as src, open(out, "wb") as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
 
 
 class Command(Rule):
@@ -109,44 +122,94 @@ class Command(Rule):
         _facts[memo_key] = (facts, [(f, _stat(f)) for f in watched])
         return dict(facts)
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
-        root = ctx.workdir
-        srcs = [p.relative_to(root).as_posix() for p in ctx.attrs["srcs"]]
-        outs = [ctx.output(name).relative_to(root).as_posix() for name in ctx.attrs["outs"]]
+    def analyze(self, ctx: AnalysisContext) -> None:
+        package = ctx.label[2:].rsplit(":", 1)[0]
+        # The command sees the workspace layout (sources at their paths, dependencies'
+        # outputs under qbuild-out/<pkg>/@<name>/): that layout is declared here, as
+        # params, so it is part of the action's key like everything else it reads.
+        ctx.action(run_command, inputs=["srcs"], outputs=ctx.outputs, mnemonic="Command",
+                   params={"cmd": ctx.attrs["cmd"], "outs": ctx.outputs,
+                           "srcs": ctx.attrs["srcs"], "package": package,
+                           "out_dir": f"qbuild-out/{output_folder(ctx.label)}",
+                           "dep_dirs": {item: f"qbuild-out/{output_folder(item)}"
+                                        for item in ctx.attrs["srcs"] if item.startswith("//")},
+                           "env": ctx.attrs["env"], "pass_env": ctx.attrs["pass_env"]})
 
-        def expand(match: re.Match[str]) -> str:
-            what = match.group(1)
-            if what == "SRCS":
-                return " ".join(shlex.quote(s) for s in srcs)
-            if what == "OUTS":
-                return " ".join(shlex.quote(o) for o in outs)
-            if what == "OUT":
-                if len(outs) != 1:
-                    raise ctx.fail("$(OUT) needs exactly one output; use $(OUTS)", attr="cmd")
-                return shlex.quote(outs[0])
-            target = match.group(2)
-            found = [s for s in srcs if _matches(s, target, ctx.package)]
-            if not found:
-                raise ctx.fail(f"$(location {target}): not among srcs", attr="cmd")
-            return " ".join(shlex.quote(s) for s in found)
 
-        command = _PLACEHOLDER.sub(expand, ctx.attrs["cmd"])
-        # HOME and TMPDIR are private: what a tool reads or leaves there cannot leak
-        # between actions or escape the key.
-        env = {name: os.environ[name] for name in ("PATH", "LANG") if name in os.environ}
-        env.update({"HOME": str(ctx.scratch), "TMPDIR": str(ctx.scratch)})
-        env.update({name: os.environ[name] for name in ctx.attrs["pass_env"]
-                    if name in os.environ})
-        env.update({k: str(v) for k, v in ctx.attrs["env"].items()})
-        ctx.log(f"$ {command}")
-        with open(ctx.log_path, "a", encoding="utf-8") as log:
-            log.flush()
-            proc = subprocess.run(command, shell=True, cwd=root, env=env, stdout=log,
-                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  start_new_session=True)
-        if proc.returncode != 0:
-            raise ctx.fail(f"command exited with status {proc.returncode}", attr="cmd")
-        return {"outs": list(ctx.attrs["outs"])}
+def _link(src: Path, dest: Path) -> None:
+    """Place an input (a file, or a dependency's output folder) at ``dest``."""
+    if src.is_dir():
+        dest.mkdir(parents=True, exist_ok=True)
+        for child in sorted(src.iterdir()):
+            _link(child, dest / child.name)
+        return
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)  # the staged inputs are read-only: a link costs no copy
+    except OSError:
+        shutil.copy2(src, dest)
+
+
+def run_command(ctx: RunContext) -> None:
+    """Run ``cmd`` through /bin/sh in a workspace-shaped folder (the action of ``command``)."""
+    params = ctx.params
+    root = ctx.scratch / "ws"
+    srcs: list[str] = []
+    for path, (index, rel) in zip(ctx.inputs["srcs"], ctx.origins["srcs"]):
+        item = params["srcs"][index]
+        shown = f"{params['dep_dirs'][item]}/{rel}" if item.startswith("//") else item
+        _link(path, root / shown)
+        srcs.append(shown)
+    out_dir = params["out_dir"]
+    outs = [f"{out_dir}/{name}" for name in params["outs"]]
+    for name in params["outs"]:
+        target = root / out_dir / name.rstrip("/")
+        if name.endswith("/"):
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+
+    def expand(match: re.Match[str]) -> str:
+        what = match.group(1)
+        if what == "SRCS":
+            return " ".join(shlex.quote(s) for s in srcs)
+        if what == "OUTS":
+            return " ".join(shlex.quote(o) for o in outs)
+        if what == "OUT":
+            if len(outs) != 1:
+                raise ctx.fail("$(OUT) needs exactly one output; use $(OUTS)", attr="cmd")
+            return shlex.quote(outs[0])
+        target = match.group(2)
+        found = [s for s in srcs if _matches(s, target, params["package"])]
+        if not found:
+            raise ctx.fail(f"$(location {target}): not among srcs", attr="cmd")
+        return " ".join(shlex.quote(s) for s in found)
+
+    command = _PLACEHOLDER.sub(expand, params["cmd"])
+    home = ctx.scratch / "home"
+    home.mkdir()
+    # HOME and TMPDIR are private: what a tool reads or leaves there cannot leak
+    # between actions or escape the key.
+    env = {name: os.environ[name] for name in ("PATH", "LANG") if name in os.environ}
+    env.update({"HOME": str(home), "TMPDIR": str(home)})
+    env.update({name: os.environ[name] for name in params["pass_env"] if name in os.environ})
+    env.update({k: str(v) for k, v in params["env"].items()})
+    ctx.log(f"$ {command}")
+    with open(ctx.log_path, "a", encoding="utf-8") as log:
+        log.flush()
+        proc = subprocess.run(command, shell=True, cwd=root, env=env, stdout=log,
+                              stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                              start_new_session=True)
+    if proc.returncode != 0:
+        raise ctx.fail(f"command exited with status {proc.returncode}", attr="cmd")
+    for name in params["outs"]:
+        made = root / out_dir / name.rstrip("/")
+        if name.endswith("/") and made.is_dir() and not made.is_symlink():
+            shutil.rmtree(ctx.output(name))
+            os.rename(made, ctx.output(name))
+        elif not name.endswith("/") and made.is_file() and not made.is_symlink():
+            os.rename(made, ctx.output(name))
+        # else: left unwritten; the engine names the missing output
 
 
 def _matches(src: str, target: str, package: str) -> bool:

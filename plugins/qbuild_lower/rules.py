@@ -1,13 +1,25 @@
-"""The ``lower_integer`` rule: a thin wrapper over ``driver.lower_model`` and ``check``.
+"""The rules ``lower_integer``, ``fuse_lut`` and ``profile`` (rule API v2): each declares
+one action at analysis, a thin wrapper over ``driver.lower_model``, ``fuse.fuse_model``
+or ``profiling``. Models are asked for as ``OnnxModelInfo`` providers and the model
+written is given as one.
 
-Imports only qbuild at module level; onnx, onnxruntime and numpy load inside ``run``.
+Imports only qbuild and the shared providers at module level; onnx, onnxruntime and
+numpy load inside the actions.
 """
 
 from __future__ import annotations
 
 import json
 
-from qbuild import ActionContext, Rule, attr, dist_version, hookimpl
+from qbuild_onnx_common.providers import (
+    DatasetInfo,
+    OnnxModelInfo,
+    dataset_path,
+    model_path,
+    onnx_model_info,
+)
+
+from qbuild import AnalysisContext, Rule, RunContext, attr, dist_version, hookimpl
 
 # Every rule here needs the "onnx" extra (onnx, onnxruntime, numpy).
 ONNX_REQUIRES = ("onnx", "onnxruntime", "numpy")
@@ -35,11 +47,14 @@ class LowerInteger(Rule):
         "int32 multiplier and a rounding right shift, and writes fixed_point_params.json. "
         "The lowered model is checked against its source in onnxruntime (share of output "
         "elements within +-1 LSB); the build fails below min_agreement. report.json says, "
-        "for every node, whether it was lowered or why it stayed in float."
+        "for every node, whether it was lowered or why it stayed in float (lowering.json: "
+        "the same without the check). Lowering and check are two actions: changing only "
+        "the check's attributes does not lower again."
     )
     heavy = True
     attrs = {
-        "model": attr.label(doc="The QDQ model (output of a quantize target).", required=True),
+        "model": attr.label(doc="The QDQ model (output of a quantize target).", required=True,
+                            providers=[OnnxModelInfo]),
         "mode": attr.enum(["ort", "fixed_point"], default="ort", doc="Target operator set."),
         "tables": attr.enum(
             ["fastest", "table"], default="fastest",
@@ -53,7 +68,8 @@ class LowerInteger(Rule):
                                  "report.json the time of every op type and of the nodes "
                                  "left in float (timings make the report not reproducible)."),
         "dataset": attr.label(doc="qbuild dataset for the check; without it, seeded random "
-                                  "inputs over each input's quantization range."),
+                                  "inputs over each input's quantization range.",
+                              providers=[DatasetInfo]),
         "min_agreement": attr.float(default=0.999, doc="Minimum share of output elements "
                                                        "within +-1 LSB of the QDQ source."),
         "max_samples": attr.int(default=8, doc="Samples used by the check (0 = all)."),
@@ -65,10 +81,11 @@ class LowerInteger(Rule):
                 "integers corrected to onnxruntime's float32 rounding, and Add/Mul/Concat "
                 "rescales as tables onnxruntime computed: bit-exact with the QDQ source."),
     }
-    outputs = ["{name}.onnx", "report.json"]
+    outputs = ["{name}.onnx", "report.json", "lowering.json"]
+    provides = (OnnxModelInfo,)
 
     def declared_outputs(self, name, attrs):
-        outs = [f"{name}.onnx", "report.json"]
+        outs = [f"{name}.onnx", "report.json", "lowering.json"]
         if attrs.get("mode") == "fixed_point":
             outs.append("fixed_point_params.json")
         return outs
@@ -80,61 +97,88 @@ class LowerInteger(Rule):
         return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
                 "numpy": dist_version("numpy")}
 
-    def run(self, ctx: ActionContext) -> dict:
-        import onnx
+    def analyze(self, ctx: AnalysisContext) -> None:
+        a = ctx.attrs
+        model = f"{ctx.name}.onnx"
+        made = [model, "lowering.json"] + (["fixed_point_params.json"]
+                                           if a["mode"] == "fixed_point" else [])
+        # Two actions, each cached on its own: the check's settings (min_agreement,
+        # max_samples, dataset, profile_runs) do not lower the model again.
+        ctx.action(lower_integer, inputs=["model"], outputs=made, mnemonic="Lower",
+                   params={"model_out": model, "mode": a["mode"], "tables": a["tables"],
+                           "rounding": a["rounding"]})
+        ctx.action(check_lowered, inputs=["model", "dataset", model, "lowering.json"],
+                   outputs=["report.json"], mnemonic="Check",
+                   params={"source": a["model"], "model_out": model,
+                           **{k: a[k] for k in ("profile_runs", "min_agreement",
+                                                "max_samples")}})
 
-        from .check import compare, load_dataset, synthetic_feeds
-        from .driver import lower_model
-        from .graph import LowerError
 
-        mode = ctx.attrs["mode"]
-        onnx_files = [f for f in ctx.attrs["model"].files if f.suffix == ".onnx"]
-        if len(onnx_files) != 1:  # quantize/bias_correction also output report.json
-            raise ctx.fail(f"{ctx.attrs['model'].label} must have exactly one .onnx output",
-                           attr="model")
-        src_path = onnx_files[0]
-        try:
-            source = onnx.load(str(src_path))
-            lowered, report, params = lower_model(source, mode, ctx.attrs["rounding"],
-                                                  ctx.attrs["tables"])
-            n = ctx.attrs["max_samples"] or None
-            if ctx.attrs.get("dataset") is not None:
-                feeds = load_dataset(ctx.attrs["dataset"].files[0].parent
-                                     if ctx.attrs["dataset"].files[0].is_file()
-                                     else ctx.attrs["dataset"].files[0], n)
-                inputs = "dataset"
-            else:
-                feeds, inputs = synthetic_feeds(source, n or 8), "synthetic"
-            result = compare(source, lowered, feeds, ctx.attrs["min_agreement"])
-        except LowerError as e:
-            raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
-        result["inputs"] = inputs
-        report = {"source": ctx.attrs["model"].label, **report, "check": result}
-        if ctx.attrs["profile_runs"] > 0:
-            report["profile"] = _unfused_cost(lowered, report, feeds[0],
-                                              ctx.attrs["profile_runs"])
-        out = ctx.output(f"{ctx.name}.onnx")
-        onnx.save(lowered, str(out))
-        ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-        if mode == "fixed_point":
-            ctx.output("fixed_point_params.json").write_text(json.dumps(
-                {"format": "qbuild-fixed-point", "version": 2,
-                 "rounding": ctx.attrs["rounding"],
-                 "requantization": REQUANTIZATION[ctx.attrs["rounding"]],
-                 "layers": params}, indent=1, sort_keys=True))
-        ctx.log(f"lowered {report['nodes']['lowered']}/{report['nodes']['compute']} nodes; "
-                f"{result['within_1lsb']:.4%} within 1 LSB, max {result['max_error_lsb']} LSB")
-        for e in report["per_node"]:
-            if e["status"] == "float":
-                ctx.log(f"float: {e['node']} ({e['op_type']}): {e['reason']}")
-        if not result["passed"]:
-            raise ctx.fail(
-                f"lowered model agrees with its QDQ source on {result['within_1lsb']:.4%} of "
-                f"output elements within 1 LSB, below min_agreement "
-                f"{ctx.attrs['min_agreement']:.4%} (max error {result['max_error_lsb']} LSB)",
-                attr="min_agreement")
-        return {"mode": mode, "lowered_share": report["nodes"]["lowered_share"],
-                "within_1lsb": result["within_1lsb"], "max_error_lsb": result["max_error_lsb"]}
+def lower_integer(ctx: RunContext) -> OnnxModelInfo:
+    """The first action of ``lower_integer``: lower the QDQ model."""
+    import onnx
+
+    from .driver import lower_model
+    from .graph import LowerError
+
+    p = ctx.params
+    src_path = _model_path(ctx, ctx.inputs["model"], "the model")
+    try:
+        lowered, report, params = lower_model(onnx.load(str(src_path)), p["mode"],
+                                              p["rounding"], p["tables"])
+    except LowerError as e:
+        raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+    out = ctx.output(p["model_out"])
+    onnx.save(lowered, str(out))
+    ctx.output("lowering.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    if p["mode"] == "fixed_point":
+        ctx.output("fixed_point_params.json").write_text(json.dumps(
+            {"format": "qbuild-fixed-point", "version": 2,
+             "rounding": p["rounding"],
+             "requantization": REQUANTIZATION[p["rounding"]],
+             "layers": params}, indent=1, sort_keys=True))
+    ctx.log(f"lowered {report['nodes']['lowered']}/{report['nodes']['compute']} nodes")
+    for e in report["per_node"]:
+        if e["status"] == "float":
+            ctx.log(f"float: {e['node']} ({e['op_type']}): {e['reason']}")
+    return onnx_model_info(out, lowered)
+
+
+def check_lowered(ctx: RunContext) -> None:
+    """The second action of ``lower_integer``: compare the lowered model with its QDQ
+    source in onnxruntime, write report.json, fail below min_agreement."""
+    import onnx
+
+    from .check import compare, load_dataset, synthetic_feeds
+    from .graph import LowerError
+
+    p = ctx.params
+    src_path = _model_path(ctx, ctx.inputs["model"], p["source"])
+    lowering = json.loads(ctx.inputs["lowering.json"].read_text())
+    try:
+        source = onnx.load(str(src_path))
+        lowered = onnx.load(str(ctx.inputs[p["model_out"]]))
+        n = p["max_samples"] or None
+        if ctx.inputs["dataset"] is not None:
+            feeds = load_dataset(_dataset_dir(ctx), n)
+            inputs = "dataset"
+        else:
+            feeds, inputs = synthetic_feeds(source, n or 8), "synthetic"
+        result = compare(source, lowered, feeds, p["min_agreement"])
+    except LowerError as e:
+        raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+    result["inputs"] = inputs
+    report = {"source": p["source"], **lowering, "check": result}
+    if p["profile_runs"] > 0:
+        report["profile"] = _unfused_cost(lowered, report, feeds[0], p["profile_runs"])
+    ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    ctx.log(f"{result['within_1lsb']:.4%} within 1 LSB, max {result['max_error_lsb']} LSB")
+    if not result["passed"]:
+        raise ctx.fail(
+            f"lowered model agrees with its QDQ source on {result['within_1lsb']:.4%} of "
+            f"output elements within 1 LSB, below min_agreement "
+            f"{p['min_agreement']:.4%} (max error {result['max_error_lsb']} LSB)",
+            attr="min_agreement")
 
 
 def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
@@ -169,10 +213,11 @@ class FuseLut(Rule):
     )
     heavy = True
     attrs = {
-        "model": attr.label(doc="The QDQ model.", required=True),
+        "model": attr.label(doc="The QDQ model.", required=True, providers=[OnnxModelInfo]),
         "form": attr.enum(["fastest", "table"], default="fastest", doc="See the rule doc."),
         "dataset": attr.label(doc="qbuild dataset for the check; without it, seeded random "
-                                  "inputs over each input's quantization range."),
+                                  "inputs over each input's quantization range.",
+                              providers=[DatasetInfo]),
         "max_samples": attr.int(default=4, doc="Samples used by the check (0 = all)."),
         "min_exact": attr.float(default=1.0, doc="Minimum share of output elements equal "
                                                  "to the source's."),
@@ -183,33 +228,46 @@ class FuseLut(Rule):
         return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx"),
                 "numpy": dist_version("numpy")}
 
-    def run(self, ctx: ActionContext) -> dict:
-        import onnx
+    provides = (OnnxModelInfo,)
 
-        from .check import compare
-        from .fuse import fuse_model
-        from .graph import LowerError
+    def analyze(self, ctx: AnalysisContext) -> None:
+        a = ctx.attrs
+        ctx.action(fuse_lut, inputs=["model", "dataset"], outputs=ctx.outputs,
+                   mnemonic="FuseLut",
+                   params={"source": a["model"], "model_out": f"{ctx.name}.onnx",
+                           "form": a["form"], "max_samples": a["max_samples"],
+                           "min_exact": a["min_exact"]})
 
-        src_path = _one_onnx(ctx)
-        try:
-            source = onnx.load(str(src_path))
-            fused, report = fuse_model(source, ctx.attrs["form"])
-            feeds, inputs = _feeds(ctx, source)
-            result = compare(source, fused, feeds, 0.0)
-        except LowerError as e:
-            raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
-        result["inputs"] = inputs
-        report = {"source": ctx.attrs["model"].label, **report, "check": result}
-        onnx.save(fused, str(ctx.output(f"{ctx.name}.onnx")))
-        ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-        ctx.log(f"{report['regions']} element-wise regions: {report['by_form']}; "
-                f"{result['exact']:.4%} of output elements bit-exact")
-        if result["exact"] < ctx.attrs["min_exact"]:
-            raise ctx.fail(f"fused model is bit-exact with its source on {result['exact']:.4%}"
-                           f" of output elements, below min_exact {ctx.attrs['min_exact']}",
-                           attr="min_exact")
-        return {"regions": report["regions"], "by_form": report["by_form"],
-                "exact": result["exact"]}
+
+def fuse_lut(ctx: RunContext) -> OnnxModelInfo:
+    """The action of ``fuse_lut``: fuse, check bit-exactness, report."""
+    import onnx
+
+    from .check import compare
+    from .fuse import fuse_model
+    from .graph import LowerError
+
+    p = ctx.params
+    src_path = _model_path(ctx, ctx.inputs["model"], p["source"])
+    try:
+        source = onnx.load(str(src_path))
+        fused, report = fuse_model(source, p["form"])
+        feeds, inputs = _feeds(ctx, source)
+        result = compare(source, fused, feeds, 0.0)
+    except LowerError as e:
+        raise ctx.fail(f"{src_path.name}: {e}", attr="model") from e
+    result["inputs"] = inputs
+    report = {"source": p["source"], **report, "check": result}
+    out = ctx.output(p["model_out"])
+    onnx.save(fused, str(out))
+    ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    ctx.log(f"{report['regions']} element-wise regions: {report['by_form']}; "
+            f"{result['exact']:.4%} of output elements bit-exact")
+    if result["exact"] < p["min_exact"]:
+        raise ctx.fail(f"fused model is bit-exact with its source on {result['exact']:.4%}"
+                       f" of output elements, below min_exact {p['min_exact']}",
+                       attr="min_exact")
+    return onnx_model_info(out, fused)
 
 
 class Profile(Rule):
@@ -229,11 +287,13 @@ class Profile(Rule):
     )
     heavy = True
     attrs = {
-        "models": attr.label_list(doc="Model targets (one .onnx output each).", required=True),
+        "models": attr.label_list(doc="Model targets (one .onnx output each).", required=True,
+                                  providers=[OnnxModelInfo]),
         "reference": attr.label(doc="The float model the others are compared with "
-                                    "(default: the first of models)."),
+                                    "(default: the first of models).",
+                                providers=[OnnxModelInfo]),
         "dataset": attr.label(doc="qbuild dataset (first sample is timed); without it, "
-                                  "seeded random inputs."),
+                                  "seeded random inputs.", providers=[DatasetInfo]),
         "threads": attr.int(default=1, doc="onnxruntime intra-op threads."),
         "runs": attr.int(default=30, doc="Timed interleaved rounds."),
         "warmup": attr.int(default=5, doc="Untimed rounds first."),
@@ -246,62 +306,80 @@ class Profile(Rule):
     def env(self) -> dict[str, str]:
         return {"onnxruntime": dist_version("onnxruntime"), "onnx": dist_version("onnx")}
 
-    def run(self, ctx: ActionContext) -> dict:
-        import onnx
+    def validate(self, attrs) -> None:
+        from qbuild import ConfigError
 
-        from .profiling import conditions, interleaved_latency, macs, op_profiles, render
+        for name in ("threads", "runs"):
+            if attrs[name] < 1:
+                raise ConfigError("threads and runs must be >= 1", attr=name)
 
+    def analyze(self, ctx: AnalysisContext) -> None:
         a = ctx.attrs
-        if a["threads"] < 1 or a["runs"] < 1:
-            raise ctx.fail("threads and runs must be >= 1", attr="threads" if a["threads"] < 1
-                           else "runs")
-        deps = list(a["models"])
-        ref = a["reference"]
-        if ref is not None and ref.label not in {d.label for d in deps}:
-            deps.insert(0, ref)
-        ref_label = ref.label if ref is not None else deps[0].label
-        paths = {d.label: _one_onnx(ctx, d, "models") for d in deps}
-        first = onnx.load(str(paths[ref_label]))
-        feeds, inputs = _feeds(ctx, first, count=1)
-        before = conditions()
-        lat = interleaved_latency(paths, feeds[0], a["threads"], a["runs"], a["warmup"],
-                                  reference=ref_label)
-        report = {"reference": ref_label, "inputs": inputs, "latency": lat, "models": {}}
-        profs = (op_profiles(paths, feeds[0], a["threads"], a["profile_runs"], a["warmup"],
-                             a["top"]) if a["profile_runs"] > 0 else {})
-        for label, p in paths.items():
-            entry = {"macs": macs(onnx.load(str(p)))}
-            if label in profs:
-                entry["profile"] = profs[label]
-            report["models"][label] = entry
-        report["conditions"] = {"before": before, "after": conditions()}
-        ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-        ctx.output("report.md").write_text(render(report))
-        for label, m in lat["models"].items():
-            if m.get("slower_than_reference"):
-                ctx.warn(f"{label} is slower than {ref_label}: {m['median_ms']} vs "
-                         f"{lat['models'][ref_label]['median_ms']} ms ({a['threads']} thread(s))")
-        if lat["noisy"]:
-            ctx.warn("noisy measurement: an interquartile range exceeds 10 % of its median")
-        return {"speedups": {k: v["speedup"] for k, v in lat["models"].items()}}
+        # Models are named by label in the report: the labels are declared params.
+        ctx.action(profile, inputs=["models", "reference", "dataset"], outputs=ctx.outputs,
+                   mnemonic="Profile",
+                   params={"models": a["models"], "reference": a["reference"],
+                           **{k: a[k] for k in ("threads", "runs", "warmup",
+                                                "profile_runs", "top")}})
 
 
-def _one_onnx(ctx: ActionContext, dep=None, attr_name: str = "model"):
-    dep = dep if dep is not None else ctx.attrs["model"]
-    files = [f for f in dep.files if f.suffix == ".onnx"]
-    if len(files) != 1:
-        raise ctx.fail(f"{dep.label} must have exactly one .onnx output", attr=attr_name)
-    return files[0]
+def profile(ctx: RunContext) -> None:
+    """The action of ``profile``: interleaved latency and per-op profiles."""
+    import onnx
+
+    from .profiling import conditions, interleaved_latency, macs, op_profiles, render
+
+    p = ctx.params
+    deps = dict(zip(p["models"], ctx.inputs["models"]))
+    if p["reference"] is not None and p["reference"] not in deps:
+        deps = {p["reference"]: ctx.inputs["reference"], **deps}
+    ref_label = p["reference"] if p["reference"] is not None else next(iter(deps))
+    paths = {label: _model_path(ctx, dep, label, "models") for label, dep in deps.items()}
+    first = onnx.load(str(paths[ref_label]))
+    feeds, inputs = _feeds(ctx, first, count=1)
+    before = conditions()
+    lat = interleaved_latency(paths, feeds[0], p["threads"], p["runs"], p["warmup"],
+                              reference=ref_label)
+    report = {"reference": ref_label, "inputs": inputs, "latency": lat, "models": {}}
+    profs = (op_profiles(paths, feeds[0], p["threads"], p["profile_runs"], p["warmup"],
+                         p["top"]) if p["profile_runs"] > 0 else {})
+    for label, path in paths.items():
+        entry = {"macs": macs(onnx.load(str(path)))}
+        if label in profs:
+            entry["profile"] = profs[label]
+        report["models"][label] = entry
+    report["conditions"] = {"before": before, "after": conditions()}
+    ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
+    ctx.output("report.md").write_text(render(report))
+    for label, m in lat["models"].items():
+        if m.get("slower_than_reference"):
+            ctx.warn(f"{label} is slower than {ref_label}: {m['median_ms']} vs "
+                     f"{lat['models'][ref_label]['median_ms']} ms ({p['threads']} thread(s))")
+    if lat["noisy"]:
+        ctx.warn("noisy measurement: an interquartile range exceeds 10 % of its median")
 
 
-def _feeds(ctx: ActionContext, model, count: int | None = None):
+def _model_path(ctx: RunContext, dep, label: str, attr_name: str = "model"):
+    try:
+        return model_path(dep)
+    except ValueError as e:
+        raise ctx.fail(f"{label} {e}", attr=attr_name) from None
+
+
+def _dataset_dir(ctx: RunContext):
+    try:
+        path = dataset_path(ctx.inputs["dataset"])
+    except ValueError as e:
+        raise ctx.fail(f"the dataset {e}", attr="dataset") from None
+    return path.parent if path.is_file() else path
+
+
+def _feeds(ctx: RunContext, model, count: int | None = None):
     from .check import load_dataset, random_feeds
 
-    n = count or ctx.attrs.get("max_samples") or None
-    ds = ctx.attrs.get("dataset")
-    if ds is not None:
-        f = ds.files[0]
-        return load_dataset(f.parent if f.is_file() else f, n), "dataset"
+    n = count or ctx.params.get("max_samples") or None
+    if ctx.inputs.get("dataset") is not None:
+        return load_dataset(_dataset_dir(ctx), n), "dataset"
     return random_feeds(model, n or 4), "synthetic"
 
 

@@ -63,14 +63,24 @@ _TASK_ATTRS = {
 }
 
 
+_BUILTIN_TASKS = ("sqnr", "classification", "detection", "yolo", "psnr", "custom")
+
+
+def _task_code(attrs: dict[str, Any]) -> list[str]:
+    """A plugin's task is code the action runs: the qbuild_eval_tasks implementers, as
+    the engine resolved them, join the key (and are what ``ctx.hooks`` calls)."""
+    return [] if attrs.get("task") in _BUILTIN_TASKS else ["hook:qbuild_eval_tasks"]
+
+
 def _task(ctx: ActionContext, extra: dict[str, Any] | None = None):
     """(task function, options) from the rule's task attributes."""
     from .eval_tasks import get_task
 
     a = ctx.attrs
     options = {**(extra or {}), **(a["task_options"] or {})}
+    pm = None if a["task"] in _BUILTIN_TASKS else ctx.hooks.pluginmanager
     try:
-        return get_task(a["task"], options, a["metric_srcs"] or []), options
+        return get_task(a["task"], options, a["metric_srcs"] or [], pm), options
     except _accuracy_errors() as e:
         raise ctx.fail(str(e), attr="task") from None
 
@@ -94,6 +104,7 @@ class Evaluate(Rule):
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 3
     heavy = True
+    code = staticmethod(_task_code)
     doc = ("Compares candidate models with a reference model on a dataset and writes "
            "report.json and report.html: per output SQNR (dB), max abs error and cosine, and "
            "the `task` result (classification agreement, detection F1/AP50 against the "
@@ -236,6 +247,7 @@ class Sensitivity(Rule):
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 2
     heavy = True
+    code = staticmethod(_task_code)
     doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
            "effect on the output SQNR against the float model, turning sites back to float "
            "by graph surgery (no re-calibration). mode = 'only': one site quantized at a "

@@ -319,7 +319,8 @@ class CustomDataset(_DatasetRule):
         a = ctx.attrs
         out = ctx.output("data/")
         try:
-            reader = find_reader(a["reader"])
+            reader = find_reader(a["reader"], None if ":" in a["reader"]
+                                 else ctx.hooks.pluginmanager)
             build_reader_dataset(out, reader, a["files"] or [], a["options"], a["batch_size"],
                                  a["limit"] or None, name=a["reader"])
         except DatasetError as e:

@@ -8,6 +8,7 @@ import json
 
 import dtypes_testlib as lib
 import onnx
+from qbuild_onnx_common.providers import OnnxModelInfo
 
 BUILD = """
 [qdq]
@@ -46,16 +47,16 @@ def test_rules_build_incrementally(qbuild_workspace, mobilenet_u8):
     r = ws.build("//m:mb_ref", "//m:mb_ort", "//m:silero_int4")
     assert r.ok, r.error + r.log
     assert {"//m:mb_ref", "//m:mb_ort", "//m:silero_int4"} <= set(r.ran)
-    info = r.info("//m:mb_ref")
-    assert info["opset"] == 21 and info["target"] == "onnx-reference"
-    assert info["form"] == "output_dtype" and info["inputs"][0]["name"] == "input_1:0"
+    info = r.provider("//m:mb_ref", OnnxModelInfo)
+    assert info.opset == 21 and info.inputs[0]["name"] == "input_1:0"
     files = {p.name: p for p in r.outputs("//m:mb_ref")}
-    assert set(files) == {"mb_ref.onnx", "report.json"}
+    assert set(files) == {"mb_ref.onnx", "report.json"} and info.model == files["mb_ref.onnx"]
     rep = json.loads(files["report.json"].read_text())
+    assert rep["target"] == "onnx-reference" and rep["form"] == "output_dtype"
     assert rep["after"]["bytes"] == files["mb_ref.onnx"].stat().st_size
     assert rep["equivalence"]["dequantized_weights_identical"] > 0
     onnx.checker.check_model(str(files["mb_ref.onnx"]), full_check=True)
-    assert r.info("//m:mb_ort")["ir_version"] <= 13
+    assert r.provider("//m:mb_ort", OnnxModelInfo).ir_version <= 13
     silero = json.loads([p for p in r.outputs("//m:silero_int4")
                          if p.name == "report.json"][0].read_text())
     assert silero["after"]["initializers_by_dtype"]["INT4"] == 16

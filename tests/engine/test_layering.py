@@ -47,7 +47,7 @@ def test_public_api_is_sorted_and_complete():
 
     assert qbuild.__all__ == sorted(qbuild.__all__)
     public = {n for n in dir(qbuild) if not n.startswith(("_", "@")) and n not in ("annotations",
-              "pluggy", "hookspecs", "cli", "testing")}
+              "pluggy", "hookspecs", "events", "cli", "testing")}
     assert public - {"__version__"} <= set(qbuild.__all__)
 
 

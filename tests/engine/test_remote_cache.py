@@ -238,3 +238,28 @@ def test_cli_event_log_and_explain_say_where_results_came_from(server, tmp_path)
     assert origins == {"//c:gen": "ran", "//c:final": "ran"}
     assert "remote" not in records[-1]
     assert "was built on this machine" in b.cli("explain", "//c:final").stdout
+
+
+def test_v2_providers_and_per_action_results_round_trip(server, tmp_path):
+    """A v2 target's providers come back from the remote cache typed, and another
+    workspace whose report-only setting differs reuses the remote first action."""
+    import toy_rules_v2
+    from toy_rules_v2 import ReportInfo, TextInfo
+
+    def v2(name, title):
+        ws = make(tmp_path, name)
+        ws.register(toy_rules_v2)
+        ws.write("p/BUILD.toml", f'[w]\nrule = "summarize"\nsrcs = ["a.txt"]\ntitle = "{title}"\n'
+                 '[all]\nrule = "consume"\ntexts = [":w"]\n')
+        return ws
+
+    first = v2("a", "t").build("//p:all", "//p:w", remote_cache=server.url)
+    assert first.ok, first.error
+    second = v2("b", "t").build("//p:all", "//p:w", remote_cache=server.url)
+    assert second.ok and second.ran == [], second.error
+    assert second.provider("//p:w", TextInfo).words == 1
+    assert second.provider("//p:w", ReportInfo).title == "t"
+    assert second.output("//p:all").read_text() == first.output("//p:all").read_text()
+    third = v2("c", "other").build("//p:w", remote_cache=server.url)
+    assert third.ok, third.error
+    assert third.steps["//p:w"] == {"Transform": "cached", "Report": "ran"}

@@ -81,7 +81,7 @@ def test_quantization_pipeline_through_a_shared_wsgidav(tmp_path):
             result = store.get_action(key)
         finally:
             store.close()
-        dataset = {e["digest"] for e in result["outputs"]}
+        dataset = {e.digest for e in result.outputs}
         assert dataset and not dataset & have  # the image dataset stayed on the server
         assert changed.remote["blobs_downloaded"] >= 2
     finally:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import onnx
 from lower_paths import MOBILENET
+from qbuild_onnx_common.providers import OnnxModelInfo
 
 
 def _ws(ws, qdq, extra=""):
@@ -36,12 +38,22 @@ def test_rule_builds_caches_and_reports(qbuild_workspace, qdq_models):
     assert r.ok, r.error
     outs = {p.name: p for p in r.outputs("//m:int_fixed")}
     assert {"int_fixed.onnx", "report.json", "fixed_point_params.json"} <= set(outs)
+    rules = ws.cli("rules", "lower_integer").stdout
+    assert "provides: DefaultInfo, OnnxModelInfo" in rules
+    assert "model: label (default: required; must provide OnnxModelInfo)" in rules
     rep = json.loads(outs["report.json"].read_text())
     assert rep["check"]["passed"] and rep["check"]["inputs"] == "synthetic"
     assert len(rep["per_node"]) == rep["nodes"]["compute"]
     params = json.loads(outs["fixed_point_params.json"].read_text())
     assert params["format"] == "qbuild-fixed-point" and params["layers"]
-    assert r.info("//m:int_ort")["lowered_share"] == 1.0
+    ort = {p.name: p for p in r.outputs("//m:int_ort")}
+    assert json.loads(ort["report.json"].read_text())["nodes"]["lowered_share"] == 1.0
+    # The lowered model is given to dependents as an OnnxModelInfo provider.
+    model = r.provider("//m:int_fixed", OnnxModelInfo)
+    assert model.model == outs["int_fixed.onnx"] and model.opset >= 13
+    graph = onnx.load(str(outs["int_fixed.onnx"])).graph
+    assert [i["name"] for i in model.inputs] == [graph.input[0].name]
+    assert [o["name"] for o in model.outputs] == [o.name for o in graph.output]
     r2 = ws.build("//m:int_ort", "//m:int_fixed")
     assert r2.ok and not [x for x in r2.ran if "int_" in x]
 
@@ -51,6 +63,25 @@ def test_rule_fails_below_threshold(qbuild_workspace, qdq_models):
     _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'min_agreement = 1.01')
     r = ws.build("//m:int_fixed")
     assert not r.ok and "min_agreement" in r.error
+    assert "action Check:" in r.error
+    # The check's threshold is only the Check action's: lowering is not run again.
+    _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'min_agreement = 0.5')
+    r2 = ws.build("//m:int_fixed")
+    assert r2.ok, r2.error
+    assert r2.steps["//m:int_fixed"] == {"Lower": "cached", "Check": "ran"}
+
+
+def test_wrong_provider_is_refused_before_anything_runs(qbuild_workspace, qdq_models):
+    ws = qbuild_workspace
+    _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), "")
+    ws.write("m/BUILD.toml", (ws.path("m/BUILD.toml").read_text()
+                              + '\n[notes]\nrule = "filegroup"\nsrcs = ["qdq.onnx"]\n'
+                              + '\n[bad]\nrule = "lower_integer"\nmodel = ":int_ort"\n'
+                              + 'dataset = ":notes"\n'))
+    r = ws.build("//m:int_ort", "//m:bad")
+    assert r.exit_code == 2 and r.ran == []
+    assert r.error == ("m/BUILD.toml, target //m:bad, attribute 'dataset': //m:notes (rule "
+                       "'filegroup') does not provide DatasetInfo (it provides: DefaultInfo)")
 
 
 def test_rule_rounding_onnxruntime_is_bit_exact(qbuild_workspace, qdq_models):

@@ -18,6 +18,7 @@ from qbuild_lower.driver import lower_model
 from qbuild_lower.fuse import fuse_model
 from qbuild_lower.graph import Graph
 from qbuild_lower.regions import find_regions
+from qbuild_onnx_common.providers import OnnxModelInfo
 
 C = 8
 
@@ -215,7 +216,7 @@ form = "table"
     assert {"lut.onnx", "report.json"} <= set(outs)
     rep = json.loads(outs["report.json"].read_text())
     assert rep["check"]["exact"] == 1.0 and rep["by_form"] == {"table": rep["regions"]}
-    assert r.info("//m:lut")["exact"] == 1.0
+    assert r.provider("//m:lut", OnnxModelInfo).model == outs["lut.onnx"]
     r2 = ws.build("//m:lut")
     assert r2.ok and not r2.ran
 

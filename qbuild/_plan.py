@@ -1,0 +1,77 @@
+"""The plan of a build: which targets may start, in which order, and which are skipped.
+
+Pure bookkeeping, no I/O (ninja's ``Plan``): each target waits for a count of
+unfinished dependencies; a finished target releases its dependents. Ready targets come
+out critical path first: the one with the longest chain of actions still to run
+behind it, so long chains start early and short branches fill the gaps (ties in
+analysis order, so a plan is deterministic). A failed target makes everything that
+depends on it skipped; after a failure without ``keep_going`` the plan stops and every
+action not yet started is skipped too.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from ._label import Label
+
+
+class Plan:
+    """Waiting counts, a ready queue ordered critical path first, and the skip set."""
+
+    def __init__(self, order: Sequence[Label], deps: Mapping[Label, Iterable[Label]],
+                 weight: Callable[[Label], int] = lambda _label: 1) -> None:
+        """``order``: every target, dependencies first (analysis order); ``weight``:
+        the cost of a target on the critical path (0 for groups, which run nothing)."""
+        self._index = {label: i for i, label in enumerate(order)}
+        self.deps = {label: list(dict.fromkeys(deps[label])) for label in order}
+        self._dependents: dict[Label, list[Label]] = {label: [] for label in order}
+        for label in order:
+            for dep in self.deps[label]:
+                self._dependents[dep].append(label)
+        self._waiting = {label: len(self.deps[label]) for label in order}
+        # Length of the longest chain from each target to the end of the build.
+        self.priority: dict[Label, int] = {}
+        for label in reversed(order):
+            after = max((self.priority[d] for d in self._dependents[label]), default=0)
+            self.priority[label] = weight(label) + after
+        self._ready: list[tuple[int, int, Label]] = []
+        for label in order:
+            if self._waiting[label] == 0:
+                self._push(label)
+        self.bad: set[Label] = set()  # failed or skipped
+        self.stopped = False
+
+    def _push(self, label: Label) -> None:
+        heapq.heappush(self._ready, (-self.priority[label], self._index[label], label))
+
+    def sort_key(self, label: Label) -> tuple[int, int]:
+        """Critical path first, then analysis order (for queues outside the plan)."""
+        return -self.priority[label], self._index[label]
+
+    def has_ready(self) -> bool:
+        return bool(self._ready)
+
+    def pop_ready(self) -> Label:
+        return heapq.heappop(self._ready)[2]
+
+    def blocked(self, label: Label) -> bool:
+        """Does ``label`` depend on a failed or skipped target?"""
+        return any(dep in self.bad for dep in self.deps[label])
+
+    def failed_deps(self, label: Label) -> list[Label]:
+        return [dep for dep in self.deps[label] if dep in self.bad]
+
+    def finish(self, label: Label, ok: bool = True) -> None:
+        """``label`` is done (``ok=False``: failed or skipped); release its dependents."""
+        if not ok:
+            self.bad.add(label)
+        for parent in self._dependents[label]:
+            self._waiting[parent] -= 1
+            if self._waiting[parent] == 0:
+                self._push(parent)
+
+    def stop(self) -> None:
+        """A failure without keep_going: nothing else starts."""
+        self.stopped = True

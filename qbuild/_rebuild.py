@@ -1,0 +1,209 @@
+"""The rebuilder: a target's key, a hit or a miss, running the miss, storing its result.
+
+Rebuilding follows a constructive trace: an action's key is computed from its inputs'
+content, so a dependency rebuilt to identical bytes gives the same key and stops the
+rebuild there (early cutoff). One process runs a key at a time (a second waits, then
+takes the hit). A dependency whose stored outputs turn out missing or corrupt is run
+again (``rebuild``); a rule declared non-reproducible may then give new bytes, and its
+dependents are keyed again.
+
+``Rebuilder`` is itself an ``Executor`` for the scheduler: ``submit`` runs a miss (lock,
+recheck, execute on the real executor, store) in one of ``jobs`` threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+
+from ._analysis import Target
+from ._errors import QbuildError
+from ._executor import ActionFailed, MissingBlob
+from ._label import Label
+from ._protocols import Executor, Origin, Store
+from ._records import Action, ActionResult, KeyParts, Outcome
+from ._session import Session
+from ._state import WorkspaceState
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as the one line a user sees."""
+    if isinstance(exc, QbuildError):
+        return str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f" ({exc.filename})" if exc.filename else ""
+        return f"{exc.strerror}{where}"
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class Rebuilder:
+    """Keys, cache lookups, runs and stores for one build; holds every target's result."""
+
+    def __init__(self, session: Session, executor: Executor, state: WorkspaceState,
+                 jobs: int, started: Callable[[Label], None] = lambda _label: None,
+                 message: Callable[[str], None] = lambda _text: None) -> None:
+        self.session = session
+        self.store: Store = session.store
+        self.executor = executor
+        self.state = state
+        self.jobs = jobs
+        self.started = started
+        self.message = message
+        self.results: dict[Label, ActionResult] = {}
+        self.actions: dict[Label, Action] = {}
+        self.parts: dict[Label, KeyParts] = {}
+        self._rebuild_lock = threading.RLock()
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    # -- key, hit or miss --------------------------------------------------------------
+    def lookup(self, target: Target) -> tuple[Action, ActionResult | None, Origin]:
+        """Key ``target`` from its dependencies' results and look the key up."""
+        parts, key, action = self.session.key_for(target, self.results)
+        self.actions[target.label] = action
+        self.parts[target.label] = parts
+        cached, origin = self.store.find_action(key)
+        return action, cached, origin
+
+    def hit(self, label: Label, key: str, result: ActionResult) -> None:
+        self.results[label] = result
+        self.state.set_last_key(str(label), key)
+
+    # -- running misses (the scheduler's executor) --------------------------------------
+    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+        if self._pool is None:  # created on the first miss: no-op builds skip it
+            self._pool = concurrent.futures.ThreadPoolExecutor(self.jobs)
+        return self._pool.submit(self.run, action)
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        self.executor.close()
+
+    def kill(self) -> None:
+        """Interrupted: do not wait for running actions."""
+        pool, self._pool = self._pool, None
+        self.executor.kill()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+    def run(self, action: Action) -> Outcome:
+        """Run one miss: the boundary where anything the rule, the store or a worker
+        raises becomes this label's ``ActionFailed``."""
+        self.started(action.label)
+        try:
+            return self._run(action)
+        except ActionFailed:
+            raise
+        except (QbuildError, OSError, RecursionError, MemoryError) as exc:
+            raise ActionFailed(one_line(exc)) from None
+        except Exception as exc:
+            raise ActionFailed(f"internal error: {one_line(exc)} (rerun with --verbose "
+                               "and report it)") from None
+
+    def _run(self, action: Action) -> Outcome:
+        label = action.label
+        parts = self.parts[label]
+        # One process runs a key at a time: a second one waits, then takes the hit.
+        with self.store.action_lock(action.key):
+            cached = self.store.get_action(action.key)
+            if cached is not None:
+                self.hit(label, action.key, cached)
+                return Outcome(cached, 0.0, "cached")
+            rebuilt: set[Label] = set()
+            while True:
+                try:
+                    outcome = self.executor.submit(action).result()
+                    break
+                except MissingBlob as missing:
+                    dep = self._dep(label, missing.dep_label)
+                    if dep in rebuilt:
+                        raise ActionFailed(f"inputs of {label} could not be restored from "
+                                           "the cache") from None
+                    rebuilt.add(dep)
+                    if self.rebuild(dep):  # a non-reproducible dep gave new bytes: re-key
+                        target = self.session.graph.targets[label]
+                        parts, _key, fresh = self.session.key_for(target, self.results)
+                        self.actions[label], self.parts[label] = fresh, parts
+                        return self._run(_granted(fresh, action))
+            # Blobs are durable (stored and fsync'ed by the executor) before this commits.
+            self.store.put_components(action.key, parts)
+            self.session.save_code(parts)
+            self.store.put_action(action.key, outcome.result)
+        self.results[label] = outcome.result
+        self.state.set_last_key(str(label), action.key)
+        return outcome
+
+    def _dep(self, label: Label, text: str) -> Label:
+        for dep in self.session.graph.targets[label].deps:
+            if str(dep) == text:
+                return dep
+        raise ActionFailed(f"inputs of {label} could not be restored from the cache")
+
+    def rebuild(self, label: Label) -> bool:
+        """Run a cached action again because its stored outputs are gone or corrupt.
+
+        Returns True if its outputs changed, which only a rule declared non-reproducible
+        may do (its new result replaces the old one). Missing inputs of its own are
+        rebuilt first, deepest first, with an explicit stack."""
+        with self._rebuild_lock:
+            stack = [label]
+            rebuilt: set[Label] = set()
+            rekeyed: set[Label] = set()  # inputs changed under it: new bytes are expected
+            changed = False
+            while stack:
+                current = stack[-1]
+                action = self.actions[current]
+                try:
+                    outcome = self.executor.submit(action).result()
+                except MissingBlob as missing:
+                    dep = self._dep(current, missing.dep_label)
+                    if dep in rebuilt or dep in stack:
+                        raise ActionFailed(f"inputs of {current} could not be restored from "
+                                           "the cache") from None
+                    stack.append(dep)
+                    continue
+                stack.pop()
+                rebuilt.add(current)
+                if self.results[current].digests() == outcome.result.digests():
+                    self.message(f"restored {current} by running it again (cached outputs "
+                                 "were missing or corrupt)")
+                    continue
+                if self.results[current].origin == "remote" and current not in rekeyed:
+                    # Keep this machine's result under the key, so the next build uses it
+                    # (and the remote entry, whose blobs were unusable, is replaced).
+                    self.store.put_action(action.key, outcome.result)
+                    raise ActionFailed(f"{current}: the remote cache's result could not be "
+                                       "downloaded and running it here gave different bytes "
+                                       "(the rule is not deterministic across machines); "
+                                       "this machine's result is kept: run the build again")
+                if action.reproducible and current not in rekeyed:
+                    self.store.drop_action(action.key)
+                    raise ActionFailed(f"{current} rebuilt to different bytes than its cached "
+                                       "result (the rule is not deterministic; declare it "
+                                       "non-reproducible); run the build again")
+                self.store.put_action(action.key, outcome.result)
+                self.results[current] = outcome.result
+                self.state.set_last_key(str(current), action.key)
+                if current == label:
+                    changed = True
+                elif stack:  # the parent was keyed with the old bytes: key it again
+                    parent = stack[-1]
+                    parts, key, fresh = self.session.key_for(
+                        self.session.graph.targets[parent], self.results)
+                    self.actions[parent] = _granted(fresh, self.actions[parent])
+                    self.parts[parent] = parts
+                    self.store.put_components(key, parts)
+                    rekeyed.add(parent)
+            return changed
+
+
+def _granted(fresh: Action, old: Action) -> Action:
+    """``fresh`` with the resources the scheduler granted ``old``."""
+    from dataclasses import replace
+
+    return replace(fresh, threads=old.threads, memory_mib=old.memory_mib)

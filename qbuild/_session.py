@@ -1,0 +1,203 @@
+"""The session: the engine objects one command works with, wired in one place.
+
+Both the command line (``qbuild.cli``) and ``qbuild.testing`` open a ``Session``
+(workspace, plugin registry, remote settings) and call ``Session.build``; the store,
+source digests and code digests are made on first use, so commands that only analyse
+(query, outputs) never open the cache. ``key_for`` turns an analysed target and its
+dependencies' results into the key's parts, the key and the ``Action`` record.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from ._analysis import Graph, Target
+from ._code import CodeDigests
+from ._digest import SourceDigests
+from ._keys import action_key, components
+from ._label import Label
+from ._plugins import Registry, load_registry
+from ._protocols import Store
+from ._providers import provider_name
+from ._records import Action, ActionResult, KeyParts
+from ._workspace import Workspace, load_workspace
+
+if TYPE_CHECKING:
+    from ._build import Build, BuildOptions
+    from ._progress import Reporter
+    from ._remote_http import RemoteConfig
+
+
+class Session:
+    """The workspace, its plugins and (lazily) its store, for one command."""
+
+    def __init__(self, workspace: Workspace, registry: Registry,
+                 remote: RemoteConfig | None = None) -> None:
+        self.workspace = workspace
+        self.registry = registry
+        self.graph = Graph(workspace, registry)
+        self.remote = remote
+        self._store: Store | None = None
+        self._digests: SourceDigests | None = None
+        self._code: CodeDigests | None = None
+
+    @classmethod
+    def open(cls, cwd: Path, *, plugins: Iterable[ModuleType | Any] = (),
+             remote_flags: Mapping[str, Any] | None = None,
+             environ: Mapping[str, str] | None = None, blocked: Iterable[str] = (),
+             entry_point_cache: bool = True) -> tuple[Session, str | None]:
+        """The session of the workspace holding ``cwd`` and the package ``cwd`` is in.
+
+        ``remote_flags`` (the ``--remote_*`` flags) is None for commands that never use
+        a remote cache; ``environ`` replaces ``os.environ`` for the remote settings;
+        ``blocked`` names plugins not to load (``-p no:NAME``) besides qbuild.toml's."""
+        workspace = load_workspace(cwd)
+        try:
+            package: str | None = workspace.package_of(cwd)
+        except ValueError:
+            package = None
+        remote = None
+        if remote_flags is not None:
+            from ._remote_store import resolve_remote
+
+            remote = resolve_remote(workspace.root, remote_flags, environ=environ)
+        cache_file = workspace.cache_dir / "entry_points.json" if entry_point_cache else None
+        registry = load_registry(plugins, cache_file=cache_file,
+                                 blocked=[*workspace.blocked_plugins, *blocked])
+        return cls(workspace, registry, remote), package
+
+    @property
+    def store(self) -> Store:
+        """The local store, layered over the remote cache when one is configured."""
+        if self._store is None:
+            from ._store import LocalStore
+
+            local = LocalStore(self.workspace.cache_dir)
+            if self.remote is not None:
+                from ._remote_store import LayeredStore
+
+                self._store = LayeredStore(local, self.remote)
+            else:
+                self._store = local
+        return self._store
+
+    @property
+    def digests(self) -> SourceDigests:
+        if self._digests is None:
+            self._digests = SourceDigests(self.store)
+        return self._digests
+
+    @property
+    def code(self) -> CodeDigests:
+        if self._code is None:
+            dists = sorted({e.dist for e in self.registry.entries.values()})
+            self._code = CodeDigests(self.digests, dists)
+        return self._code
+
+    @property
+    def code_used(self) -> bool:
+        """Were code digests taken (by keying an action)?"""
+        return self._code is not None
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+
+    def build(self, patterns: list[str], package: str | None, options: BuildOptions,
+              reporter: Reporter) -> Build:
+        """Build ``patterns`` (relative to ``package``); the returned ``Build`` holds the
+        result and what the no-op fast path may rely on."""
+        from ._build import Build
+
+        labels = self.graph.expand(patterns, package)
+        build = Build(self, options, reporter)
+        build.run(labels)
+        return build
+
+    # -- keys ---------------------------------------------------------------------------
+    def code_parts(self, target: Target) -> dict[str, str]:
+        """Digest of every code unit ``target``'s action runs (see ``_code``): the rule's,
+        its providers' and, for a v2 rule, its action functions'."""
+        assert target.rule is not None
+        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target)]
+        refs += [spec.function for spec in target.actions]
+        units = self.code.units_for(type(target.rule), refs, self.registry.pm)
+        return {unit: self.code.unit(unit)[0] for unit in units}
+
+    def step_code(self, target: Target, function: str) -> dict[str, str]:
+        """Code units of one declared action: the engine, its function's package, the
+        providers involved and what the rule's ``code()`` names, not the rule class."""
+        assert target.rule is not None
+        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target), function]
+        units = self.code.units_for(None, refs, self.registry.pm)
+        return {unit: self.code.unit(unit)[0] for unit in units}
+
+    def code_files(self, digest: str) -> dict[str, str] | None:
+        """The per-file digests of a code unit by its digest (for explanations)."""
+        for known, files in self.code._units.values():
+            if known == digest:
+                return files
+        return self.store.get_code(digest)
+
+    def save_code(self, parts: KeyParts) -> None:
+        for unit in parts["code"]:
+            digest, files = self.code.unit(unit)
+            self.store.put_code(digest, files)
+
+    def key_for(self, target: Target, results: Mapping[Label, ActionResult]
+                ) -> tuple[KeyParts, str, Action]:
+        """Key components, key and runnable action of ``target`` given its deps' results."""
+        root = self.workspace.root
+        sources = {rel: self.digests.digest(root / rel) for rel in target.sources}
+        executable = [rel for rel in target.sources
+                      if os.stat(root / rel).st_mode & stat.S_IXUSR]
+        deps = {str(dep): results[dep] for dep in target.deps}
+        hooks = self.registry.hook_plugins(target)
+        parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
+                           self.code_parts(target), executable, hooks)
+        single = len(target.actions) == 1 and list(target.actions[0].outputs) == target.outputs
+        # (A single action's own key replaces the target's below: no need to hash it.)
+        key = "" if single else action_key(parts)
+        assert target.entry is not None and target.rule is not None
+        action = Action(
+            label=target.label, build_file=target.build_file, rule_ref=target.entry.ref,
+            heavy=bool(target.rule.heavy), attrs=target.attrs,
+            attr_types={name: schema.type for name, schema in target.rule.attrs.items()},
+            sources=sources, deps=deps, outputs=tuple(target.outputs), key=key,
+            reproducible=target.rule.is_reproducible(target.attrs),
+            hooks={name: tuple(module for module, _ in found)
+                   for name, found in hooks.items()},
+        )
+        if target.actions:
+            action = replace(
+                action, steps=tuple(target.actions), executable=tuple(executable),
+                step_base={
+                    "rule": target.entry.kind, "rule_version": target.entry.cls.version,
+                    "plugin": target.entry.dist, "plugin_version": target.entry.dist_version,
+                    "qbuild_version": parts["qbuild_version"], "env": parts["env"],
+                    "hooks": parts.get("hooks", {}),
+                    "provides": sorted(provider_name(p) for p in target.rule.provides)},
+                step_code=tuple(self.step_code(target, spec.function)
+                                for spec in target.actions))
+            if single:
+                # One action making every output: the target's key is the action's own
+                # (label-free) key, so it costs one lookup and one entry, as a v1 target.
+                from ._steps import step_components, step_key
+
+                key = step_key(step_components(action, 0, {}))
+                action = replace(action, key=key, keyed_by_step=True)
+        return parts, key, action
+
+
+def _provider_refs(target: Target) -> list[str]:
+    """Modules of the providers a target gives and asks its dependencies for."""
+    assert target.rule is not None
+    classes = [*target.rule.provides,
+               *(p for schema in target.rule.attrs.values() for p in schema.providers)]
+    return sorted({cls.__module__ for cls in classes})

@@ -1,0 +1,342 @@
+"""Running a v2 target: its declared actions in order, each cached on its own key.
+
+A v2 target is scheduled as one unit (its target key, as for v1 rules, answers a no-op
+build with one lookup). When that key misses, each declared action is keyed from its own
+parts only (function and code, params, output names, the content of its inputs, never
+the label) and looked up; only the actions whose key misses run, each in a sandbox of
+its own holding just its inputs (dependencies under ``in/<attribute>/``, sources under
+``in/<attribute>/<path in the package>``, earlier outputs under ``made/``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ._actions import ActionSpec, RunContext, resolve_function
+from ._errors import QbuildError, RuleError
+from ._keys import dep_part as _dep_part
+from ._providers import returned_providers
+from ._records import Action, ActionResult, Outcome, OutputEntry
+from ._rule import Dep
+
+if TYPE_CHECKING:
+    from ._executor import LocalExecutor
+
+Made = dict[str, list[OutputEntry]]  # outputs of earlier actions, by output name
+
+
+def _package_path(action: Action, rel: str) -> str:
+    package = action.label.package
+    return rel[len(package) + 1:] if package else rel
+
+
+def _item_part(action: Action, item: str) -> dict[str, Any]:
+    if item.startswith("//"):
+        return {"dep": _dep_part(action.deps[item])}
+    return {"src": _package_path(action, item), "digest": action.sources[item][0],
+            "x": item in action.executable}
+
+
+def _input_part(action: Action, name: str, made: Made) -> Any:
+    kind = action.attr_types.get(name)
+    if kind is None:
+        entries = made[name]
+        return {"made": {e.path: e.digest for e in entries},
+                "executable": sorted(e.path for e in entries if e.executable)}
+    value = action.attrs[name]
+    if value is None:
+        return None
+    if kind == "label":
+        return _dep_part(action.deps[value])
+    if kind == "label_list":
+        return [_dep_part(action.deps[v]) for v in value]
+    if kind == "file":
+        return _item_part(action, value)
+    return [_item_part(action, item) for item in value]
+
+
+def step_components(action: Action, index: int, made: Made) -> dict[str, Any]:
+    """The key parts of declared action ``index`` (``made``: outputs of earlier ones)."""
+    spec: ActionSpec = action.steps[index]
+    return {**action.step_base, "action": spec.mnemonic, "function": spec.function,
+            "code": action.step_code[index], "params": spec.params,
+            "outputs": list(spec.outputs),
+            "inputs": {name: _input_part(action, name, made) for name in spec.inputs}}
+
+
+def step_key(parts: dict[str, Any]) -> str:
+    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _entries_of(name: str, entries: tuple[OutputEntry, ...]) -> list[OutputEntry]:
+    if name.endswith("/"):
+        return [e for e in entries if e.path.startswith(name)]
+    return [e for e in entries if e.path == name]
+
+
+def plan_steps(store: Any, action: Action) -> list[dict[str, Any]]:
+    """Each declared action's key as far as it can be known without running anything
+    (an action after one that is not cached has no key yet), and whether it is cached."""
+    made: Made = {}
+    out = []
+    for index, spec in enumerate(action.steps):
+        if any(name not in action.attr_types and name not in made for name in spec.inputs):
+            out.append({"spec": spec, "key": None, "cached": False})
+            continue
+        key = step_key(step_components(action, index, made))
+        cached = store.get_action(key)
+        if cached is not None:
+            for name in spec.outputs:
+                made[name] = _entries_of(name, cached.outputs)
+        out.append({"spec": spec, "key": key, "cached": cached is not None})
+    return out
+
+
+def _invoke_step(rule_ref: str, function: str, ctx: RunContext, out_root: Path
+                 ) -> tuple[dict[str, Any], list[str]]:
+    """Run one action function; also the entry point of worker processes."""
+    rule_cls = resolve_function(rule_ref)
+    fn = resolve_function(function)
+    try:
+        value = fn(ctx)
+    except QbuildError:
+        raise
+    except BaseException as exc:  # sys.exit() and the like too: the action fails
+        import traceback
+
+        ctx.log(traceback.format_exc())
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        if isinstance(exc, SystemExit):
+            what = f"the action called sys.exit({exc.code!r})"
+        raise RuleError(what) from None
+    info, providers = returned_providers(value, out_root, tuple(rule_cls.provides))
+    if info:
+        raise RuleError(f"action {function} returned an info dict; v2 actions return "
+                        "providers")
+    return providers, ctx.warnings
+
+
+class _Sandbox:
+    """A private folder for one action, locked while it lives (see clean_stale_sandboxes)."""
+
+    def __init__(self, tmp: Path) -> None:
+        from ._executor import _try_lock
+
+        self.tmp = tmp
+        self.name = f"{os.getpid()}-{os.urandom(6).hex()}"
+        self.lock = _try_lock(tmp / f"{self.name}.lock")
+        self.path = tmp / self.name
+        self.path.mkdir(parents=True)
+
+    def close(self) -> None:
+        from ._executor import _remove_tree
+
+        _remove_tree(self.path)
+        if self.lock is not None:
+            (self.tmp / f"{self.name}.lock").unlink(missing_ok=True)
+            os.close(self.lock)
+
+
+def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Path,
+               staged: dict[Path, tuple[str, str]]) -> Dep:
+    from ._digest import stat_key
+    from ._executor import MissingBlob
+
+    for entry in dep.outputs:
+        dest = base / entry.path
+        if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+            raise MissingBlob(label)
+        staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
+    base.mkdir(parents=True, exist_ok=True)
+    files = [base / name.rstrip("/") for name in dep.declared]
+    return Dep("", files, dict(dep.info), base, dep.digests(), dict(dep.providers))
+
+
+def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, index: int,
+                staged: dict[Path, tuple[str, str]], origins: list[tuple[int, str]]
+                ) -> list[Path]:
+    if item.startswith("//"):
+        dep = action.deps[item]
+        files = _stage_dep(executor, item, dep, base / f"dep{index}", staged).files
+        origins.extend((index, name.rstrip("/")) for name in dep.declared)
+        return files
+    rel = _package_path(action, item)
+    dest = base / "src" / rel
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    digest, key = action.sources[item]
+    staged[dest] = (digest, executor._stage_source(action, item, key, dest))
+    origins.append((index, rel))
+    return [dest]
+
+
+def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: Path,
+           made: Made, log_path: Path
+           ) -> tuple[RunContext, dict[Path, tuple[str, str]]]:
+    from ._digest import stat_key
+
+    staged: dict[Path, tuple[str, str]] = {}
+    inputs: dict[str, Any] = {}
+    origins: dict[str, list[tuple[int, str]]] = {}
+    for name in spec.inputs:
+        kind = action.attr_types.get(name)
+        base = sandbox / "in" / name
+        if kind is None:
+            for entry in made[name]:
+                dest = sandbox / "made" / entry.path
+                if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+                    raise _MadeMissing(name)
+                staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
+            inputs[name] = sandbox / "made" / name.rstrip("/")
+            continue
+        value = action.attrs[name]
+        if value is None:
+            inputs[name] = None
+        elif kind == "label":
+            inputs[name] = _stage_dep(executor, value, action.deps[value], base, staged)
+        elif kind == "label_list":
+            inputs[name] = [_stage_dep(executor, v, action.deps[v], base / str(i), staged)
+                            for i, v in enumerate(value)]
+        elif kind == "file":
+            origins[name] = []
+            files = _stage_item(executor, action, value, base, 0, staged, origins[name])
+            if len(files) != 1:  # as Dep.file: a file attribute names one file
+                raise RuleError(f"the target given as '{name}' has {len(files)} outputs; "
+                                "expected exactly one", attr=name)
+            inputs[name] = files[0]
+        else:
+            origins[name] = []
+            inputs[name] = [path for i, item in enumerate(value)
+                            for path in _stage_item(executor, action, item, base, i, staged,
+                                                    origins[name])]
+    out_root = sandbox / "out"
+    outputs = {}
+    for name in spec.outputs:
+        path = out_root / name.rstrip("/")
+        if name.endswith("/"):
+            path.mkdir(parents=True, exist_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        outputs[name] = path
+    out_root.mkdir(exist_ok=True)
+    scratch = sandbox / "_scratch"
+    scratch.mkdir()
+    ctx = RunContext(inputs=inputs, params=json.loads(json.dumps(spec.params)),
+                     outputs=outputs, scratch=scratch, log_path=log_path, workdir=sandbox,
+                     threads=action.threads, origins=origins, hooks=action.hooks)
+    return ctx, staged
+
+
+def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
+              made: Made) -> ActionResult:
+    from ._executor import ActionFailed, _tail
+
+    box = _Sandbox(executor.store.tmp)
+    log_path = box.path / "_action.log"
+    log_path.touch()
+    try:
+        ctx, staged = _stage(executor, action, spec, box.path, made, log_path)
+        out_root = box.path / "out"
+        try:
+            if spec.heavy:
+                providers, warnings = executor._run_in_worker(
+                    action, log_path, _invoke_step, action.rule_ref, spec.function, ctx,
+                    out_root)
+            else:
+                providers, warnings = _invoke_step(action.rule_ref, spec.function, ctx,
+                                                   out_root)
+        except QbuildError as exc:
+            located = exc.located(file=action.build_file, target=str(action.label))
+            if len(action.steps) > 1:  # say which one
+                located.message = f"action {spec.mnemonic}: {located.message}"
+            raise ActionFailed(located, _tail(log_path)) from None
+        executor._check_inputs(action, box.path, staged)
+        entries = executor._collect(action, out_root, log_path, tuple(spec.outputs))
+        for path, (digest, key) in action.sources.items():
+            if not executor.digests.still(executor.root / path, digest, key):
+                raise ActionFailed(RuleError(
+                    f"input {path} changed while the action ran; its result was not "
+                    "cached. Run the build again.", target=str(action.label)))
+        return ActionResult(tuple(entries), tuple(spec.outputs), {}, tuple(warnings),
+                            providers=providers)
+    finally:
+        box.close()
+
+
+class _MadeMissing(Exception):
+    """An earlier action's cached output could not be restored (its blob is gone)."""
+
+
+def execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
+    """Run a v2 target: each declared action in order, served from the cache when its
+    own key hits (with every blob present), run otherwise."""
+    from ._executor import ActionFailed
+
+    started = time.monotonic()
+    # A blob found missing while staging is dropped from the store's index, so going
+    # through the actions again runs the one that made it.
+    for _attempt in range(len(action.steps)):
+        try:
+            outcome = _execute_steps(executor, action)
+            break
+        except _MadeMissing:
+            continue
+    else:
+        raise ActionFailed(RuleError("the outputs of its earlier actions could not be "
+                                     "restored from the cache", target=str(action.label)))
+    return Outcome(outcome.result, time.monotonic() - started, steps=outcome.steps)
+
+
+def _execute_steps(executor: LocalExecutor, action: Action) -> Outcome:
+    from ._executor import ActionFailed
+
+    store = executor.store
+    made: Made = {}
+    providers: dict[str, Any] = {}
+    warnings: list[str] = []
+    steps: list[tuple[str, str, str]] = []
+    for index, spec in enumerate(action.steps):
+        if action.keyed_by_step:
+            # The target's key is this action's: the caller looked it up (a miss) and
+            # stores the result under it.
+            key, status = action.key, "ran"
+            result = _run_step(executor, action, spec, made)
+        else:
+            parts = step_components(action, index, made)
+            key, status = step_key(parts), "cached"
+            hit = store.get_action(key)
+            # A hit counts if its blobs can be had: here, or on the remote cache (which
+            # answered it only after checking they are there).
+            remote = hit is not None and hit.origin == "remote" and getattr(
+                store, "usable", False)
+            if hit is not None and (remote or all(store.has_blob(e.digest)
+                                                  for e in hit.outputs)):
+                result = hit
+            else:
+                result = _run_step(executor, action, spec, made)
+                store.put_components(key, parts)
+                store.put_action(key, result)
+                status = "ran"
+        for name in spec.outputs:
+            made[name] = _entries_of(name, result.outputs)
+        for name, data in result.providers.items():
+            if name in providers:
+                raise ActionFailed(RuleError(f"two actions returned the provider "
+                                             f"{name.rsplit('.', 1)[-1]}",
+                                             target=str(action.label)))
+            providers[name] = data
+        warnings.extend(result.warnings)
+        steps.append((spec.mnemonic, key, status))
+    missing = [n for n in action.step_base.get("provides", []) if n not in providers]
+    if missing:
+        raise ActionFailed(RuleError(f"no action returned the declared provider(s) "
+                                     f"{', '.join(n.rsplit('.', 1)[-1] for n in missing)}",
+                                     file=action.build_file, target=str(action.label)))
+    outputs = tuple(e for name in action.outputs for e in made[name])
+    return Outcome(ActionResult(outputs, action.outputs, {}, tuple(warnings),
+                                providers=providers), steps=tuple(steps))
