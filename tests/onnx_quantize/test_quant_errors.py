@@ -83,7 +83,7 @@ def test_missing_and_non_json_files(conv_case, tmp_path):
      "use the attribute activation_symmetric"),
     ({"extra_options": {"TensorQuantOverrides": {}}}, "extra_options", "tensor_overrides"),
     ({"extra_options": {"CalibMovingAverage": True}}, "extra_options", "calibration option"),
-    ({"extra_options": {"SmoothQuant": True}}, "extra_options", "SmoothQuant is not supported"),
+    ({"extra_options": {"SmoothQuant": True}}, "extra_options", "equalize target with method"),
     ({"extra_options": {"DedicatedQdqPair": True}}, "extra_options", "not an onnxruntime"),
     ({"extra_options": {"BlockSize": 20}}, "extra_options", "power of two"),
     ({"tensor_overrides": {"nope": {"symmetric": True}}}, "tensor_overrides",

@@ -130,7 +130,7 @@ extra_options = { SmoothQuant = true }
     assert not result.ok
     assert "extra_options.SmoothQuant" in result.error
     assert "set it on the calibrate target" not in result.error
-    assert "SmoothQuant is not supported" in result.error
+    assert "equalize target with method = \"smoothquant\"" in result.error
     ws.write("m/BUILD.toml", CALIB + """
 [q]
 rule = "quantize"

@@ -8,7 +8,11 @@ first), every one an ordinary cached target:
   on the evaluation data with the task and latency measurement:
   ``u8`` (uint8 activations, per-channel weights, first calibration method), ``i8``
   (int8 activations), ``u8_per_tensor``, ``u8_<method>`` (other calibration methods),
-  ``u8_bc`` (``bias_correction`` of ``u8``), ``region`` / ``region_bc`` (the stem or head
+  ``cle`` (``equalize`` (cross-layer equalization, Clip -> Relu) of the model as
+  ``aq.cle_model``, calibrated as ``aq.calib_cle``, then quantized like ``u8``),
+  ``u8_bc`` (``bias_correction`` of ``u8``), ``u8_ar`` / ``cle_ar`` (``adaround`` of
+  ``u8`` / ``cle``, options from ``adaround_options``), ``region`` / ``region_bc`` (the
+  stem or head
   around the most sensitive activation kept float, from ``aq.sens`` (task-aware
   ``sensitivity`` of ``u8``) and ``aq.region_overrides`` (``sensitive_region``)),
   ``region3`` / ``region3_bc`` (the union of the three most sensitive ones' regions),
@@ -29,8 +33,8 @@ from typing import Any
 
 from qbuild import ConfigError
 
-STEPS = ("activation_type", "per_channel", "calibration", "bias_correction", "region",
-         "float_top_k", "uint16_top_k", "region_uint16", "lower")
+STEPS = ("activation_type", "per_channel", "calibration", "cle", "bias_correction",
+         "adaround", "region", "float_top_k", "uint16_top_k", "region_uint16", "lower")
 _GENERATED = ("candidates", "reports", "trial_names", "sensitivity")
 
 
@@ -53,11 +57,13 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     methods = _list(raw, "calibration_methods", ["minmax", "percentile"], str)
     if not methods:
         raise ConfigError("needs at least one method", attr="calibration_methods")
-    steps = _list(raw, "steps", list(STEPS), str)
+    steps = _list(raw, "steps", [s for s in STEPS if s != "adaround"], str)
     bad = [s for s in steps if s not in STEPS]
     if bad:
         raise ConfigError(f"unknown step '{bad[0]}' (known: {', '.join(STEPS)})", attr="steps")
     top_k = _list(raw, "top_k", [2, 8], int)
+    if not isinstance(raw.get("adaround_options", {}), dict):
+        raise ConfigError("must be a table of adaround attributes", attr="adaround_options")
     model = raw["model"]
     me = f":{name}"
     tables: dict[str, dict[str, Any]] = {}
@@ -80,10 +86,28 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     if "calibration" in steps:
         for m in methods[1:]:
             quantize(f"u8_{m}", activation_type="uint8", calibration=f"{me}.calib_{m}")
+    if "cle" in steps:  # algorithms.cle: equalized float model, its own calibration
+        tables[f"{name}.cle_model"] = {"rule": "equalize", "model": model, "clip": "relu"}
+        tables[f"{name}.calib_cle"] = {"rule": "calibrate", "model": f"{me}.cle_model",
+                                       "dataset": raw["calibration_data"],
+                                       "method": methods[0]}
+        quantize("cle", model=f"{me}.cle_model", calibration=f"{me}.calib_cle",
+                 activation_type="uint8", per_channel=True)
     if "bias_correction" in steps:
         tables[f"{name}.u8_bc"] = {"rule": "bias_correction", "model": f"{me}.u8",
                                    "reference": model, "dataset": raw["calibration_data"]}
         trials.append("u8_bc")
+    if "adaround" in steps:  # algorithms.adaround: learned rounding of the u8 trial
+        tables[f"{name}.u8_ar"] = {"rule": "adaround", "model": f"{me}.u8",
+                                   "reference": model, "dataset": raw["calibration_data"],
+                                   **raw.get("adaround_options", {})}
+        trials.append("u8_ar")
+        if "cle" in steps:
+            tables[f"{name}.cle_ar"] = {"rule": "adaround", "model": f"{me}.cle",
+                                        "reference": f"{me}.cle_model",
+                                        "dataset": raw["calibration_data"],
+                                        **raw.get("adaround_options", {})}
+            trials.append("cle_ar")
     task_attrs = {k: raw[k] for k in ("task", "task_options", "metric_srcs") if k in raw}
     if any(s in steps for s in ("region", "float_top_k", "uint16_top_k", "region_uint16")):
         tables[f"{name}.sens"] = {"rule": "sensitivity", "model": f"{me}.u8",

@@ -65,8 +65,10 @@ def _candidate_tensors(model, op_types: Sequence[str] | None) -> list[str]:
 def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | None = None,
                              threads: int = 1, scratch: str | Path | None = None,
                              ) -> CalibrationSession:
-    """Load the model (with external data), add the calibrated tensors as outputs and open
-    an ORT session with graph optimisations off, so tensors are exactly the graph's.
+    """Load the model, add the calibrated tensors as outputs and open an ORT session with
+    graph optimisations off, so tensors are exactly the graph's. A model with external
+    data is opened by path with its weights read from the original files (never loaded
+    into Python: see algorithms.external_data).
 
     Outputs are added without type information; ORT infers their types, and only float32
     and float16 tensors are kept.
@@ -74,7 +76,12 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
     import onnx
     from qbuild_onnx_common.ort import session
 
-    model = onnx.load(str(model_path))
+    from ..algorithms.external_data import file_uses_external_data, lean_load, stage_beside
+
+    model_path = Path(model_path)
+    external = file_uses_external_data(model_path)
+    # External weights stay on disk: onnxruntime reads them from the original files.
+    model = lean_load(model_path) if external else onnx.load(str(model_path))
     existing = {o.name for o in model.graph.output}
     candidates = _candidate_tensors(model, op_types)
     for name in candidates:
@@ -82,8 +89,13 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
             vi = onnx.ValueInfoProto()
             vi.name = name
             model.graph.output.append(vi)
-    if model.ByteSize() < _MAX_PROTO:
-        payload: Any = model.SerializeToString()
+    if external:
+        if scratch is None:
+            raise ValueError("a model with external data needs a scratch directory to "
+                             "calibrate")
+        payload: Any = str(stage_beside(model, model_path.parent, scratch, "augmented.onnx"))
+    elif model.ByteSize() < _MAX_PROTO:
+        payload = model.SerializeToString()
     else:
         if scratch is None:
             raise ValueError("a model over 2 GB needs a scratch directory to calibrate")
@@ -93,6 +105,10 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
         payload = str(path)
     del model
     sess = session(payload, threads, optimize=False)
+    if external:  # the session holds the weights: drop the hard links
+        from ..algorithms.external_data import unstage
+
+        unstage(Path(payload))
     types = {o.name: o.type for o in sess.get_outputs()}
     keep = [n for n in candidates if types.get(n) in _FLOAT_TYPES]
     skipped = [n for n in candidates if n in types and n not in keep]

@@ -62,9 +62,10 @@ _EXTRA_CALIBRATION = frozenset({*_EXTRA_CALIBRATION_INSTEAD, *_SMOOTH_QUANT})
 
 def _calibration_hint(key: str) -> str:
     if key in _SMOOTH_QUANT:
-        return (f"extra_options.{key}: SmoothQuant is not supported; it rewrites the float "
-                "model while calibrating (onnxruntime does it through Intel Neural "
-                "Compressor), and qbuild's calibrate rule has no such step. Remove the option")
+        return (f"extra_options.{key}: SmoothQuant rewrites the float model before "
+                "calibration, so it is not a quantize option: add an equalize target with "
+                "method = \"smoothquant\" (and alpha, dataset) on the float model, then "
+                "calibrate and quantize its output. Remove the option")
     return (f"extra_options.{key} is a calibration option: quantization reads saved ranges "
             f"and never recalibrates; {_EXTRA_CALIBRATION_INSTEAD[key]}")
 STATIC_EXTRA_OPTIONS = frozenset({

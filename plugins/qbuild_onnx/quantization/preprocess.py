@@ -73,11 +73,18 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
             log(notes[-1])
     else:
         src_for_ort = src
+    # external weights stay on disk (models over 2 GB): algorithms.preprocess_external
+    lean = external_data and fixed is None and _uses_external_data(proto)
     del proto
     chatter = io.StringIO()
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
-            quant_pre_process(str(src_for_ort), str(out), **kwargs)
+            if lean:
+                from .algorithms.preprocess_external import quant_pre_process_external
+
+                quant_pre_process_external(src_for_ort, out, opts, data_name)
+            else:
+                quant_pre_process(str(src_for_ort), str(out), **kwargs)
     except Exception as e:
         text = " ".join(str(e).split())[:500] or type(e).__name__
         hint = ""

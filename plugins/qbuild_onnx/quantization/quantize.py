@@ -11,6 +11,7 @@ thin wrappers over ``quantize_static_model`` and ``quantize_dynamic_model``.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,8 @@ from qbuild_onnx_common.files import sha256_bytes
 from qbuild_onnx_common.graph import bump_ir_version, real_inputs
 from qbuild_onnx_common.summary import describe_values
 
+from ..algorithms.external_data import lean_load
+from ..algorithms.markers import keep_float_nodes
 from ..ort_logs import ort_output_to_log
 from ..source.model_checks import (
     control_flow_compute,
@@ -63,11 +66,21 @@ def _load(path: Path) -> tuple[bytes, onnx.ModelProto]:
     except FileNotFoundError:
         raise OnnxError(f"model file {path} does not exist", attr="model") from None
     try:
-        model = onnx.load(str(path))
+        # External weights stay on disk: shapes are inferred on the graph alone (a model
+        # over 2 GB cannot be serialized) and the quantizer reads them one at a time.
+        model = lean_load(path)
     except Exception as exc:  # protobuf's DecodeError and onnx's own errors
         raise OnnxError(f"model file {path} is not an ONNX model: {exc}",
                             attr="model") from None
     return data, model
+
+
+def _float_bytes(onnx_bytes: int, path: Path, model: onnx.ModelProto) -> int:
+    """Size of the float model: the .onnx file and its external data files."""
+    from .algorithms.external_data import locations
+
+    return onnx_bytes + sum((Path(path).parent / loc).stat().st_size
+                            for loc in locations(model))
 
 
 def _drop_initializer_inputs(model: onnx.ModelProto, log: Log) -> None:
@@ -115,7 +128,19 @@ def _prepare(model: onnx.ModelProto, target_opset: int, log: Log) -> onnx.ModelP
     return model
 
 
-def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelProto:
+def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log, model: onnx.ModelProto,
+                   model_path: Path) -> onnx.ModelProto:
+    """Run onnxruntime's quantizer; external weights are read from ``model_path``'s folder
+    one at a time, and those left float are loaded into the result."""
+    from .algorithms.external_data import fill, uses_external_data, weights_readable_from
+
+    base = os.path.abspath(Path(model_path).parent) if uses_external_data(model) else None
+    with weights_readable_from(base):
+        quantized = _run_ort_quantizer(build, log, warn)
+    return quantized if base is None else fill(quantized, base)
+
+
+def _run_ort_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.ModelProto:
     with ort_output_to_log(log, warn):
         try:
             quantizer = build()
@@ -220,6 +245,10 @@ def quantize_static_model(
         name_nodes(model)
         joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
     excluded = list(options.nodes_to_exclude)
+    marked = [n for n in keep_float_nodes(model) if n not in excluded]
+    if marked:  # e.g. SmoothQuant's Mul: its input must stay float (algorithms.markers)
+        excluded += marked
+        log(f"kept float as the model's metadata asks: {', '.join(marked)}")
     if options.per_channel:
         flat = flatten_gemm_biases(model)
         if flat:
@@ -260,7 +289,7 @@ def quantize_static_model(
         return QDQQuantizer(model, options.per_channel, options.reduce_range, wtype, atype,
                             ranges, list(options.nodes_to_quantize), excluded, op_types, extra)
 
-    quantized = _run_quantizer(build, log, warn)
+    quantized = _run_quantizer(build, log, warn, model, model_path)
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -275,7 +304,8 @@ def quantize_static_model(
         settings["float_joins"] = [{"node": j.node, "ratio": j.ratio, "input_widths":
                                     list(j.widths), "float_nodes": list(j.float_nodes),
                                     "reaches_output": j.reaches_output} for j in joins]
-    info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
+    info, report = _finish(original, quantized, output_path, report_path,
+                           _float_bytes(len(data), model_path, original), settings,
                            had_infer_key)
     if options.per_channel:
         overridden = {n.name for n in quantized.graph.node
@@ -372,7 +402,7 @@ def quantize_dynamic_model(
                              list(options.nodes_to_quantize), list(options.nodes_to_exclude),
                              op_types, extra)
 
-    quantized = _run_quantizer(build, log, warn)
+    quantized = _run_quantizer(build, log, warn, model, model_path)
     settings = {
         "mode": "dynamic",
         "format": "dynamic",
@@ -382,13 +412,19 @@ def quantize_dynamic_model(
         "reduce_range": options.reduce_range,
         "input_model_sha256": sha256_bytes(data),
     }
-    info, report = _finish(original, quantized, output_path, report_path, len(data), settings,
+    info, report = _finish(original, quantized, output_path, report_path,
+                           _float_bytes(len(data), model_path, original), settings,
                            had_infer_key)
     if options.per_channel:
         # onnxruntime's dynamic Conv (ConvInteger) always takes per-tensor weights.
         convs = {n.name for n in quantized.graph.node if n.op_type == "ConvInteger"}
         _warn_lost_per_channel(report, convs, warn)
-    slower = _slower_than_float(Path(model_path), Path(output_path), log)
+    model = quantized = original = None  # freed: the latency check opens two sessions
+    if report["float_model_bytes"] > _LATENCY_CHECK_MAX_BYTES:
+        log("latency check skipped: the float model is over 1 GB")
+        slower = None
+    else:
+        slower = _slower_than_float(Path(model_path), Path(output_path), log)
     if slower is not None:
         if latency_in_report and report_path is not None:
             report["slower_than_float"] = slower
@@ -400,6 +436,7 @@ def quantize_dynamic_model(
     return info
 
 
+_LATENCY_CHECK_MAX_BYTES = 1 << 30
 _SLOWER_RATIO = 1.25  # below this, run-to-run noise on a shared CPU could flip the verdict
 
 

@@ -109,9 +109,15 @@ class AutoQuantize(OnnxRule):
         "calibration_methods": attr.string_list(default=["minmax", "percentile"],
                                                 doc="Calibration methods tried."),
         "steps": attr.string_list(default=["activation_type", "per_channel", "calibration",
-                                           "bias_correction", "region", "float_top_k",
-                                           "uint16_top_k", "region_uint16", "lower"],
-                                  doc="Which trial families."),
+                                           "cle", "bias_correction", "region",
+                                           "float_top_k", "uint16_top_k", "region_uint16",
+                                           "lower"],
+                                  doc="Which trial families (cle: cross-layer equalization; "
+                                      "\"adaround\", learned weight rounding, is not in the "
+                                      "default: it costs minutes and kept no layer on "
+                                      "MobileNetV2, BENCHMARKS.md)."),
+        "adaround_options": attr.mapping(default={}, doc="Attributes of the adaround trials "
+                                         "(rows, iterations, max_samples, ...)."),
         "top_k": attr.int_list(default=[2, 8], doc="Sensitive activations kept float / "
                                "promoted to 16 bits per trial."),
         "sensitivity_samples": attr.int(default=4, doc="Samples the sensitivity uses."),
