@@ -18,11 +18,11 @@ TRIALS = [0, 1, 2, 4]
 
 BUILD = """
 [fp]
-rule = "filegroup"
-srcs = ["pre.onnx"]
+rule = "onnx_model"
+src = "pre.onnx"
 
 [ds]
-rule = "filegroup"
+rule = "saved_dataset"
 srcs = ["ds/*"]
 
 [calib]
@@ -85,6 +85,11 @@ def _setup(ws, tmp_path, feeds):
     m13 = version_converter.convert_version(onnx.load(MODELS / "mnist.onnx"), 21)
     onnx.save(m13, tmp_path / "m13.onnx")
     quant_pre_process(str(tmp_path / "m13.onnx"), str(tmp_path / "pre.onnx"))
+    # mnist.onnx is IR 3 (initializers must be graph inputs); pre-processing drops those
+    # inputs but keeps the IR version, which onnx_model's check refuses
+    pre = onnx.load(tmp_path / "pre.onnx")
+    pre.ir_version = max(pre.ir_version, 7)
+    onnx.save(pre, tmp_path / "pre.onnx")
     write_dataset(tmp_path / "ds", {"Input3": np.concatenate([f["Input3"] for f in feeds])})
     ws.copy(tmp_path / "pre.onnx", "m/pre.onnx")
     for f in sorted((tmp_path / "ds").iterdir()):

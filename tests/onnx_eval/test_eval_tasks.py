@@ -108,11 +108,11 @@ def mean_abs(ref, cand, options):
 
 BUILD = """
 [fp]
-rule = "filegroup"
-srcs = ["float/pre.onnx"]
+rule = "onnx_model"
+src = "float/pre.onnx"
 
 [ds]
-rule = "filegroup"
+rule = "saved_dataset"
 srcs = ["ds/*"]
 
 [report]

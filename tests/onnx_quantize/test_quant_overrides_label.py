@@ -10,16 +10,16 @@ from qbuild_onnx.rules.quantize import merge_label_overrides
 
 BUILD = """
 [model]
-rule = "filegroup"
-srcs = ["model.onnx"]
+rule = "onnx_model"
+src = "model.onnx"
 
 [calib]
-rule = "filegroup"
-srcs = ["calibration.json"]
+rule = "calibration_table"
+src = "calibration.json"
 
 [mp]
-rule = "filegroup"
-srcs = ["overrides.json"]
+rule = "precision_overrides"
+src = "overrides.json"
 
 [q]
 rule = "quantize"

@@ -8,12 +8,12 @@ import onnx
 
 BUILD = """
 [model]
-rule = "filegroup"
-srcs = ["model.onnx"]
+rule = "onnx_model"
+src = "model.onnx"
 
 [calib]
-rule = "filegroup"
-srcs = ["calibration.json"]
+rule = "calibration_table"
+src = "calibration.json"
 
 [q]
 rule = "quantize"

@@ -80,7 +80,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     try:
         with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
             if lean:
-                from .algorithms.preprocess_external import quant_pre_process_external
+                from ..algorithms.preprocess_external import quant_pre_process_external
 
                 quant_pre_process_external(src_for_ort, out, opts, data_name)
             else:

@@ -437,8 +437,10 @@ class Calibrate(OnnxRule):
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
+    from .imported import RULES as IMPORTED
+
     return [OnnxModel, ImageDataset, NumpyDataset, SyntheticDataset, CustomDataset,
-            QuantPreprocess, Calibrate]
+            QuantPreprocess, Calibrate, *IMPORTED]
 
 
 @hookimpl
