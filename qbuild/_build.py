@@ -236,7 +236,8 @@ class Build:
         from dataclasses import replace
 
         action = replace(action, threads=max(1, min(int(cores), self.cpu_budget)),
-                         memory_mib=max(0, int(mib)))
+                         memory_mib=max(0, int(mib)),
+                         accelerators=target.rule.accelerators_for(target.attrs))
         self.rebuilder.actions[label] = action
         return action
 

@@ -327,8 +327,9 @@ class DaskExecutor:
 
     def _placement(self, action: Action) -> tuple[Action, dict[str, float]]:
         """Dask resources for the action's declared cores and memory, for the resource
-        names the cluster's workers advertise (none: Dask's one task per thread), and
-        the action with the cores it is granted."""
+        names the cluster's workers advertise (none: Dask's one task per thread), plus
+        its accelerators (``{"GPU": 1}``, which some worker must offer), and the action
+        with the cores it is granted."""
         out: dict[str, float] = {}
         cores, mib = action.threads, action.memory_mib
         if "CPU" in self.resources:
@@ -342,6 +343,18 @@ class DaskExecutor:
                     f"{self.resources['MEMORY']:g} (start workers with more, or pass "
                     "--remote_local_fallback to run it here)", target=str(action.label)))
             out["MEMORY"] = float(mib)
+        for name, amount in sorted(action.accelerators.items()):
+            if amount <= 0:
+                continue
+            offered = self.resources.get(name, 0.0)
+            if amount > offered:
+                has = (f"the largest Dask worker offers {name}={offered:g}" if offered
+                       else f"no Dask worker offers {name}")
+                raise ActionFailed(RuleError(
+                    f"needs {name}={amount:g}; {has} (start a worker with --resources "
+                    f"\"{name}={amount:g}\", or pass --remote_local_fallback to run it "
+                    "here)", target=str(action.label)))
+            out[name] = float(amount)
         return action, out
 
     def _ensure_inputs(self, action: Action) -> None:

@@ -96,6 +96,9 @@ class Action:
     reproducible: bool = True  # False: may give other bytes when run again (timings)
     threads: int = 1  # cores granted by the scheduler (ctx.threads)
     memory_mib: int = 0  # memory the rule asked for (the scheduler's budget)
+    # resources beyond cores and memory, by Dask resource name (``{"GPU": 1.0}``):
+    # placement on a remote executor only
+    accelerators: Mapping[str, float] = field(default_factory=dict)
     hooks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Plugin hooks the rule calls, resolved in the main process: hook name -> the
     importable modules implementing it (see ``_hooks``)."""

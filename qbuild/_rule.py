@@ -49,6 +49,9 @@ class Rule:
         attrs: the attribute schema, built with ``qbuild.attr``.
         outputs: declared output names; ``{name}`` is replaced by the target name and a
             trailing ``/`` declares a directory output.
+        accelerators: resources beyond cores and memory that one action needs, by Dask
+            resource name (``{"GPU": 1}``); a remote executor runs the action only on a
+            worker that advertises them. Local builds do not budget them.
         machine_dependent: outputs depend on the CPU class the action runs on (results
             of running a model: calibration statistics, sensitivity, latency); the CPU
             architecture and instruction sets then enter the action key, so a shared
@@ -70,6 +73,7 @@ class Rule:
     reproducible: ClassVar[bool] = True
     cpu: ClassVar[int] = 1
     memory: ClassVar[int] = 0
+    accelerators: ClassVar[Mapping[str, float]] = {}
     attrs: ClassVar[Mapping[str, Attr]] = {}
     outputs: ClassVar[Sequence[str]] = ()
     machine_dependent: ClassVar[bool] = False
@@ -143,6 +147,12 @@ class Rule:
         """(cores, MiB) one action of this target needs; override when they depend on
         attributes. Defaults to the class's ``cpu`` and ``memory``."""
         return self.cpu, self.memory
+
+    def accelerators_for(self, attrs: Mapping[str, Any]) -> dict[str, float]:
+        """Resources beyond cores and memory one action of this target needs (Dask
+        resource name -> amount); override when they depend on attributes. Defaults to
+        the class's ``accelerators``."""
+        return dict(self.accelerators)
 
     def code(self, attrs: Mapping[str, Any]) -> list[str]:
         """Code the action imports by name at run time, beyond the rule's own package:

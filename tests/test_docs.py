@@ -54,6 +54,7 @@ FIXTURES: dict[str, dict] = {
     "pre": {"rule": "quant_preprocess", "model": ":yolo_fp32"},
     "calib_images": _IMAGES,
     "eval_images": {**_IMAGES, "seed": 1},
+    "calib_data": _IMAGES,
     "calib": {"rule": "calibrate", "model": ":yolo_pre", "dataset": ":calib_images"},
     "yolo_int8": {"rule": "quantize", "model": ":yolo_pre", "calibration": ":calib"},
     "yolo_int8_integer": {"rule": "lower_integer", "model": ":yolo_int8", "mode": "ort",

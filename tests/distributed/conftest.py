@@ -71,6 +71,12 @@ class DaskProcesses:
         with distributed.Client(f"tcp://{self.address}", timeout=seconds) as client:
             client.wait_for_workers(count, timeout=seconds)
 
+    def worker_address(self, name: str) -> str:
+        """The address of the worker started as ``name``."""
+        with distributed.Client(f"tcp://{self.address}", timeout=30) as client:
+            workers = client.scheduler_info(n_workers=-1)["workers"]
+        return next(addr for addr, w in workers.items() if w.get("name") == name)
+
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:

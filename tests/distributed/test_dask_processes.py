@@ -41,8 +41,9 @@ def _prefix(server, name: str) -> str:
 
 
 def test_cli_on_real_scheduler_and_workers(tmp_path, cache_server, dask_processes):
-    for name in ("w1", "w2"):
-        dask_processes.worker(name, [ENGINE_TESTS, HERE], "--resources", "CPU=2 MEMORY=1000")
+    for name, gpu in (("w1", " GPU=1"), ("w2", "")):
+        dask_processes.worker(name, [ENGINE_TESTS, HERE], "--resources",
+                              f"CPU=2 MEMORY=1000{gpu}")
     dask_processes.wait_for_workers(2)
     here = _workspace(tmp_path, "here")
     local = here.build("//m:int8")
@@ -71,7 +72,9 @@ def test_cli_on_real_scheduler_and_workers(tmp_path, cache_server, dask_processe
     spans = Workspace(tmp_path / "spans", tmp_path / "cache-spans")
     spans.register(toy_rules)
     spans.write("s/BUILD.toml", '[wide]\nrule = "span"\ncores = 4\nseconds = 0.1\n\n'
-                '[big]\nrule = "span"\nmib = 5000\nseconds = 0.1\n')
+                '[big]\nrule = "span"\nmib = 5000\nseconds = 0.1\n\n'
+                '[gpu]\nrule = "span"\ngpus = 1\nseconds = 0.1\n\n'
+                '[gpus]\nrule = "span"\ngpus = 2\nseconds = 0.1\n')
     settings = {"remote_cache": _prefix(cache_server, "spans"), "strategy": ["*=remote"],
                 "remote_executor": f"dask://{dask_processes.address}"}
     wide = spans.build("//s:wide", **settings)
@@ -79,6 +82,13 @@ def test_cli_on_real_scheduler_and_workers(tmp_path, cache_server, dask_processe
     assert wide.output("//s:wide").read_text().split()[0] == "2"
     big = spans.build("//s:big", **settings)
     assert not big.ok and "needs 5000 MiB" in big.error and "MEMORY=1000" in big.error
+    # Accelerators (GPU) place an action on the one worker that offers them.
+    gpu = spans.build("//s:gpu", **settings)
+    assert gpu.ok, gpu.error
+    assert gpu.remote_execution is not None
+    assert gpu.remote_execution["workers"] == {dask_processes.worker_address("w1"): 1}
+    gpus = spans.build("//s:gpus", **settings)
+    assert not gpus.ok and "needs GPU=2" in gpus.error and "GPU=1" in gpus.error
     # The no-op fast path answers without contacting the scheduler.
     again = there.cli("build", "//m:int8", "--remote_cache", url,
                       "--remote_executor=dask://127.0.0.1:9")

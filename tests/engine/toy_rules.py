@@ -232,11 +232,15 @@ class Span(Rule):
     kind = "span"
     attrs = {"cores": attr.int(default=1, doc="Cores it needs."),
              "mib": attr.int(default=0, doc="Memory it needs."),
+             "gpus": attr.int(default=0, doc="GPUs it needs (placement only)."),
              "seconds": attr.float(default=0.3, doc="How long.")}
     outputs = ["span.txt"]
 
     def resources(self, attrs: Any) -> tuple[int, int]:
         return attrs["cores"], attrs["mib"]
+
+    def accelerators_for(self, attrs: Any) -> dict[str, float]:
+        return {"GPU": attrs["gpus"]} if attrs["gpus"] else {}
 
     def run(self, ctx: ActionContext) -> dict[str, Any]:
         start = time.time()
