@@ -22,6 +22,7 @@ so the whole module runs in well under a minute.
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 import sys
@@ -210,6 +211,19 @@ def _sources(pkg: Path, tables: dict, make_detector) -> None:
             for f in table.get("files", []):
                 assert f.endswith(".wav"), f"no fixture file for {f}"
                 _tone(pkg / f)
+        elif rule == "saved_dataset":
+            import numpy as np
+            from qbuild_onnx.source.datasets import write_dataset
+
+            folder = pkg / table["srcs"][0].split("*")[0]
+            write_dataset(folder, {input_name: np.zeros((2, 3, size, size), np.float32)})
+        elif rule == "calibration_table":
+            from qbuild_onnx.calibration.calibrate import FORMAT, VERSION
+
+            (pkg / table["src"]).write_text(json.dumps(
+                {"format": FORMAT, "version": VERSION, "method": "minmax", "tensors": {}}))
+        elif rule == "precision_overrides":
+            (pkg / table["src"]).write_text('{"nodes_to_exclude": []}')
 
 
 def _doc_plugins(tmp: Path) -> list[str]:
