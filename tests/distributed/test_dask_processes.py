@@ -118,3 +118,44 @@ def test_a_worker_with_other_rule_code_refuses(tmp_path, cache_server, dask_proc
                         strategy=["*=remote"],
                         remote_executor=f"dask://{dask_processes.address}")
     assert fallback.ok and fallback.remote_execution["local_actions"] == 1
+
+
+def test_scheduler_lost_mid_build_fails_cleanly(tmp_path, cache_server, dask_processes):
+    # The scheduler dies while a worker runs the action: the build ends with one line
+    # naming the scheduler (exit 1) instead of hanging, and the cache server holds no
+    # entry for the unfinished action.
+    import os
+    import signal
+    import threading
+    import time
+
+    import dist_rules
+
+    dask_processes.worker("w", [ENGINE_TESTS, HERE])
+    dask_processes.wait_for_workers(1)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    ws = Workspace(tmp_path / "ws", tmp_path / "cache")
+    ws.register(dist_rules)
+    ws.write("p/BUILD.toml", f'[slow]\nrule = "block"\nmarkers = "{markers}"\n')
+    url = _prefix(cache_server, tmp_path.name)
+    result: dict = {}
+
+    def build() -> None:
+        result["outcome"] = ws.build("//p:slow", remote_cache=url, strategy=["*=remote"],
+                                     remote_executor=f"dask://{dask_processes.address}")
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (markers / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (markers / "started").exists(), "the action never started on the worker"
+    os.killpg(dask_processes.procs[0].pid, signal.SIGKILL)  # the scheduler
+    thread.join(120)
+    assert not thread.is_alive(), "the build hung after the scheduler was lost"
+    outcome = result["outcome"]
+    assert not outcome.ok and outcome.exit_code == 1
+    assert "scheduler" in outcome.error and "lost" in outcome.error
+    assert "Traceback" not in outcome.error
+    assert not list((cache_server.root / tmp_path.name / "ac").iterdir())
