@@ -78,3 +78,17 @@ def test_adaround_lowers_the_error_it_optimises_and_keeps_the_graph(tmp_path):
     assert learned > base, (base, learned)
     again = ws.build("//m:ar")
     assert again.ok and again.ran == []  # cached
+
+
+def test_a_float_model_is_refused_at_analysis(tmp_path):
+    # adaround re-rounds a quantized model's weights: a float model fails before anything
+    # runs, naming the attribute and the provider it lacks.
+    ws = Workspace(tmp_path / "ws", tmp_path / "cache")
+    for plugin in (source_rules, quantize_rules, algo_rules):
+        ws.register(plugin)
+    ws.write_bytes("m/model.onnx", lib.conv_chain(seed=3).SerializeToString())
+    np.save(ws.path("m/data.npy"), lib.images(8, 0))
+    ws.write("m/BUILD.toml", BUILD.replace('model = ":q"', 'model = ":fp"'))
+    r = ws.build("//m:ar")
+    assert r.exit_code == 2 and r.ran == []
+    assert "'model'" in r.error and "QuantizedModelInfo" in r.error

@@ -6,6 +6,7 @@ quantizer). Thin wrappers; onnx, onnxruntime and numpy are imported inside ``run
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -192,7 +193,7 @@ class AdaRound(OnnxRule):
            "report.json (per-layer loss before and after).")
     attrs = {
         "model": attr.label(doc="The QDQ model (a quantize target).", required=True,
-                            providers=[OnnxModelInfo]),
+                            providers=[OnnxModelInfo, QuantizedModelInfo]),
         "reference": attr.label(doc="The float model it was quantized from.", required=True,
                                 providers=[OnnxModelInfo]),
         "dataset": attr.label(doc="Calibration samples.", required=True,
@@ -236,13 +237,8 @@ class AdaRound(OnnxRule):
         kept = {k: v for k, v in (a["model"].info or {}).items()
                 if k in ("promoted", "overrides", "float_joins", "per_channel",
                          "activation_type", "weight_type")}
-        given = a["model"][QuantizedModelInfo] if QuantizedModelInfo in a["model"] else None
-        quantized = QuantizedModelInfo(
-            model=out, format=given.format if given else "qdq",
-            weight_type=given.weight_type if given else kept.get("weight_type", "int8"),
-            activation_type=given.activation_type if given
-            else kept.get("activation_type", "uint8"),
-            float_nodes=given.float_nodes if given else ())
+        # re-rounding keeps the format, the types and the float nodes of the model given
+        quantized = dataclasses.replace(a["model"][QuantizedModelInfo], model=out)
         return [onnx_model_info(out, qm), quantized,
                 {**kept, "adaround_layers": rep["layers"],
                  "adaround_changed": rep["changed_layers"]}]
