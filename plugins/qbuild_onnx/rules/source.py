@@ -109,8 +109,9 @@ class OnnxModel(OnnxRule):
 
 def _regroup(ctx: RunContext, names: tuple[str, ...]) -> list[Path]:
     """The files of the file attributes ``names`` together again at their paths in the
-    package (the model and its external data must share a folder), linked into the
-    scratch folder."""
+    package (the model and its external data must share a folder), moved into the
+    scratch folder: onnx refuses external data behind a link, and a copy of gigabytes
+    of weights costs time (moving a staged input away is allowed; editing it is not)."""
     paths = []
     for name in names:
         given = ctx.inputs[name]
@@ -118,12 +119,7 @@ def _regroup(ctx: RunContext, names: tuple[str, ...]) -> list[Path]:
         for path, (_index, rel) in zip(files, ctx.origins.get(name, []), strict=True):
             dest = ctx.scratch / "package" / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(path, dest)
-            except OSError:
-                import shutil
-
-                shutil.copyfile(path, dest)
+            os.replace(path, dest)
             paths.append(dest)
     return paths
 
