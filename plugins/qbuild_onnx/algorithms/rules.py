@@ -213,8 +213,7 @@ class AdaRound(OnnxRule):
         "rows": attr.int(default=1024, doc="Input rows (im2col patches) sampled per layer."),
         "iterations": attr.int(default=400, doc="Adam steps per layer."),
         "learning_rate": attr.float(default=0.01, doc="Adam step size."),
-        "regularization": attr.float(default=0.01, doc="Weight of the rounding regularizer "
-                                     "(lambda)."),
+        "regularization": attr.float(default=0.01, doc="Rounding regularizer weight (lambda)."),
         "seed": attr.int(default=0, doc="Seed of the row sampling."),
     }
     outputs = ["{name}.onnx", "report.json"]

@@ -27,12 +27,12 @@ class SavedDataset(OnnxRule):
     version = 1
     doc = ("A dataset folder written earlier (dataset.json plus one .npy per input, as every "
            "dataset rule writes it): checked and passed on as a dataset.")
+    outputs = ["data/"]
+    provides = (DatasetInfo,)
     attrs = {
         "srcs": attr.files(doc="The folder's files (e.g. [\"ds/*\"]); one is dataset.json.",
                            required=True, folders=[]),
     }
-    outputs = ["data/"]
-    provides = (DatasetInfo,)
 
     def analyze(self, ctx: AnalysisContext) -> None:
         ctx.action(saved_dataset, inputs=["srcs"], outputs=["data/"], mnemonic="Dataset")
