@@ -46,6 +46,12 @@ def models():
             [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]), qn("g", "gq", "s2", "z2"),
              dq("gq", "gd", "s2", "z2"), h.make_node("Mul", ["f", "gd"], ["m"]),
              qn("m", "y")], q),
+        "SiLU island (DQ, float Sigmoid and Mul -> QuickGelu, Q)": mk(
+            [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]),
+             h.make_node("Mul", ["f", "g"], ["m"]), qn("m", "y")], q),
+        "float SiLU alone (fused QuickGelu, float32 in and out)": mk(
+            [h.make_node("Sigmoid", ["x"], ["g"]), h.make_node("Mul", ["x", "g"], ["y"])],
+            [], T.FLOAT),
         "Sigmoid as QDQ (QLinearSigmoid: onnxruntime's own lookup)": mk(
             [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]), qn("g", "y", "s2", "z2")], q),
         "Tanh as QDQ (DQ, float Tanh, Q)": mk(
@@ -82,6 +88,7 @@ def main(rounds: int = 60) -> None:
                                     providers=["CPUExecutionProvider"])
             for k, m in models().items()}
     x = np.random.default_rng(0).integers(0, 256, SHAPE).astype(np.uint8)
+    xf = (x.astype(np.float32) - 128) * 0.05
     n = x.size
     names = list(sess)
     times = {k: [] for k in names}
@@ -89,7 +96,7 @@ def main(rounds: int = 60) -> None:
         k0 = r % len(names)
         for k in names[k0:] + names[:k0]:
             t = time.perf_counter()
-            sess[k].run(None, {"x": x})
+            sess[k].run(None, {"x": xf if k.startswith("float") else x})
             if r >= 5:
                 times[k].append(time.perf_counter() - t)
     print(f"onnxruntime {ort.__version__}, 1 thread, {rounds} interleaved rounds, "
