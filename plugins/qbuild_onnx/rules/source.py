@@ -96,7 +96,7 @@ class OnnxModel(OnnxRule):
     heavy = True
     doc = ("A source ONNX model: checked with onnx.checker (full_check, by path), external "
            "data kept inside the model's folder, then passed on with its opsets, IR version, "
-           "inputs and outputs as info. List external data files in 'data'.")
+           "inputs and outputs as OnnxModelInfo. List external data files in 'data'.")
     attrs = {
         "src": attr.file(doc="The .onnx file.", required=True),
         "data": attr.files(doc="External data files the model references (same folder)."),
