@@ -157,7 +157,8 @@ def save(graph: Graph, patterns: list[str], package: str | None, labels: list[La
         temp.write_text(text, encoding="utf-8")
         os.replace(temp, path)
     except (OSError, TypeError, ValueError, RecursionError):
-        pass
+        return
+    graph.analysis_digest = hashlib.sha256(text.encode()).hexdigest()
 
 
 def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Label] | None:
@@ -167,8 +168,8 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
     workspace = graph.workspace
     root = workspace.root
     try:
-        record = json.loads(_path(workspace.output_dir, patterns, package)
-                            .read_text(encoding="utf-8"))
+        text = _path(workspace.output_dir, patterns, package).read_text(encoding="utf-8")
+        record = json.loads(text)
         if record.get("version") != _VERSION or record["code"] != _code(graph):
             return None
         stats = record["reads"]
@@ -218,4 +219,5 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
         return None
     graph.targets.update(targets)
     graph.loader.reads.stats.update(stats)
+    graph.analysis_digest = hashlib.sha256(text.encode()).hexdigest()
     return labels

@@ -148,6 +148,11 @@ class SourceDigests:
         self._seen[str(path)] = (digest, key)
         return digest, key
 
+    def vouch(self, path: Path, digest: str, key: str) -> None:
+        """Take ``digest`` for ``path`` as of stat ``key``, which the caller just saw
+        unchanged since that digest was taken (``_incremental``)."""
+        self._seen[str(path)] = (digest, key)
+
     def still(self, path: Path, expected_digest: str, expected_key: str) -> bool:
         """True if ``path`` was not touched since it was digested (re-checked after an
         action). Any stat change counts, even to the same bytes: a file edited and

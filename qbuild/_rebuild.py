@@ -56,6 +56,9 @@ class Rebuilder:
         self.results: dict[Label, ActionResult] = {}
         self.actions: dict[Label, Action] = {}
         self.parts: dict[Label, KeyParts] = {}
+        # sources of every keyed or reused target, as digested: {rel: (digest, stat)}
+        self.sources: dict[Label, dict[str, tuple[str, str]]] = {}
+        self.rebuilt = False  # an action was run again to restore its outputs
         self._rebuild_lock = threading.RLock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -65,12 +68,31 @@ class Rebuilder:
         parts, key, action = self.session.key_for(target, self.results)
         self.actions[target.label] = action
         self.parts[target.label] = parts
+        self.sources[target.label] = action.sources
         cached, origin = self.store.find_action(key)
         return action, cached, origin
 
     def hit(self, label: Label, key: str, result: ActionResult) -> None:
         self.results[label] = result
         self.state.set_last_key(str(label), key)
+
+    def reuse(self, label: Label, key: str, result: ActionResult,
+              sources: dict[str, tuple[str, str]]) -> None:
+        """The last build's key and result, unchanged (``_incremental``): no action
+        record is made unless the target has to run again (``_action``)."""
+        self.sources[label] = sources
+        root = self.session.workspace.root
+        for rel, (digest, stat) in sources.items():
+            self.session.digests.vouch(root / rel, digest, stat)
+        self.hit(label, key, result)
+
+    def _action(self, label: Label) -> Action:
+        action = self.actions.get(label)
+        if action is None:  # a reused target: key it now
+            parts, _key, action = self.session.key_for(self.session.graph.targets[label],
+                                                       self.results)
+            self.actions[label], self.parts[label] = action, parts
+        return action
 
     # -- running misses (the scheduler's executor) --------------------------------------
     def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
@@ -151,13 +173,14 @@ class Rebuilder:
         may do (its new result replaces the old one). Missing inputs of its own are
         rebuilt first, deepest first, with an explicit stack."""
         with self._rebuild_lock:
+            self.rebuilt = True
             stack = [label]
             rebuilt: set[Label] = set()
             rekeyed: set[Label] = set()  # inputs changed under it: new bytes are expected
             changed = False
             while stack:
                 current = stack[-1]
-                action = self.actions[current]
+                action = self._action(current)
                 try:
                     outcome = self.executor.submit(action).result()
                 except MissingBlob as missing:
@@ -195,7 +218,7 @@ class Rebuilder:
                     parent = stack[-1]
                     parts, key, fresh = self.session.key_for(
                         self.session.graph.targets[parent], self.results)
-                    self.actions[parent] = _granted(fresh, self.actions[parent])
+                    self.actions[parent] = _granted(fresh, self._action(parent))
                     self.parts[parent] = parts
                     self.store.put_components(key, parts)
                     rekeyed.add(parent)

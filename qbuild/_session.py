@@ -9,6 +9,7 @@ dependencies' results into the key's parts, the key and the ``Action`` record.
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -63,7 +64,10 @@ class Session:
         except ValueError:
             package = None
         remote = None
-        if remote_flags is not None:
+        env = os.environ if environ is None else environ
+        if remote_flags is not None and (
+                remote_flags.get("cache") is not None or workspace.has_remote
+                or env.get("QBUILD_REMOTE_CACHE") is not None):
             from ._remote_store import resolve_remote
 
             remote = resolve_remote(workspace.root, remote_flags, environ=environ)
@@ -110,12 +114,16 @@ class Session:
             self._store.close()
 
     def build(self, patterns: list[str], package: str | None, options: BuildOptions,
-              reporter: Reporter, started: float | None = None) -> Build:
+              reporter: Reporter, started: float | None = None,
+              incremental: Mapping[str, Any] | None = None) -> Build:
         """Build ``patterns`` (relative to ``package``); the returned ``Build`` holds the
         result and what the no-op fast path may rely on. ``started`` (the wall-clock
-        start of a command-line build) turns the analysis cache on (``_analysis_cache``).
+        start of a command-line build) turns the analysis cache on (``_analysis_cache``);
+        ``incremental`` (the ``_noop.environment`` of the build) the incremental path
+        too (``_incremental``): the last build's keys reused where nothing changed, and
+        this build's recorded for the next.
         """
-        from . import _analysis_cache
+        from . import _analysis_cache, _incremental
         from ._build import Build
 
         labels = None
@@ -124,10 +132,24 @@ class Session:
         analysed = labels is None
         if labels is None:
             labels = self.graph.expand(patterns, package)
-        build = Build(self, options, reporter)
+        use = started is not None and incremental is not None and self.remote is None \
+            and options.remote_executor is None
+        record = _incremental.record_path(self.workspace.output_dir, patterns, package)
+        reuse = None
+        if use and not analysed and not options.explain:  # --explain: the full path
+            reuse = _incremental.Reuse.load(record, self.workspace.root,
+                                            self.graph.analysis_digest, incremental,
+                                            self.store)
+        build = Build(self, options, reporter, reuse=reuse)
         build.run(labels)
         if started is not None and analysed:
             _analysis_cache.save(self.graph, patterns, package, labels, started)
+        if use and build.result.ok:
+            assert started is not None and incremental is not None
+            _incremental.save(record, analysis=self.graph.analysis_digest, env=incremental,
+                              store_dir=self.store.directory, started=started,
+                              code_files=build.code_files(), targets=build.reusable(),
+                              reuse=reuse)
         return build
 
     # -- keys ---------------------------------------------------------------------------

@@ -251,6 +251,23 @@ class LocalStore:
         self.drop_action(key)  # written by something else: a miss
         return None
 
+    def action_texts(self, keys: list[str]) -> dict[str, str]:
+        """The stored text of each action entry of ``keys`` held in the index itself,
+        in a few queries instead of one lookup per key (entries kept in files, and any
+        read error, are left out: the caller looks them up one by one)."""
+        def select(cache: diskcache.Cache) -> dict[str, str]:
+            found: dict[str, str] = {}
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                rows = cache._sql(
+                    "SELECT key, mode, value FROM Cache WHERE raw = 1 AND key IN "
+                    f"({','.join('?' * len(chunk))})", chunk).fetchall()
+                found.update((key, value) for key, mode, value in rows
+                             if mode == diskcache.core.MODE_RAW and isinstance(value, str))
+            return found
+
+        return self._read("ac", select, {})
+
     def put_action(self, key: str, result: ActionResult) -> None:
         text = json.dumps(result.to_json(), sort_keys=True)
         self._write("ac", lambda c: c.set(key, text))
