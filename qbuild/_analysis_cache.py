@@ -39,7 +39,7 @@ from ._label import Label
 from ._loader import MATRIX_KIND
 from ._reads import folder_identities, same_folders
 
-_VERSION = 2
+_VERSION = 3
 
 
 def _stat(path: str) -> str | None:
@@ -212,7 +212,8 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
                                     tuple(inactive), [
                                         ActionSpec(a["mnemonic"], a["function"],
                                                    tuple(a["inputs"]), tuple(a["outputs"]),
-                                                   a["params"], a["heavy"])
+                                                   a["params"], a["heavy"],
+                                                   a.get("layout", {}))
                                         for a in actions])
         labels = [_label(text) for text in record["labels"]]
     except Exception:  # noqa: BLE001 - absent, damaged or stale: analyse as usual
