@@ -266,7 +266,8 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
                 located.message = f"action {spec.mnemonic}: {located.message}"
             raise ActionFailed(located, _tail(log_path)) from None
         executor._check_inputs(action, box.path, staged)
-        entries = executor._collect(action, out_root, log_path, tuple(spec.outputs))
+        entries = executor._collect(action, out_root, log_path, tuple(spec.outputs),
+                                    staged=staged)
         for path, (digest, key) in action.sources.items():
             if not executor.digests.still(executor.root / path, digest, key):
                 raise ActionFailed(RuleError(
