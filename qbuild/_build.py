@@ -13,6 +13,7 @@ import concurrent.futures
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -355,7 +356,7 @@ class Build:
             files.update(self.reuse.code_files)
         return files
 
-    def reusable(self) -> dict[str, tuple[str, ActionResult, dict[str, tuple[str, str]]]]:
+    def reusable(self) -> dict[str, tuple[str, ActionResult, Mapping[str, tuple[str, str]]]]:
         """Key, result and sources of every target, for the next build's incremental
         path; empty unless every target got its result the plain way."""
         if not self.result.ok or self.rebuilder.rebuilt:

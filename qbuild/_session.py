@@ -136,7 +136,8 @@ class Session:
             and options.remote_executor is None
         record = _incremental.record_path(self.workspace.output_dir, patterns, package)
         reuse = None
-        if use and not analysed and not options.explain:  # --explain: the full path
+        if use and incremental is not None and not analysed and not options.explain:
+            # (--explain always takes the full path)
             reuse = _incremental.Reuse.load(record, self.workspace.root,
                                             self.graph.analysis_digest, incremental,
                                             self.store)

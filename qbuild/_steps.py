@@ -137,13 +137,10 @@ class _Sandbox:
         self.path = tmp / self.name
         self.path.mkdir(parents=True)
 
-    def close(self) -> None:
-        from ._executor import _remove_tree
-
-        _remove_tree(self.path)
-        if self.lock is not None:
-            (self.tmp / f"{self.name}.lock").unlink(missing_ok=True)
-            os.close(self.lock)
+    def close(self, executor: LocalExecutor) -> None:
+        """Hand the sandbox to the executor's background deletion (off the action's
+        critical path: deleting folders costs more than making them)."""
+        executor._trash.put(self.path, self.lock)
 
 
 def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Path,
@@ -276,7 +273,7 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
         return ActionResult(tuple(entries), tuple(spec.outputs), {}, tuple(warnings),
                             providers=providers)
     finally:
-        box.close()
+        box.close(executor)
 
 
 class _MadeMissing(Exception):
