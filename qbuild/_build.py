@@ -161,6 +161,12 @@ class Build:
         self.result.requested = [str(x) for x in requested]
         actionable = [x for x in order if not self.graph.targets[x].is_group]
         self.reporter.build_started(len(actionable))
+        prefetch = getattr(self.store, "prefetch_actions", None)
+        if prefetch is not None and self.reuse is None:
+            # Every target is about to be looked up: read the entries of the keys they
+            # had last time in a few queries (a key that changed is looked up alone).
+            last = self.state.last_keys
+            prefetch([last[str(label)] for label in actionable if str(label) in last])
         interrupted = False
         try:
             self.scheduler(order).run()

@@ -116,12 +116,12 @@ class SourceDigests:
         self.bytes_hashed = 0
         self.files_hashed = 0
 
-    def mode(self, path: Path) -> int:
+    def mode(self, path: str | Path) -> int:
         """``st_mode`` of ``path`` from the stat its digest was taken with."""
         mode = self._modes.get(str(path))
         return mode if mode is not None else os.stat(path).st_mode
 
-    def digest(self, path: Path) -> tuple[str, str]:
+    def digest(self, path: str | Path) -> tuple[str, str]:
         """Return (digest, stat key) of ``path``; hashes only if the stat is new."""
         st = os.stat(path)
         key = stat_key(st)

@@ -79,11 +79,14 @@ class Rebuilder:
     # -- key, hit or miss --------------------------------------------------------------
     def lookup(self, target: Target) -> tuple[Action, ActionResult | None, Origin]:
         """Key ``target`` from its dependencies' results and look the key up."""
-        parts, key, action = self.session.key_for(target, self.results)
+        parts, key, action = self.session.keyed(target, self.results, with_parts=False)
         self.actions[target.label] = action
-        self.parts[target.label] = parts
         self.sources[target.label] = action.sources
         cached, origin = self.store.find_action(key)
+        if cached is None and parts is None:  # a miss: the parts are recorded with it
+            parts = self.session.parts_of(target, action)
+        if parts is not None:
+            self.parts[target.label] = parts
         return action, cached, origin
 
     def hit(self, label: Label, key: str, result: ActionResult) -> None:

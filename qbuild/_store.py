@@ -165,6 +165,7 @@ class LocalStore:
         self._trusted: dict[str, str] = {}
         self._code_saved: set[str] = set()
         self._pending: list[str] | None = None  # blob files not yet fsync'ed
+        self._prefetched: dict[str, str] = {}  # action entries read ahead (by key)
         self._sync_lock = threading.Lock()
         self._ac = self._open("ac")
         self._cas = self._open("cas")
@@ -262,10 +263,11 @@ class LocalStore:
                 return
             files = list(pending)
             del pending[:len(files)]
-            for full in files:
-                _fsync(full)
-            for folder in dict.fromkeys(os.path.dirname(full) for full in files):
-                _fsync(folder)
+            for path in [*files, *dict.fromkeys(os.path.dirname(f) for f in files)]:
+                try:
+                    _fsync(path)
+                except FileNotFoundError:
+                    pass  # replaced since (its replacement is listed too) or dropped
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -280,8 +282,15 @@ class LocalStore:
         """(result, "local"): the local store has no other origin."""
         return self.get_action(key), "local"
 
+    def prefetch_actions(self, keys: list[str]) -> None:
+        """Read the entries of ``keys`` now, in a few queries: the build is about to
+        look each of them up (each is used once, and dropped when written)."""
+        self._prefetched.update(self.action_texts(keys))
+
     def get_action(self, key: str) -> ActionResult | None:
-        raw = self._read("ac", lambda c: c.get(key), None)
+        raw = self._prefetched.pop(key, None)
+        if raw is None:
+            raw = self._read("ac", lambda c: c.get(key), None)
         try:
             result = json.loads(raw) if raw is not None else None
         except (TypeError, ValueError):
@@ -313,6 +322,7 @@ class LocalStore:
     def put_action(self, key: str, result: ActionResult) -> None:
         text = json.dumps(result.to_json(), sort_keys=True)
         self._durable()
+        self._prefetched.pop(key, None)
         self._write("ac", lambda c: c.set(key, text))
 
     def _durable(self) -> None:
@@ -329,6 +339,8 @@ class LocalStore:
                   json.dumps(result.to_json(), sort_keys=True))
                  for key, parts, result in items]
         self._durable()
+        for key, _parts, _result in items:
+            self._prefetched.pop(key, None)
 
         def write(cache: diskcache.Cache) -> None:
             with cache.transact():
@@ -339,6 +351,7 @@ class LocalStore:
         self._write("ac", write)
 
     def drop_action(self, key: str) -> None:
+        self._prefetched.pop(key, None)
         with contextlib.suppress(CacheError):
             self._write("ac", lambda c: c.delete(key))
 
@@ -355,6 +368,7 @@ class LocalStore:
         parts_text = json.dumps(components, sort_keys=True)
         result_text = json.dumps(result.to_json(), sort_keys=True)
         self._durable()
+        self._prefetched.pop(key, None)
 
         def write(cache: diskcache.Cache) -> None:
             with cache.transact():
