@@ -102,8 +102,11 @@ def main(runs: int = 30) -> None:
         for label in ("float", "QDQ lowered (fastest)", "recipe QDQ lowered (fastest)"):
             if label in models:
                 p = op_profile(models[label], feeds[0], threads=1, runs=5, top=3)
-                prof[label] = {"run_ms": p["run_ms"], "top_op_types": dict(
-                    list((k, v["ms"]) for k, v in p["op_types"].items())[:5])}
+                # per op type the sum of each node's fastest run: the profiler times wall
+                # time, and that sum is the estimate a loaded machine disturbs least
+                ranked = sorted(p["op_types"].items(), key=lambda kv: -kv[1]["min_ms"])
+                prof[label] = {"run_ms": p["run_ms"], "kernel_min_ms": p["kernel_min_ms"],
+                               "top_op_types": {k: v["min_ms"] for k, v in ranked[:5]}}
         results[name] = {"macs": macs(src), "latency": lat, "checks": extra, "profile": prof}
         print(f"\n## {name}: {macs(src)['total'] / 1e6:.1f} M MACs")
         print("| model | wall median ms | q1-q3 | spread | wall speed-up | CPU ms (spread) "
@@ -119,7 +122,8 @@ def main(runs: int = 30) -> None:
                   f"{cpu['median_ms']:.2f} ({cpu['spread']:.0%}) | {cpu['speedup']}x"
                   f"{' SLOWER' if cpu['slower_than_reference'] else ''} | {ex} |")
         for label, p in prof.items():
-            print(f"profile {label}: run {p['run_ms']} ms; top op types {p['top_op_types']}")
+            print(f"profile {label}: kernels {p['kernel_min_ms']} ms (sum of each node's "
+                  f"fastest run); top op types {p['top_op_types']}")
         sys.stdout.flush()
     print(json.dumps(conditions()))
     (tmp / "results.json").write_text(json.dumps(results, indent=1))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import onnx
+import pytest
 from qbuild_lower.check import random_feeds
 from qbuild_lower.driver import lower_model
 from qbuild_lower.profiling import interleaved_latency, macs, op_profile
@@ -40,6 +41,11 @@ def test_interleaved_latency_and_profile(cnn_qdq, tmp_path):  # noqa: F811
     assert prof["runs"] == 3 and "QLinearConv" in prof["op_types"]
     assert len(prof["top_nodes"]) == 5
     assert abs(sum(t["share"] for t in prof["op_types"].values()) - 1) < 0.01
+    # each node's fastest run: never above the per-run median of its op type
+    for t in prof["op_types"].values():
+        assert 0 <= t["min_ms"] <= t["ms"] + 1e-3
+    assert prof["kernel_min_ms"] == pytest.approx(
+        sum(t["min_ms"] for t in prof["op_types"].values()), abs=1e-3)
     # the QDQ model counts the same multiply-accumulates as its float source
     assert macs(onnx.load(str(cnn_qdq)))["total"] == macs(small_cnn())["total"] == (
         9 * 16 * 16 * 8 * 9 * 8 - 16 * 16 * 8 * 9 * 5)
