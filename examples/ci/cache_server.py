@@ -6,6 +6,8 @@ prints the URL and serves until interrupted. ``start()`` is the same from Python
 nginx (Debian's, WebDAV module) publishes a PUT only once its body is complete;
 wsgidav (``pip install wsgidav cheroot``) needs ``ac/`` and ``cas/`` to exist, which
 ``start`` creates. Both keep every blob forever: see docs/remote-cache.md for gc.
+Each server's output goes to a log file beside ``root`` (``Server.log``), shown when it
+fails to start. The project's tests start their servers through this module too.
 """
 
 from __future__ import annotations
@@ -23,13 +25,13 @@ from pathlib import Path
 
 NGINX_CONF = """
 {user}
-worker_processes 2;
+worker_processes 1;
 pid {state}/nginx.pid;
 error_log {state}/error.log;
 daemon off;
 events {{ worker_connections 256; }}
 http {{
-    access_log off;
+    access_log {state}/access.log;
     client_body_temp_path {state}/body;
     proxy_temp_path {state}/proxy;
     fastcgi_temp_path {state}/fastcgi;
@@ -50,8 +52,9 @@ http {{
 
 
 class Server:
-    def __init__(self, proc: subprocess.Popen, url: str, root: Path, kind: str) -> None:
-        self.proc, self.url, self.root, self.kind = proc, url, root, kind
+    def __init__(self, proc: subprocess.Popen, url: str, root: Path, kind: str,
+                 log: Path) -> None:
+        self.proc, self.url, self.root, self.kind, self.log = proc, url, root, kind, log
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -65,6 +68,11 @@ class Server:
     def stored_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
 
+    def files(self, kind: str) -> list[Path]:
+        """The blobs stored under ``ac`` or ``cas``."""
+        folder = self.root / kind
+        return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+
 
 def nginx_binary() -> str | None:
     return shutil.which("nginx") or next(
@@ -72,53 +80,59 @@ def nginx_binary() -> str | None:
         None)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
-def _wait(port: int, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and proc.poll() is None:
+def _wait(port: int, proc: subprocess.Popen, log: Path, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the cache server exited: "
+                               f"{log.read_text(errors='replace')[-2000:]}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)
     proc.kill()
-    raise RuntimeError("the cache server did not start")
+    raise RuntimeError(f"the cache server did not listen on {port}: "
+                       f"{log.read_text(errors='replace')[-2000:]}")
 
 
 def start(root: Path, kind: str = "auto") -> Server:
     """Start nginx (if installed, for ``auto``) or wsgidav serving ``root``."""
     root = Path(root).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     binary = nginx_binary()
     if kind == "auto":
         kind = "nginx" if binary else "wsgidav"
+    state = root.parent / f".{root.name}-{kind}-{port}"
+    state.mkdir(exist_ok=True)
+    log = state / "server.log"
     if kind == "nginx":
         if binary is None:
             raise RuntimeError("nginx is not installed (apt-get install nginx)")
-        state = root.parent / f".{root.name}-nginx"
-        state.mkdir(exist_ok=True)
+        # As root nginx's workers would drop to "nobody"; keep them as the caller.
         user = (f"user {getpass.getuser()} {grp.getgrgid(os.getgid()).gr_name};"
                 if os.geteuid() == 0 else "")
         conf = state / "nginx.conf"
         conf.write_text(NGINX_CONF.format(user=user, state=state, port=port, root=root))
-        proc = subprocess.Popen([binary, "-p", str(state), "-c", str(conf)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        argv = [binary, "-p", str(state), "-c", str(conf)]
     else:
         (root / "ac").mkdir(exist_ok=True)
         (root / "cas").mkdir(exist_ok=True)
         code = "import sys; from wsgidav.server.server_cli import run; sys.exit(run())"
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, "--host", "127.0.0.1", "--port", str(port),
-             "--root", str(root), "--auth", "anonymous", "--no-config", "-q"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait(port, proc)
-    return Server(proc, f"http://127.0.0.1:{port}", root, kind)
+        argv = [sys.executable, "-c", code, "--host", "127.0.0.1", "--port", str(port),
+                "--root", str(root), "--auth", "anonymous", "--no-config", "-q"]
+    with open(log, "wb") as handle:
+        proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT,
+                                cwd=state)
+    _wait(port, proc, log)
+    return Server(proc, f"http://127.0.0.1:{port}", root, kind, log)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@
 - ``Wsgidav``: the wsgidav WebDAV server from PyPI (cheroot), in a subprocess.
 - ``Nginx``: Debian's nginx with its WebDAV module (PUT), in a subprocess, as the user
   running the tests; ``nginx_binary()`` is None when it is not installed.
+  Both are started by the server users run, ``examples/ci/cache_server.py``.
 - ``FaultServer``: a working cache (blobs in memory) that can be switched to misbehave:
   answer errors, cut bodies short, serve wrong bytes under a digest, serve garbage action
   results, answer slowly. It records every request it receives (method, path, headers).
@@ -10,132 +11,34 @@
 
 from __future__ import annotations
 
-import getpass
-import grp
 import http.server
-import os
-import shutil
 import socket
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "ci"))
+import cache_server  # noqa: E402
+
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_listening(port: int, proc: subprocess.Popen, log: Path, seconds: float = 20) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text(errors='replace')[-2000:]}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError(f"server did not listen on {port}: {log.read_text(errors='replace')}")
-
-
-class _Process:
-    proc: subprocess.Popen
-    url: str
-    root: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def files(self, kind: str) -> list[Path]:
-        folder = self.root / kind
-        return sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
-
-
-class Wsgidav(_Process):
-    """wsgidav serving ``root`` (with ac/ and cas/ created, as WebDAV PUT needs)."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        (root / "ac").mkdir(parents=True, exist_ok=True)
-        (root / "cas").mkdir(exist_ok=True)
-        port = free_port()
-        log = root.parent / f"wsgidav-{port}.log"
-        code = "import sys; from wsgidav.server.server_cli import run; sys.exit(run())"
-        with open(log, "wb") as handle:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", code, "--host", "127.0.0.1", "--port", str(port),
-                 "--root", str(root), "--auth", "anonymous", "--no-config", "-q"],
-                stdout=handle, stderr=subprocess.STDOUT, cwd=root.parent)
-        _wait_listening(port, self.proc, log)
-        self.url = f"http://127.0.0.1:{port}"
+    return cache_server.free_port()
 
 
 def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next(
-        (p for p in ("/usr/sbin/nginx", "/usr/local/sbin/nginx") if os.access(p, os.X_OK)),
-        None)
+    return cache_server.nginx_binary()
 
 
-_NGINX_CONF = """
-{user}
-worker_processes 1;
-pid {state}/nginx.pid;
-error_log {state}/error.log;
-daemon off;
-events {{ worker_connections 256; }}
-http {{
-    access_log {state}/access.log;
-    client_body_temp_path {state}/body;
-    proxy_temp_path {state}/proxy;
-    fastcgi_temp_path {state}/fastcgi;
-    uwsgi_temp_path {state}/uwsgi;
-    scgi_temp_path {state}/scgi;
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        client_max_body_size 0;
-        location / {{
-            dav_methods PUT;
-            create_full_put_path on;
-            dav_access user:rw group:r all:r;
-        }}
-    }}
-}}
-"""
+def Wsgidav(root: Path) -> cache_server.Server:  # noqa: N802 (a server, as the tests say)
+    """wsgidav serving ``root`` (with ac/ and cas/ created, as WebDAV PUT needs)."""
+    return cache_server.start(root, "wsgidav")
 
 
-class Nginx(_Process):
+def Nginx(root: Path, binary: str | None = None) -> cache_server.Server:  # noqa: N802
     """Debian's nginx storing PUT bodies under ``root`` (WebDAV module, temp files first)."""
-
-    def __init__(self, root: Path, binary: str) -> None:
-        self.root = root
-        root.mkdir(parents=True, exist_ok=True)
-        state = root.parent / f"nginx-state-{os.getpid()}-{id(self)}"
-        state.mkdir(parents=True, exist_ok=True)
-        port = free_port()
-        # As root the workers would drop to "nobody"; keep them as the tests' user.
-        user = (f"user {getpass.getuser()} {grp.getgrgid(os.getgid()).gr_name};"
-                if os.geteuid() == 0 else "")
-        conf = state / "nginx.conf"
-        conf.write_text(_NGINX_CONF.format(user=user, state=state, port=port, root=root))
-        log = state / "stderr.log"
-        with open(log, "wb") as handle:
-            self.proc = subprocess.Popen([binary, "-p", str(state), "-c", str(conf)],
-                                         stdout=handle, stderr=subprocess.STDOUT)
-        _wait_listening(port, self.proc, log)
-        self.url = f"http://127.0.0.1:{port}"
+    return cache_server.start(root, "nginx")
 
 
 class FaultServer:

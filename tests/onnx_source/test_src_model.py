@@ -87,6 +87,32 @@ def test_external_data_staged_with_same_names(tmp_path):
         stage_model(src / "m.onnx", tmp_path / "o2" / "x.onnx", [])
 
 
+def _reshape_matmul_model(shape_type=onnx.TensorProto.FLOAT) -> onnx.ModelProto:
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 4, 4])
+    y = helper.make_tensor_value_info("y", shape_type, [1, 8])
+    weights = numpy_helper.from_array(np.ones((48, 8), np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 48], np.int64), "shape")
+    nodes = [helper.make_node("Reshape", ["x", "shape"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [x], [y], [weights, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_external_shape_constant_is_checked_not_refused(tmp_path):
+    # onnx's full_check by path cannot read external tensors during shape inference, so a
+    # Reshape whose shape constant was saved externally used to be refused as invalid.
+    onnx.save_model(_reshape_matmul_model(), tmp_path / "m.onnx", save_as_external_data=True,
+                    location="m.onnx.data", size_threshold=0)
+    assert validate_model(tmp_path / "m.onnx")["external_data"] == ["m.onnx.data"]
+    # ... while a type error in such a model is still found.
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    onnx.save_model(_reshape_matmul_model(onnx.TensorProto.INT64), bad / "m.onnx",
+                    save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    with pytest.raises(OnnxError, match="invalid ONNX model"):
+        validate_model(bad / "m.onnx")
+
+
 @pytest.mark.parametrize("location", ["../outside.bin", "/tmp/abs.bin"])
 def test_external_data_outside_folder_refused(tmp_path, location):
     sub = tmp_path / "sub"
