@@ -214,6 +214,8 @@ def _qbuild(ws: Path, *args: str) -> float:
                        text=True)
     if r.returncode not in (0, 1):
         raise SystemExit(f"qbuild {' '.join(args)} failed:\n{r.stderr[-3000:]}")
+    if r.returncode == 1:  # a failed target: say which, the table would hide it
+        print(f"qbuild {' '.join(args)} exited 1:\n{r.stderr[-3000:]}", file=sys.stderr)
     return time.perf_counter() - t
 
 
