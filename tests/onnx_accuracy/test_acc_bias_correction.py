@@ -65,3 +65,9 @@ def test_qdq_model_with_every_weight_layer_float_is_returned_unchanged(mobilenet
     out, rep = bias_correct(acts_only, mobilenet_pre, mobilenet_feeds[:2])
     assert rep["corrected_nodes"] == 0 and "nothing to correct" in rep["note"]
     assert out.SerializeToString() == acts_only.SerializeToString()
+    # every node excluded: the quantizer's output has no Q/DQ at all; as a quantizer's
+    # output it is returned unchanged, as a plain float model it is refused (above)
+    plain = onnx.load(mobilenet_pre)
+    out, rep = bias_correct(plain, mobilenet_pre, mobilenet_feeds[:2], from_quantizer=True)
+    assert rep["corrected_nodes"] == 0
+    assert out.SerializeToString() == plain.SerializeToString()

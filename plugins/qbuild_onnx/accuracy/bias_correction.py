@@ -95,10 +95,14 @@ def bias_correct(
     feeds: Iterable[Mapping[str, Any]],
     out_path: str | Path | None = None,
     op_types: tuple[str, ...] = ("Conv", "Gemm"),
+    from_quantizer: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Corrects the biases of ``qdq_model`` for the mean weight-quantization error measured
     against ``float_model`` on ``feeds``. Returns (corrected ModelProto, report) and saves the
-    model to ``out_path`` if given. The report lists |δ| per corrected node."""
+    model to ``out_path`` if given. The report lists |δ| per corrected node.
+    ``from_quantizer``: the model is a quantizer's output, so one without any quantized
+    weight (every weight layer excluded) is returned unchanged instead of refused as a
+    float model."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -128,7 +132,8 @@ def bias_correct(
                 f"float model's {w.shape}"
             )
         targets.append((node, fnode, w, deq[0]))
-    if not quantized and any(n.op_type == "DequantizeLinear" for n in qm.graph.node):
+    if not quantized and (from_quantizer or any(n.op_type == "DequantizeLinear"
+                                                for n in qm.graph.node)):
         # a QDQ model whose every weight layer stays float (e.g. auto_quantize's widest
         # region): nothing to correct, and the model is returned unchanged
         if out_path is not None:

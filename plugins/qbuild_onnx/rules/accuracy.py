@@ -470,7 +470,8 @@ class BiasCorrection(OnnxRule):
         feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
         out = ctx.output("{name}.onnx")
         try:
-            _, rep = bias_correct(_model(a["model"]), ref_path, feeds, out)
+            _, rep = bias_correct(_model(a["model"]), ref_path, feeds, out,
+                                  from_quantizer="quantized_nodes" in a["model"].info)
         except OnnxError as e:
             raise ctx.fail(e.message, attr=e.attr) from None
         _write_json(ctx.output("report.json"), rep)
