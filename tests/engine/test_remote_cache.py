@@ -67,7 +67,7 @@ class Namespace:
     """One test's own part of a shared server: a URL prefix and its folder."""
 
     def __init__(self, process, name: str) -> None:
-        self.kind = type(process).__name__.lower()
+        self.kind = process.kind
         self.root = process.root / name
         (self.root / "ac").mkdir(parents=True)
         (self.root / "cas").mkdir()
