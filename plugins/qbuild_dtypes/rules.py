@@ -32,8 +32,7 @@ _COMMON = {
     "form": attr.enum(["auto", *FORMS], default="auto",
                       doc="QDQ form: output_dtype (opset >= 21, all-zero zero points elided "
                           "where legal), zero_point (explicit zero points, no output_dtype), "
-                          "or auto (the target's preferred form). Target policies apply "
-                          "on top."),
+                          "or auto (the target's preferred form); target policies on top."),
     "input_dims": attr.mapping(default={}, doc="Values for symbolic input dimensions in the "
                                "load-and-run check, e.g. {sequence = 512} (others: 1)."),
     "run_check": attr.bool(default=True, doc="Load and run the written model once in the "

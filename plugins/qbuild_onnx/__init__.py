@@ -5,7 +5,8 @@ Where things are (each area is plain functions over paths, usable without qbuild
 
 - ``rules/``: the rules users name in BUILD files, one module per entry point
   (``source``, ``quantize``, ``accuracy``; ``auto`` is registered by ``accuracy``).
-  Each rule maps attributes to an area's functions and back; nothing else.
+  Each rule (rule API v2) maps attributes to the params of module-level actions over
+  an area's functions, and their results to providers; nothing else.
 - ``source/``: ONNX models (load, check, stage) and dataset artifacts (write, read,
   match to a model; image decoding).
 - ``calibration/``: running a model over a dataset and choosing tensor ranges.
@@ -28,5 +29,5 @@ dependency of the wrong kind is refused at analysis.
 
 The package is registered through the ``qbuild`` entry-point group, exactly as a
 third-party plugin would be. Nothing here imports onnx, onnxruntime or numpy at import
-time: rules import them inside ``run`` so that start-up and no-op builds stay fast.
+time: the actions import them inside, so that start-up and no-op builds stay fast.
 """

@@ -19,13 +19,23 @@ class OnnxModelInfo(Provider):
 
     ``inputs``/``outputs`` are ``{"name", "dtype", "shape"}`` tables (numpy dtype names
     such as "float32", as datasets use; shape entries are ints, symbolic names or None);
-    ``opset`` is the default-domain opset."""
+    ``opset`` is the default-domain opset.
+
+    What earlier steps recorded for later ones (empty for a model as it came):
+    ``rewrites``: the node names a graph rewrite removed (``quant_preprocess``), so that
+    ``quantize`` can say why a name is gone; ``promoted``: the tensors a precision
+    override kept above 8 bits or in float, and ``float_joins``: the Concat joins kept
+    float (``quantize``; passed on by the rules that rewrite a quantized model:
+    ``bias_correction``, ``adaround``, ``select_best``)."""
 
     model: Path
     opset: int
     ir_version: int
     inputs: tuple[dict[str, Any], ...] = ()
     outputs: tuple[dict[str, Any], ...] = ()
+    rewrites: dict[str, Any] | None = None
+    promoted: tuple[str, ...] = ()
+    float_joins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,10 +94,12 @@ def dataset_path(dep: Any) -> Path:
     return dep.files[0]
 
 
-def onnx_model_info(path: Path, model: Any = None) -> OnnxModelInfo:
+def onnx_model_info(path: Path, model: Any = None, **recorded: Any) -> OnnxModelInfo:
     """``OnnxModelInfo`` of a model file an action wrote (``model``: the loaded
     ``onnx.ModelProto``, when the action has it; else the file is read without its
-    external data). Inputs and outputs as ``summary.model_info`` describes them."""
+    external data). Inputs and outputs as ``summary.model_info`` describes them;
+    ``recorded``: the fields earlier steps recorded (``rewrites``, ``promoted``,
+    ``float_joins``)."""
     from .summary import model_info
 
     if model is None:
@@ -97,4 +109,4 @@ def onnx_model_info(path: Path, model: Any = None) -> OnnxModelInfo:
     info = model_info(model)
     return OnnxModelInfo(model=path, opset=int(info["opset"] or 0),
                          ir_version=info["ir_version"], inputs=tuple(info["inputs"]),
-                         outputs=tuple(info["outputs"]))
+                         outputs=tuple(info["outputs"]), **recorded)

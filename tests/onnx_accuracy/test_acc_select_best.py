@@ -111,15 +111,17 @@ def test_select_best_over_cached_trials(qbuild_workspace, tmp_path, mnist_feeds)
     rep = _report(r)
     assert [t["promoted"] for t in rep["trials"]] == TRIALS
     assert rep["chosen"] == "//m:q@trial=1"
-    assert r.info("//m:best")["chosen"] == "//m:q@trial=1"
-    assert len(r.info("//m:best")["promoted"]) == 1
+    from qbuild_onnx_common.providers import OnnxModelInfo
+
+    best = r.provider("//m:best", OnnxModelInfo)  # the chosen trial's promoted tensors
+    assert len(best.promoted) == 1 and list(best.promoted) == rep["trials"][1]["tensors"]
     chosen = next(p for p in r.outputs("//m:best") if p.suffix == ".onnx")
     assert chosen.name == "best.onnx"
     trial_model = ws.build("//m:q@trial=1")
     assert chosen.read_bytes() == trial_model.outputs("//m:q@trial=1")[0].parent.joinpath(
         "q@trial=1.onnx").read_bytes()
     # The promoted tensor really is 16-bit in the chosen model.
-    promoted = r.info("//m:best")["promoted"][0]
+    promoted = best.promoted[0]
     q = onnx.load(str(chosen))
     zps = {i.name: i for i in q.graph.initializer}
     types = {n.name: zps[n.input[2]].data_type for n in q.graph.node

@@ -105,7 +105,8 @@ def test_shared_scale_finds_nothing_and_split_join_keeps_detections(built):
 
 def test_quantize_reports_the_float_join_and_defaults_to_per_channel(built):
     _, r = built
-    info = r.info("//d:q")
+    report = {p.name: p for p in r.outputs("//d:q")}["report.json"]
+    info = json.loads(report.read_text())["settings"]
     assert info["per_channel"] is True
     (join,) = info["float_joins"]
     assert join["node"] == "/model.22/Concat_out" and join["reaches_output"]

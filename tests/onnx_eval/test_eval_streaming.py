@@ -113,7 +113,10 @@ def test_stateful_scalar_model_through_every_rule(qbuild_workspace):
     bc = json.loads(next(p for p in r.outputs("//s:bc") if p.name == "report.json").read_text())
     assert bc["corrected_nodes"] == 1
     # the corrected model passes its source's precision choices on (select_best's cost)
-    assert r.info("//s:bc")["per_channel"] is True
+    from qbuild_onnx_common.providers import OnnxModelInfo
+
+    q, corrected = (r.provider(t, OnnxModelInfo) for t in ("//s:q", "//s:bc"))
+    assert (corrected.promoted, corrected.float_joins) == (q.promoted, q.float_joins)
 
 
 def test_write_dataset_rejects_bare_scalar(tmp_path):

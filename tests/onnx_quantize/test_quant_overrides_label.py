@@ -59,9 +59,10 @@ def test_overrides_label_builds_and_reruns_only_quantize(qbuild_workspace, conv_
     ws.write("pkg/BUILD.toml", BUILD.format(extra=""))
     r = ws.build("//pkg:q")
     assert r.ok, r.error
-    info = r.info("//pkg:q")
-    assert info["promoted"] == ["hidden_output", "hidden_output_1"]
-    assert info["overrides"] == "//pkg:mp"
+    from qbuild_onnx_common.providers import OnnxModelInfo
+
+    info = r.provider("//pkg:q", OnnxModelInfo)
+    assert info.promoted == ("hidden_output", "hidden_output_1")
     out = next(p for p in r.outputs("//pkg:q") if p.suffix == ".onnx")
     m, types = _qtypes(out)
     assert types["hidden_output_QuantizeLinear"] == onnx.TensorProto.UINT16

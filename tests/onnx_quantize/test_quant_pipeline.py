@@ -4,6 +4,8 @@ images. Changing a quantize attribute reruns neither pre-processing nor calibrat
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import quant_testlib as lib
 
@@ -46,7 +48,8 @@ def test_mobilenet_pipeline(qbuild_workspace):
     r = ws.build("//m:int8")
     assert r.ok, r.error
     assert r.ran[-1] == "//m:int8" and {"//m:pre", "//m:calib"} <= set(r.ran)
-    info = r.info("//m:int8")
+    report = {p.name: p for p in r.outputs("//m:int8")}["report.json"]
+    info = json.loads(report.read_text())["settings"]
     assert info["per_channel"] is True and info["calibration_method"] == "minmax"
     model = {p.name: p for p in r.outputs("//m:int8")}["int8.onnx"]
     for feed in lib.image_inputs():

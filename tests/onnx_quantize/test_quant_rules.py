@@ -43,13 +43,15 @@ def test_build_cache_and_attribute_change(qbuild_workspace, gemm_case):
     assert set(r.ran) == {"//pkg:model", "//pkg:calib", "//pkg:q", "//pkg:dyn"}
     outputs = {p.name: p for p in r.outputs("//pkg:q")}
     assert set(outputs) == {"q.onnx", "report.json"}
-    info = r.info("//pkg:q")
-    assert info["opset"] == 13 and info["format"] == "qdq" and info["per_channel"] is True
-    assert [o["name"] for o in info["outputs"]] == ["output", "hidden_output"]
-    assert info["quantized_nodes"] == json.loads(outputs["report.json"].read_text())[
-        "quantized_nodes"]
+    from qbuild_onnx_common.providers import OnnxModelInfo, QuantizedModelInfo
+
+    model = r.provider("//pkg:q", OnnxModelInfo)
+    settings = json.loads(outputs["report.json"].read_text())["settings"]
+    assert model.opset == 13 and settings["format"] == "qdq" and settings["per_channel"] is True
+    assert r.provider("//pkg:q", QuantizedModelInfo).format == "qdq"
+    assert [o["name"] for o in model.outputs] == ["output", "hidden_output"]
     onnx.checker.check_model(onnx.load(str(outputs["q.onnx"])), full_check=True)
-    assert r.info("//pkg:dyn")["format"] == "dynamic"
+    assert r.provider("//pkg:dyn", QuantizedModelInfo).format == "dynamic"
     first = outputs["q.onnx"].read_bytes()
 
     again = ws.build("//pkg:q", "//pkg:dyn")
@@ -59,7 +61,8 @@ def test_build_cache_and_attribute_change(qbuild_workspace, gemm_case):
     ws.write("pkg/BUILD.toml", BUILD.format(per_channel="false", extra=""))
     changed = ws.build("//pkg:q", "//pkg:dyn")
     assert changed.ok and changed.ran == ["//pkg:q"]
-    assert changed.info("//pkg:q")["per_channel"] is False
+    report = {p.name: p for p in changed.outputs("//pkg:q")}["report.json"]
+    assert json.loads(report.read_text())["settings"]["per_channel"] is False
 
     ws.write("pkg/BUILD.toml", BUILD.format(per_channel="true", extra=""))
     back = ws.build("//pkg:q")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -48,10 +49,16 @@ def test_pipeline_builds_caches_and_reruns_only_calibrate(qbuild_workspace):
     r = ws.build("//m:calib")
     assert r.ok, r.error
     assert set(r.ran) == {"//m:mb", "//m:pre", "//m:imgs", "//m:calib"}
-    assert r.info("//m:mb")["inputs"][0]["name"] == "input_1:0"
-    info = r.info("//m:calib")
-    assert info["model_sha256"] == r.info("//m:pre")["model_sha256"]
-    assert info["num_samples"] == 8
+    from qbuild_onnx_common.files import sha256_file
+    from qbuild_onnx_common.providers import CalibrationInfo, OnnxModelInfo
+
+    pre = ws.build("//m:pre")  # served from the cache, put in qbuild-out
+    assert pre.ran == []
+    assert r.provider("//m:mb", OnnxModelInfo).inputs[0]["name"] == "input_1:0"
+    table = r.provider("//m:calib", CalibrationInfo).table
+    info = json.loads(table.read_text())
+    assert info["model_sha256"] == sha256_file(pre.provider("//m:pre", OnnxModelInfo).model)
+    assert r.provider("//m:calib", CalibrationInfo).samples == 8
     assert ws.build("//m:calib").ran == []
     ws.write("m/BUILD.toml", BUILD.replace("{method}", "percentile"))
     r2 = ws.build("//m:calib")

@@ -1,7 +1,9 @@
 """The rules of the algorithms subpackage: ``equalize`` (CLE or SmoothQuant on a float
 model, before calibration), ``adaround`` (learned weight rounding of a QDQ model) and
 ``quantize_weights_int4`` (blocked low-bit MatMul weights with onnxruntime's MatMulNBits
-quantizer). Thin wrappers; onnx, onnxruntime and numpy are imported inside ``run``.
+quantizer). Thin wrappers (rule API v2: one action each, the model and its report come
+from one run); the dependencies' labels, named in messages, are params. onnx,
+onnxruntime and numpy are imported inside the actions.
 """
 
 from __future__ import annotations
@@ -22,30 +24,41 @@ from qbuild_onnx_common.providers import (
 )
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import ActionContext, ConfigError, Dep, Rule, attr, hookimpl
+from qbuild import AnalysisContext, ConfigError, Rule, RunContext, attr, hookimpl
 
 _MAX_PROTO = 2**31 - 1
 
 
-def _model_file(ctx: ActionContext, dep: Dep, attr_name: str) -> Path:
+def _model_file(ctx: RunContext, attr_name: str) -> Path:
     try:
-        return model_path(dep)
+        return model_path(ctx.inputs[attr_name])
     except ValueError as e:
-        raise ctx.fail(f"{dep.label} {e}", attr=attr_name) from None
+        raise ctx.fail(f"{ctx.params['labels'][attr_name]} {e}", attr=attr_name) from None
 
 
-def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path, limit: int) -> list:
+def _feeds(ctx: RunContext, attr_name: str, model: Path, limit: int) -> list:
     from ..accuracy.feeds import model_feeds
 
-    root = dataset_path(dep)
+    label = ctx.params["labels"][attr_name]
+    root = dataset_path(ctx.inputs[attr_name])
     if root.name == "dataset.json":
         root = root.parent
     if not (root / "dataset.json").is_file():
-        raise ctx.fail(f"{dep.label} is not a dataset (no dataset.json)", attr=attr_name)
+        raise ctx.fail(f"{label} is not a dataset (no dataset.json)", attr=attr_name)
     try:
         return model_feeds(root, model, limit)
     except OnnxError as e:
-        raise ctx.fail(f"{dep.label}: {e.message}", attr=attr_name) from None
+        raise ctx.fail(f"{label}: {e.message}", attr=attr_name) from None
+
+
+def _action(ctx: AnalysisContext, function: Any, deps: tuple[str, ...], mnemonic: str) -> None:
+    """A rule's one action: its value attributes, the labels of its dependencies (for
+    messages) and the model's output name as params."""
+    a = ctx.attrs
+    params = {k: v for k, v in a.items() if k not in deps}
+    params.update(labels={k: a[k] for k in deps}, out=ctx.output("{name}.onnx"))
+    ctx.action(function, inputs=list(deps), outputs=ctx.outputs, params=params,
+               mnemonic=mnemonic)
 
 
 def _write_json(path: Path, doc: Any) -> None:
@@ -129,56 +142,54 @@ class Equalize(OnnxRule):
                 raise ConfigError(f"alpha = {attrs['alpha']}: expected a value in [0, 1]",
                                   attr="alpha")
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
-        import onnx
-        from qbuild_onnx_common.files import sha256_file
-        from qbuild_onnx_common.summary import model_info
+    def analyze(self, ctx: AnalysisContext) -> None:
+        _action(ctx, equalize_model, ("model", "dataset"), "Equalize")
 
-        from .external_data import file_uses_external_data, lean_load
 
-        a = ctx.attrs
-        src = _model_file(ctx, a["model"], "model")
-        external = a["method"] == "smoothquant" and file_uses_external_data(src)
-        # smoothquant on external weights measures with the weights on disk (loaded later)
-        model = lean_load(src) if external else onnx.load(str(src))
-        if a["method"] == "cle":
-            from .cle import equalize
+def equalize_model(ctx: RunContext) -> OnnxModelInfo:
+    """``equalize``'s action: the equalized model and report.json."""
+    import onnx
 
-            model, rep = equalize(model, a["clip"])
-            ctx.log(f"cle: {rep['pairs']} Conv pair(s) equalized in {rep['sweeps']} sweep(s)"
-                    + (f", {len(rep['clips_replaced_by_relu'])} Clip -> Relu"
-                       if rep["clips_replaced_by_relu"] else ""))
-            if rep["pairs"] == 0:
-                ctx.warn("cle found no Conv -> [Relu] -> Conv pair to equalize: the model "
-                         "is unchanged" + (f" ({rep['skipped_clip_pairs']} pair(s) joined "
-                                           "by Clip: set clip = \"relu\")"
-                                           if rep["skipped_clip_pairs"] else ""))
-        else:
-            from .smoothquant import smooth
+    from .external_data import file_uses_external_data, lean_load
 
-            feeds = _feeds(ctx, a["dataset"], "dataset", src, a["max_samples"])
-            try:
-                model, rep = smooth(model, feeds, a["alpha"], a["fold"], scratch=ctx.scratch,
-                                    source=src if external else None)
-            except ValueError as e:
-                raise ctx.fail(str(e), attr="dataset") from None
-            ctx.log(f"smoothquant: {rep['smoothed']} activation(s) smoothed "
-                    f"({rep['folded']} folded, {rep['inserted_mul']} Mul inserted)")
-            if rep["smoothed"] == 0:
-                ctx.warn("smoothquant found no MatMul/Gemm with a constant 2-D weight: the "
-                         "model is unchanged")
-        out = ctx.output("{name}.onnx")
+    a = ctx.params
+    src = _model_file(ctx, "model")
+    external = a["method"] == "smoothquant" and file_uses_external_data(src)
+    # smoothquant on external weights measures with the weights on disk (loaded later)
+    model = lean_load(src) if external else onnx.load(str(src))
+    if a["method"] == "cle":
+        from .cle import equalize
+
+        model, rep = equalize(model, a["clip"])
+        ctx.log(f"cle: {rep['pairs']} Conv pair(s) equalized in {rep['sweeps']} sweep(s)"
+                + (f", {len(rep['clips_replaced_by_relu'])} Clip -> Relu"
+                   if rep["clips_replaced_by_relu"] else ""))
+        if rep["pairs"] == 0:
+            ctx.warn("cle found no Conv -> [Relu] -> Conv pair to equalize: the model "
+                     "is unchanged" + (f" ({rep['skipped_clip_pairs']} pair(s) joined "
+                                       "by Clip: set clip = \"relu\")"
+                                       if rep["skipped_clip_pairs"] else ""))
+    else:
+        from .smoothquant import smooth
+
+        feeds = _feeds(ctx, "dataset", src, a["max_samples"])
         try:
-            data = save_model(model, out, a["external_data"])
+            model, rep = smooth(model, feeds, a["alpha"], a["fold"], scratch=ctx.scratch,
+                                source=src if external else None)
         except ValueError as e:
-            raise ctx.fail(str(e), attr="external_data") from None
-        rep = {"method": a["method"], **rep}
-        _write_json(ctx.output("report.json"), rep)
-        info = model_info(model)
-        info.update(model_file=out.name, model_sha256=sha256_file(out), external_data=data,
-                    equalize={k: v for k, v in rep.items()
-                              if k not in ("equalized", "tensors")})
-        return [onnx_model_info(out, model), info]
+            raise ctx.fail(str(e), attr="dataset") from None
+        ctx.log(f"smoothquant: {rep['smoothed']} activation(s) smoothed "
+                f"({rep['folded']} folded, {rep['inserted_mul']} Mul inserted)")
+        if rep["smoothed"] == 0:
+            ctx.warn("smoothquant found no MatMul/Gemm with a constant 2-D weight: the "
+                     "model is unchanged")
+    out = ctx.output(a["out"])
+    try:
+        save_model(model, out, a["external_data"])
+    except ValueError as e:
+        raise ctx.fail(str(e), attr="external_data") from None
+    _write_json(ctx.output("report.json"), {"method": a["method"], **rep})
+    return onnx_model_info(out, model)
 
 
 class AdaRound(OnnxRule):
@@ -202,8 +213,7 @@ class AdaRound(OnnxRule):
         "rows": attr.int(default=1024, doc="Input rows (im2col patches) sampled per layer."),
         "iterations": attr.int(default=400, doc="Adam steps per layer."),
         "learning_rate": attr.float(default=0.01, doc="Adam step size."),
-        "regularization": attr.float(default=0.01, doc="Weight of the rounding regularizer "
-                                     "(lambda)."),
+        "regularization": attr.float(default=0.01, doc="Rounding regularizer weight (lambda)."),
         "seed": attr.int(default=0, doc="Seed of the row sampling."),
     }
     outputs = ["{name}.onnx", "report.json"]
@@ -214,34 +224,37 @@ class AdaRound(OnnxRule):
             if attrs[key] < 1:
                 raise ConfigError(f"{key} must be >= 1", attr=key)
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
-        import onnx
+    def analyze(self, ctx: AnalysisContext) -> None:
+        _action(ctx, adaround_model, ("model", "reference", "dataset"), "AdaRound")
 
-        from .adaround import adaround
 
-        a = ctx.attrs
-        ref = _model_file(ctx, a["reference"], "reference")
-        src = _model_file(ctx, a["model"], "model")
-        feeds = _feeds(ctx, a["dataset"], "dataset", ref, a["max_samples"])
-        try:
-            qm, rep = adaround(onnx.load(str(src)), onnx.load(str(ref)), feeds,
-                               rows=a["rows"], iterations=a["iterations"],
-                               lr=a["learning_rate"], lam=a["regularization"], seed=a["seed"],
-                               scratch=ctx.scratch, log=ctx.log)
-        except ValueError as e:
-            raise ctx.fail(str(e), attr="model") from None
-        out = ctx.output("{name}.onnx")
-        save_model(qm, out, False)
-        _write_json(ctx.output("report.json"), rep)
-        ctx.log(f"adaround: {rep['changed_layers']} of {rep['layers']} layer(s) re-rounded")
-        kept = {k: v for k, v in (a["model"].info or {}).items()
-                if k in ("promoted", "overrides", "float_joins", "per_channel",
-                         "activation_type", "weight_type")}
-        # re-rounding keeps the format, the types and the float nodes of the model given
-        quantized = dataclasses.replace(a["model"][QuantizedModelInfo], model=out)
-        return [onnx_model_info(out, qm), quantized,
-                {**kept, "adaround_layers": rep["layers"],
-                 "adaround_changed": rep["changed_layers"]}]
+def adaround_model(ctx: RunContext) -> list[Any]:
+    """``adaround``'s action: the re-rounded model and report.json."""
+    import onnx
+
+    from .adaround import adaround
+
+    a = ctx.params
+    ref = _model_file(ctx, "reference")
+    src = _model_file(ctx, "model")
+    feeds = _feeds(ctx, "dataset", ref, a["max_samples"])
+    try:
+        qm, rep = adaround(onnx.load(str(src)), onnx.load(str(ref)), feeds,
+                           rows=a["rows"], iterations=a["iterations"],
+                           lr=a["learning_rate"], lam=a["regularization"], seed=a["seed"],
+                           scratch=ctx.scratch, log=ctx.log)
+    except ValueError as e:
+        raise ctx.fail(str(e), attr="model") from None
+    out = ctx.output(a["out"])
+    save_model(qm, out, False)
+    _write_json(ctx.output("report.json"), rep)
+    ctx.log(f"adaround: {rep['changed_layers']} of {rep['layers']} layer(s) re-rounded")
+    # re-rounding keeps the format, the types, the float nodes and the promoted tensors
+    # of the model given
+    given = ctx.inputs["model"]
+    quantized = dataclasses.replace(given[QuantizedModelInfo], model=out)
+    return [onnx_model_info(out, qm, promoted=given[OnnxModelInfo].promoted,
+                            float_joins=given[OnnxModelInfo].float_joins), quantized]
 
 
 class QuantizeWeightsInt4(OnnxRule):
@@ -290,45 +303,42 @@ class QuantizeWeightsInt4(OnnxRule):
         except Int4Error as e:
             raise ConfigError(str(e), attr=e.attr) from None
 
-    def run(self, ctx: ActionContext) -> dict[str, Any]:
-        import onnx
-        from qbuild_onnx_common.files import sha256_file
-        from qbuild_onnx_common.summary import model_info
+    def analyze(self, ctx: AnalysisContext) -> None:
+        _action(ctx, quantize_weights_int4, ("model", "dataset"), "QuantizeWeights")
 
-        from ..ort_logs import ort_output_to_log
-        from .int4 import Int4Error, quantize_int4
 
-        a = ctx.attrs
-        src = _model_file(ctx, a["model"], "model")
-        feeds = None
-        if a["dataset"] is not None:
-            feeds = _feeds(ctx, a["dataset"], "dataset", src, a["max_samples"])
-        out = ctx.output("{name}.onnx")
-        try:
-            with ort_output_to_log(ctx.log, ctx.warn):
-                rep = quantize_int4(src, out, algorithm=a["algorithm"], bits=a["bits"],
-                                    block_size=a["block_size"], symmetric=a["symmetric"],
-                                    accuracy_level=a["accuracy_level"],
-                                    quant_format=a["format"],
-                                    nodes_to_exclude=a["nodes_to_exclude"], feeds=feeds,
-                                    external_data=a["external_data"], log=ctx.log)
-        except Int4Error as e:
-            raise ctx.fail(str(e), attr=e.attr) from None
-        if rep["quantized_matmuls"] == 0:
-            ctx.warn("no MatMul with a constant 2-D weight was quantized: the model is "
-                     "unchanged")
-        rep["model_bytes"] = out.stat().st_size + sum(
-            (out.parent / n).stat().st_size for n in
-            ([out.name + ".data"] if a["external_data"] else []))
-        rep["float_model_bytes"] = src.stat().st_size + sum(
-            f.stat().st_size for f in a["model"].files if f.name.endswith(".onnx.data")
-            or f.suffix == ".data")
-        _write_json(ctx.output("report.json"), rep)
-        info = model_info(onnx.load(str(out), load_external_data=False))
-        info.update(model_file=out.name, model_sha256=sha256_file(out),
-                    weight_only={k: rep[k] for k in ("algorithm", "bits", "block_size",
-                                                     "quantized_matmuls")})
-        return [onnx_model_info(out), info]
+def quantize_weights_int4(ctx: RunContext) -> OnnxModelInfo:
+    """``quantize_weights_int4``'s action: the model and report.json."""
+    from ..ort_logs import ort_output_to_log
+    from .int4 import Int4Error, quantize_int4
+
+    a = ctx.params
+    src = _model_file(ctx, "model")
+    feeds = None
+    if ctx.inputs["dataset"] is not None:
+        feeds = _feeds(ctx, "dataset", src, a["max_samples"])
+    out = ctx.output(a["out"])
+    try:
+        with ort_output_to_log(ctx.log, ctx.warn):
+            rep = quantize_int4(src, out, algorithm=a["algorithm"], bits=a["bits"],
+                                block_size=a["block_size"], symmetric=a["symmetric"],
+                                accuracy_level=a["accuracy_level"],
+                                quant_format=a["format"],
+                                nodes_to_exclude=a["nodes_to_exclude"], feeds=feeds,
+                                external_data=a["external_data"], log=ctx.log)
+    except Int4Error as e:
+        raise ctx.fail(str(e), attr=e.attr) from None
+    if rep["quantized_matmuls"] == 0:
+        ctx.warn("no MatMul with a constant 2-D weight was quantized: the model is "
+                 "unchanged")
+    rep["model_bytes"] = out.stat().st_size + sum(
+        (out.parent / n).stat().st_size for n in
+        ([out.name + ".data"] if a["external_data"] else []))
+    rep["float_model_bytes"] = src.stat().st_size + sum(
+        f.stat().st_size for f in ctx.inputs["model"].files if f.name.endswith(".onnx.data")
+        or f.suffix == ".data")
+    _write_json(ctx.output("report.json"), rep)
+    return onnx_model_info(out)
 
 
 @hookimpl

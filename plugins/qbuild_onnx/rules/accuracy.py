@@ -3,8 +3,13 @@ error, cosine, optional YOLO detection F1 and latency; can fail below a threshol
 ``sensitivity`` (per-tensor ranking of a QDQ model), ``mixed_precision`` (precision
 overrides for the most sensitive tensors), ``select_best`` (the cheapest of several
 evaluated candidates that meets a target) and ``bias_correction`` (a QDQ model with
-corrected biases). Thin wrappers over the ``accuracy_*`` modules, which are imported
-inside ``run`` only.
+corrected biases). Thin wrappers (rule API v2) over the ``accuracy`` modules, which are
+imported inside the actions only.
+
+Reports name models by label: ``analyze`` passes the labels of the dependencies as
+params (so they are part of the action keys), never the target's own. ``evaluate`` is two
+actions: the measurement (report.json, report.html) and the check of its bars, so that
+changing only a bar (min_f1, min_sqnr_db, ...) runs no model again.
 """
 
 from __future__ import annotations
@@ -13,10 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
+from qbuild_onnx_common.providers import (
+    DatasetInfo,
+    OnnxModelInfo,
+    QuantizedModelInfo,
+    onnx_model_info,
+)
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import ActionContext, ConfigError, Dep, attr, hookimpl
+from qbuild import AnalysisContext, ConfigError, Dep, RunContext, attr, hookimpl
 
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
@@ -25,7 +35,7 @@ def _model(dep: Dep) -> Path:
     return dep[OnnxModelInfo].model
 
 
-def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path,
+def _feeds(ctx: RunContext, dep: Dep, label: str, attr_name: str, model: Path,
            limit: int = 0) -> list[dict]:
     """Samples of a qbuild dataset fed to ``model`` as ``calibrate`` feeds them (arrays one
     rank higher are whole inputs: streaming models; scalar inputs work)."""
@@ -36,7 +46,17 @@ def _feeds(ctx: ActionContext, dep: Dep, attr_name: str, model: Path,
     try:
         return model_feeds(dep[DatasetInfo].path, model, limit)
     except OnnxError as e:
-        raise ctx.fail(f"{dep.label}: {e.message}", attr=attr_name) from None
+        raise ctx.fail(f"{label}: {e.message}", attr=attr_name) from None
+
+
+def _params(ctx: AnalysisContext, deps: tuple[str, ...], skip: tuple[str, ...] = ()
+            ) -> dict[str, Any]:
+    """The target's value attributes (but ``skip``) as params, with ``labels``: the
+    labels of the dependencies ``deps`` (what reports and messages name them by)."""
+    a = ctx.attrs
+    params = {k: v for k, v in a.items() if k not in deps and k not in skip}
+    params["labels"] = {k: a[k] for k in deps}
+    return params
 
 
 _TASK_ATTRS = {
@@ -61,15 +81,15 @@ def _task_code(attrs: dict[str, Any]) -> list[str]:
     return [] if attrs.get("task") in _BUILTIN_TASKS else ["hook:qbuild_eval_tasks"]
 
 
-def _task(ctx: ActionContext, extra: dict[str, Any] | None = None):
+def _task(ctx: RunContext, extra: dict[str, Any] | None = None):
     """(task function, options) from the rule's task attributes."""
     from ..accuracy.tasks import get_task
 
-    a = ctx.attrs
+    a = ctx.params
     options = {**(extra or {}), **(a["task_options"] or {})}
     pm = None if a["task"] in _BUILTIN_TASKS else ctx.hooks.pluginmanager
     try:
-        return get_task(a["task"], options, a["metric_srcs"] or [], pm), options
+        return get_task(a["task"], options, ctx.inputs["metric_srcs"] or [], pm), options
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr or "task") from None
 
@@ -123,63 +143,84 @@ class Evaluate(OnnxRule):
     def is_reproducible(self, attrs: Any) -> bool:
         return not attrs["latency_runs"]  # measured timings differ run to run
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.latency import interleaved_latency_ms
-        from qbuild_onnx_common.ort import session
+    def analyze(self, ctx: AnalysisContext) -> None:
+        deps = ("models", "reference", "baselines", "dataset")
+        params = _params(ctx, deps, ("metric_srcs", *_BARS))
+        ctx.action(evaluate, inputs=[*deps, "metric_srcs"],
+                   outputs=["report.json", "report.html"], params=params, mnemonic="Evaluate")
+        ctx.action(check_bars, inputs=["report.json"], outputs=[], mnemonic="CheckBars",
+                   heavy=False, params={"task": ctx.attrs["task"], "gated": ctx.attrs["models"],
+                                        **{k: ctx.attrs[k] for k in _BARS}})
 
-        from ..accuracy.metrics import compare_outputs, run_model
-        from ..accuracy.tasks import run_task
-        from ..report.html import evaluate_html
 
-        a = ctx.attrs
-        ref_path = _model(a["reference"])
-        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
-        task, options = _task(ctx, {"input_size": a["input_size"],
-                                    "score_threshold": a["score_threshold"]})
-        try:
-            ref_sess = session(ref_path)
-            ref = run_model(ref_sess, feeds)
-            report: dict[str, Any] = {"reference": a["reference"].label, "samples": len(feeds),
-                                      "task": a["task"], "models": {}}
-            report["reference_bytes"] = ref_path.stat().st_size
-            timed = {a["reference"].label: ref_sess}
-            failures: list[tuple[str, str]] = []
-            gated = {dep.label for dep in a["models"]}
-            for dep in [*a["models"], *(a["baselines"] or [])]:
-                path = _model(dep)
-                sess = session(path)
-                outs = run_model(sess, feeds)
-                entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
-                                         "bytes": path.stat().st_size}
-                if a["baselines"]:
-                    entry["gated"] = dep.label in gated
-                if a["task"] != "sqnr":
-                    entry["task"] = run_task(task, ref, outs, options)
-                    if "f1" in entry["task"]:
-                        entry["detection"] = entry["task"]  # select_best's metric = "f1"
-                if dep.label in gated:
-                    failures += [(m, f"{dep.label}: {m}") for m in _bar_failures(a, entry)]
-                timed.setdefault(dep.label, sess)
-                report["models"][dep.label] = entry
-            if a["latency_runs"]:
-                _latency(report, timed, feeds[0], a["latency_runs"], a["reference"].label,
-                         interleaved_latency_ms)
-                for label in report["latency"]["slower_than_reference"]:
-                    ctx.warn(f"{label} is slower than the reference "
-                             f"({report['models'][label]['latency_ms']} vs "
-                             f"{report['reference_latency_ms']} ms, 1 thread)")
-                if report["latency"]["noisy"]:
-                    ctx.warn("latency measurement is noisy (interquartile range above 10 % "
-                             "of the median for some model): other load on the machine?")
-        except OnnxError as e:
-            raise ctx.fail(e.message, attr=e.attr) from None
-        _write_json(ctx.output("report.json"), report)
-        ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
-        if failures:
-            raise ctx.fail("; ".join(f for _, f in failures),
-                           attr=failures[0][0].split(":")[0])
-        return [EvaluationInfo(report=ctx.output("report.json")),
-                {"models": sorted(report["models"])}]
+_BARS = ("min_f1", "min_sqnr_db", "max_top1_drop", "min_psnr_db", "min_score")
+
+
+def evaluate(ctx: RunContext) -> EvaluationInfo:
+    """``evaluate``'s first action: run every model, write report.json and report.html."""
+    from qbuild_onnx_common.latency import interleaved_latency_ms
+    from qbuild_onnx_common.ort import session
+
+    from ..accuracy.metrics import compare_outputs, run_model
+    from ..accuracy.tasks import run_task
+    from ..report.html import evaluate_html
+
+    a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
+    ref_path = _model(deps["reference"])
+    feeds = _feeds(ctx, deps["dataset"], labels["dataset"], "dataset", ref_path)
+    task, options = _task(ctx, {"input_size": a["input_size"],
+                                "score_threshold": a["score_threshold"]})
+    try:
+        ref_sess = session(ref_path)
+        ref = run_model(ref_sess, feeds)
+        report: dict[str, Any] = {"reference": labels["reference"], "samples": len(feeds),
+                                  "task": a["task"], "models": {}}
+        report["reference_bytes"] = ref_path.stat().st_size
+        timed = {labels["reference"]: ref_sess}
+        gated = set(labels["models"])
+        for dep, label in zip([*deps["models"], *(deps["baselines"] or [])],
+                              [*labels["models"], *(labels["baselines"] or [])], strict=True):
+            path = _model(dep)
+            sess = session(path)
+            outs = run_model(sess, feeds)
+            entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
+                                     "bytes": path.stat().st_size}
+            if labels["baselines"]:
+                entry["gated"] = label in gated
+            if a["task"] != "sqnr":
+                entry["task"] = run_task(task, ref, outs, options)
+                if "f1" in entry["task"]:
+                    entry["detection"] = entry["task"]  # select_best's metric = "f1"
+            timed.setdefault(label, sess)
+            report["models"][label] = entry
+        if a["latency_runs"]:
+            _latency(report, timed, feeds[0], a["latency_runs"], labels["reference"],
+                     interleaved_latency_ms)
+            for label in report["latency"]["slower_than_reference"]:
+                ctx.warn(f"{label} is slower than the reference "
+                         f"({report['models'][label]['latency_ms']} vs "
+                         f"{report['reference_latency_ms']} ms, 1 thread)")
+            if report["latency"]["noisy"]:
+                ctx.warn("latency measurement is noisy (interquartile range above 10 % "
+                         "of the median for some model): other load on the machine?")
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr=e.attr) from None
+    _write_json(ctx.output("report.json"), report)
+    ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
+    return EvaluationInfo(report=ctx.output("report.json"))
+
+
+def check_bars(ctx: RunContext) -> None:
+    """``evaluate``'s second action: fail if a gated model misses a bar."""
+    import json
+
+    report = json.loads(ctx.inputs["report.json"].read_text())
+    failures: list[tuple[str, str]] = []
+    for label in ctx.params["gated"]:
+        failures += [(m, f"{label}: {m}")
+                     for m in _bar_failures(ctx.params, report["models"][label])]
+    if failures:
+        raise ctx.fail("; ".join(f for _, f in failures), attr=failures[0][0].split(":")[0])
 
 
 def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -> None:
@@ -259,32 +300,36 @@ class Sensitivity(OnnxRule):
             raise ConfigError(f"unknown site kind(s) {bad} (known: activation, weight)",
                               attr="kinds")
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from ..accuracy.sensitivity import analyze
+    def analyze(self, ctx: AnalysisContext) -> None:
+        deps = ("model", "reference", "dataset")
+        ctx.action(sensitivity, inputs=[*deps, "metric_srcs"], outputs=["sensitivity.json"],
+                   params=_params(ctx, deps, ("metric_srcs",)), mnemonic="Sensitivity")
 
-        a = ctx.attrs
-        bad = sorted(set(a["kinds"]) - {"activation", "weight"})
-        if bad:
-            raise ctx.fail(f"unknown site kind(s) {bad}", attr="kinds")
-        ref_path = _model(a["reference"])
-        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path, a["max_samples"])
-        metric = None
-        if a["task"] != "sqnr":
-            from ..accuracy.tasks import run_task, score_of
 
-            task, options = _task(ctx)
+def sensitivity(ctx: RunContext) -> SensitivityInfo:
+    """``sensitivity``'s action: rank the sites, write sensitivity.json."""
+    from ..accuracy.sensitivity import analyze
 
-            def metric(ref, outs):
-                return score_of(run_task(task, ref, outs, options))
-        try:
-            rep = analyze(_model(a["model"]), ref_path, feeds,
-                          mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
-            rep["task"] = a["task"]
-        except OnnxError as e:
-            raise ctx.fail(e.message, attr=e.attr) from None
-        _write_json(ctx.output("sensitivity.json"), rep)
-        return [SensitivityInfo(ranking=ctx.output("sensitivity.json")),
-                {"top": [r["site"] for r in rep["ranking"][:10]]}]
+    a, deps = ctx.params, ctx.inputs
+    ref_path = _model(deps["reference"])
+    feeds = _feeds(ctx, deps["dataset"], a["labels"]["dataset"], "dataset", ref_path,
+                   a["max_samples"])
+    metric = None
+    if a["task"] != "sqnr":
+        from ..accuracy.tasks import run_task, score_of
+
+        task, options = _task(ctx)
+
+        def metric(ref, outs):
+            return score_of(run_task(task, ref, outs, options))
+    try:
+        rep = analyze(_model(deps["model"]), ref_path, feeds,
+                      mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
+        rep["task"] = a["task"]
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr=e.attr) from None
+    _write_json(ctx.output("sensitivity.json"), rep)
+    return SensitivityInfo(ranking=ctx.output("sensitivity.json"))
 
 
 class MixedPrecision(OnnxRule):
@@ -313,31 +358,37 @@ class MixedPrecision(OnnxRule):
     outputs = ["overrides.json"]
     provides = (OverridesInfo,)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        import json
+    def analyze(self, ctx: AnalysisContext) -> None:
+        deps = ("model", "sensitivity")
+        ctx.action(mixed_precision, inputs=list(deps), outputs=["overrides.json"],
+                   params=_params(ctx, deps), mnemonic="MixedPrecision")
 
-        from ..accuracy.mixed_precision import (
-            overrides_for_tensors,
-            ranked_tensors,
-            tensors_by_op_type,
-        )
 
-        a = ctx.attrs
-        model = _model(a["model"])
-        try:
-            names = _tensor_selection(model, a["tensors"])
-            names += tensors_by_op_type(model, a["op_types"])
-            if a["sensitivity"] is not None and a["top_k"]:
-                rep = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
-                names += ranked_tensors(rep)[: a["top_k"]]
-            names = list(dict.fromkeys(names))
-            doc = overrides_for_tensors(model, names, a["action"])
-            doc["promoted"] = names
-        except OnnxError as e:  # a selector that selects nothing, a missing name
-            raise ctx.fail(e.message, attr=e.attr) from None
-        _write_json(ctx.output("overrides.json"), doc)
-        return [OverridesInfo(overrides=ctx.output("overrides.json")),
-                {"tensors": names, "nodes_to_exclude": doc["nodes_to_exclude"]}]
+def mixed_precision(ctx: RunContext) -> OverridesInfo:
+    """``mixed_precision``'s action: write overrides.json."""
+    import json
+
+    from ..accuracy.mixed_precision import (
+        overrides_for_tensors,
+        ranked_tensors,
+        tensors_by_op_type,
+    )
+
+    a, deps = ctx.params, ctx.inputs
+    model = _model(deps["model"])
+    try:
+        names = _tensor_selection(model, a["tensors"])
+        names += tensors_by_op_type(model, a["op_types"])
+        if deps["sensitivity"] is not None and a["top_k"]:
+            rep = json.loads(deps["sensitivity"][SensitivityInfo].ranking.read_text())
+            names += ranked_tensors(rep)[: a["top_k"]]
+        names = list(dict.fromkeys(names))
+        doc = overrides_for_tensors(model, names, a["action"])
+        doc["promoted"] = names
+    except OnnxError as e:  # a selector that selects nothing, a missing name
+        raise ctx.fail(e.message, attr=e.attr) from None
+    _write_json(ctx.output("overrides.json"), doc)
+    return OverridesInfo(overrides=ctx.output("overrides.json"))
 
 
 def _tensor_selection(model: Path, entries: list[str]) -> list[str]:
@@ -402,46 +453,53 @@ class SelectBest(OnnxRule):
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo,)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        import json
-        import shutil
+    def analyze(self, ctx: AnalysisContext) -> None:
+        deps = ("models", "reports")
+        ctx.action(select_best, inputs=list(deps), outputs=ctx.outputs, mnemonic="Select",
+                   params={**_params(ctx, deps), "out": ctx.output("{name}.onnx")})
 
-        a = ctx.attrs
-        entries: dict[str, dict[str, Any]] = {}
-        for dep in a["reports"]:
-            rep = json.loads(dep[EvaluationInfo].report.read_text())
-            if not isinstance(rep, dict) or not isinstance(rep.get("models"), dict):
-                raise ctx.fail(f"{dep.label} is not an evaluate report", attr="reports")
-            entries.update(rep["models"])
-        trials = []
-        for index, dep in enumerate(a["models"]):
-            if dep.label not in entries:
-                raise ctx.fail(f"no report in `reports` evaluates {dep.label}", attr="reports")
-            try:
-                score = trial_score(entries[dep.label], a["metric"], a["output"])
-            except KeyError as e:
-                raise ctx.fail(f"{dep.label}: {e.args[0]}", attr="metric") from None
-            promoted = dep.info.get("promoted", [])
-            trials.append({"model": dep.label, "index": index, "promoted": len(promoted),
-                           "tensors": list(promoted), "score": round(score, 6)})
-        chosen = select(trials, a["metric"], a["threshold"])
-        report = {"metric": a["metric"], "output": a["output"], "threshold": a["threshold"],
-                  "chosen": chosen["model"] if chosen else None,
-                  "trials": [{k: v for k, v in t.items() if k != "index"} for t in trials]}
-        _write_json(ctx.output("report.json"), report)
-        if chosen is None:
-            best = max(trials, key=lambda t: t["score"] if _HIGHER_IS_BETTER[a["metric"]]
-                       else -t["score"])
-            raise ctx.fail(f"no candidate meets {a['metric']} "
-                           f"{'>=' if _HIGHER_IS_BETTER[a['metric']] else '<='} "
-                           f"{a['threshold']}; best is {best['model']} with {best['score']} "
-                           f"({len(trials)} candidates)", attr="threshold")
-        out = ctx.output("{name}.onnx")
-        shutil.copyfile(_model(a["models"][chosen["index"]]), out)
-        ctx.log(f"chose {chosen['model']}: {a['metric']} {chosen['score']} with "
-                f"{chosen['promoted']} promoted tensor(s)")
-        return [onnx_model_info(out), {"chosen": chosen["model"], "promoted": chosen["tensors"],
-                                       "score": chosen["score"]}]
+
+def select_best(ctx: RunContext) -> OnnxModelInfo:
+    """``select_best``'s action: score the candidates, copy the chosen one."""
+    import json
+    import shutil
+
+    a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
+    entries: dict[str, dict[str, Any]] = {}
+    for dep, label in zip(deps["reports"], labels["reports"], strict=True):
+        rep = json.loads(dep[EvaluationInfo].report.read_text())
+        if not isinstance(rep, dict) or not isinstance(rep.get("models"), dict):
+            raise ctx.fail(f"{label} is not an evaluate report", attr="reports")
+        entries.update(rep["models"])
+    trials = []
+    for index, (dep, label) in enumerate(zip(deps["models"], labels["models"], strict=True)):
+        if label not in entries:
+            raise ctx.fail(f"no report in `reports` evaluates {label}", attr="reports")
+        try:
+            score = trial_score(entries[label], a["metric"], a["output"])
+        except KeyError as e:
+            raise ctx.fail(f"{label}: {e.args[0]}", attr="metric") from None
+        promoted = dep[OnnxModelInfo].promoted
+        trials.append({"model": label, "index": index, "promoted": len(promoted),
+                       "tensors": list(promoted), "score": round(score, 6)})
+    chosen = select(trials, a["metric"], a["threshold"])
+    report = {"metric": a["metric"], "output": a["output"], "threshold": a["threshold"],
+              "chosen": chosen["model"] if chosen else None,
+              "trials": [{k: v for k, v in t.items() if k != "index"} for t in trials]}
+    _write_json(ctx.output("report.json"), report)
+    if chosen is None:
+        best = max(trials, key=lambda t: t["score"] if _HIGHER_IS_BETTER[a["metric"]]
+                   else -t["score"])
+        raise ctx.fail(f"no candidate meets {a['metric']} "
+                       f"{'>=' if _HIGHER_IS_BETTER[a['metric']] else '<='} "
+                       f"{a['threshold']}; best is {best['model']} with {best['score']} "
+                       f"({len(trials)} candidates)", attr="threshold")
+    out = ctx.output(a["out"])
+    source = deps["models"][chosen["index"]][OnnxModelInfo]
+    shutil.copyfile(source.model, out)
+    ctx.log(f"chose {chosen['model']}: {a['metric']} {chosen['score']} with "
+            f"{chosen['promoted']} promoted tensor(s)")
+    return onnx_model_info(out, promoted=source.promoted, float_joins=source.float_joins)
 
 
 class BiasCorrection(OnnxRule):
@@ -462,25 +520,31 @@ class BiasCorrection(OnnxRule):
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo,)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from ..accuracy.bias_correction import bias_correct
+    def analyze(self, ctx: AnalysisContext) -> None:
+        deps = ("model", "reference", "dataset")
+        ctx.action(bias_correction, inputs=list(deps), outputs=ctx.outputs,
+                   params={**_params(ctx, deps), "out": ctx.output("{name}.onnx")},
+                   mnemonic="BiasCorrection")
 
-        a = ctx.attrs
-        ref_path = _model(a["reference"])
-        feeds = _feeds(ctx, a["dataset"], "dataset", ref_path)
-        out = ctx.output("{name}.onnx")
-        try:
-            _, rep = bias_correct(_model(a["model"]), ref_path, feeds, out,
-                                  from_quantizer="quantized_nodes" in a["model"].info)
-        except OnnxError as e:
-            raise ctx.fail(e.message, attr=e.attr) from None
-        _write_json(ctx.output("report.json"), rep)
-        # The corrected model keeps its source's precision choices: pass them on, so that
-        # select_best does not count a bias-corrected trial as having no promoted tensors.
-        kept = {k: v for k, v in a["model"].info.items()
-                if k in ("promoted", "overrides", "float_joins", "per_channel",
-                         "activation_type", "weight_type")}
-        return [onnx_model_info(out), {**kept, "corrected_nodes": rep["corrected_nodes"]}]
+
+def bias_correction(ctx: RunContext) -> OnnxModelInfo:
+    """``bias_correction``'s action: the corrected model and report.json."""
+    from ..accuracy.bias_correction import bias_correct
+
+    deps = ctx.inputs
+    ref_path = _model(deps["reference"])
+    feeds = _feeds(ctx, deps["dataset"], ctx.params["labels"]["dataset"], "dataset", ref_path)
+    out = ctx.output(ctx.params["out"])
+    try:
+        _, rep = bias_correct(_model(deps["model"]), ref_path, feeds, out,
+                              from_quantizer=QuantizedModelInfo in deps["model"])
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr=e.attr) from None
+    _write_json(ctx.output("report.json"), rep)
+    # The corrected model keeps its source's precision choices: pass them on, so that
+    # select_best does not count a bias-corrected trial as having no promoted tensors.
+    given = deps["model"][OnnxModelInfo]
+    return onnx_model_info(out, promoted=given.promoted, float_joins=given.float_joins)
 
 
 @hookimpl

@@ -1,7 +1,10 @@
 """``auto_quantize`` (a macro: its trials are ordinary cached targets, see ``auto_plan``;
 the target itself selects, see ``auto_select``) and ``sensitive_region`` (the stem or
 head region around the most sensitive activation, as quantize overrides). Registered by
-``rules.accuracy``'s hook; heavy imports happen inside ``run``.
+``rules.accuracy``'s hook. Rule API v2: one action each; the selection names trials and
+the float model by label (report.json, report.html), so ``analyze`` passes those labels,
+and the target's own for the page title, as params. Heavy imports happen inside the
+actions.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any
 from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import ActionContext, ConfigError, attr
+from qbuild import AnalysisContext, ConfigError, RunContext, attr
 
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
@@ -54,24 +57,30 @@ class SensitiveRegion(OnnxRule):
     outputs = ["overrides.json"]
     provides = (OverridesInfo,)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.errors import OnnxError
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(sensitive_region, inputs=["model", "sensitivity"],
+                   outputs=["overrides.json"], mnemonic="Region",
+                   params={k: ctx.attrs[k] for k in ("rank", "count", "promote_uint16")})
 
-        from ..auto.regions import region_overrides
 
-        a = ctx.attrs
-        model = a["model"][OnnxModelInfo].model
-        rep = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
-        try:
-            doc = region_overrides(model, rep, a["rank"], a["count"], a["promote_uint16"])
-        except OnnxError as e:
-            raise ctx.fail(e.message, attr="sensitivity") from None
-        out = ctx.output("overrides.json")
-        out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
-        ctx.log(f"region {doc['region']['where']} around {doc['region']['tensor']}: "
-                f"{doc['region']['nodes']} node(s) float")
-        return [OverridesInfo(overrides=out),
-                {"region": doc["region"], "selectors": doc["selectors"]}]
+def sensitive_region(ctx: RunContext) -> OverridesInfo:
+    """``sensitive_region``'s action: write overrides.json."""
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..auto.regions import region_overrides
+
+    a = ctx.params
+    model = ctx.inputs["model"][OnnxModelInfo].model
+    rep = json.loads(ctx.inputs["sensitivity"][SensitivityInfo].ranking.read_text())
+    try:
+        doc = region_overrides(model, rep, a["rank"], a["count"], a["promote_uint16"])
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr="sensitivity") from None
+    out = ctx.output("overrides.json")
+    out.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    ctx.log(f"region {doc['region']['where']} around {doc['region']['tensor']}: "
+            f"{doc['region']['nodes']} node(s) float")
+    return OverridesInfo(overrides=out)
 
 
 class AutoQuantize(OnnxRule):
@@ -148,40 +157,50 @@ class AutoQuantize(OnnxRule):
             raise ConfigError("give at least one bar, e.g. bar = { min_sqnr_db = 30 }",
                               attr="bar")
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        import shutil
-
-        from ..auto.select import select
-        from ..report.html import auto_html
-
+    def analyze(self, ctx: AnalysisContext) -> None:
         a = ctx.attrs
-        reports, entries = [], []
-        for dep, cand in zip(a["reports"], a["candidates"], strict=True):
-            rep = json.loads(dep[EvaluationInfo].report.read_text())
-            reports.append(rep)
-            entries.append(rep["models"][cand.label])
-        result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
-                        a["model"].label, a["min_speedup"])
-        for row, cand in zip(result["trials"], a["candidates"]):
-            row["model"] = cand.label
-            row["float_nodes"] = len(cand.info.get("promoted", []))
-            joins = cand.info.get("float_joins") or []
-            if joins:
-                row["float_joins"] = [j["node"] for j in joins]
-        result = _clean(result)
-        if result["chosen"] == "float":
-            src = a["model"][OnnxModelInfo].model
-        else:
-            index = a["trial_names"].index(result["chosen"])
-            src = a["candidates"][index][OnnxModelInfo].model
-        out = ctx.output("{name}.onnx")
-        shutil.copyfile(src, out)
-        sens = None
-        if a["sensitivity"] is not None:
-            sens = json.loads(a["sensitivity"][SensitivityInfo].ranking.read_text())
-        ctx.output("report.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-        ctx.output("report.html").write_text(auto_html(ctx.label, result, sens),
-                                             encoding="utf-8")
-        ctx.log(f"chose {result['chosen']}: {result['note']}")
-        return [onnx_model_info(out), {"chosen": result["chosen"], "note": result["note"]}]
+        deps = ("model", "candidates", "reports", "sensitivity")
+        params = {k: a[k] for k in ("trial_names", "bar", "objective", "min_speedup")}
+        ctx.action(auto_select, inputs=list(deps), outputs=ctx.outputs, mnemonic="Select",
+                   params={**params, "labels": {k: a[k] for k in ("model", "candidates")},
+                           "label": ctx.label, "out": ctx.output("{name}.onnx")})
 
+
+def auto_select(ctx: RunContext) -> OnnxModelInfo:
+    """``auto_quantize``'s action: the cheapest trial that meets the bar (or the float
+    model), its report.json and report.html."""
+    import shutil
+
+    from ..auto.select import select
+    from ..report.html import auto_html
+
+    a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
+    reports, entries = [], []
+    for dep, label in zip(deps["reports"], labels["candidates"], strict=True):
+        rep = json.loads(dep[EvaluationInfo].report.read_text())
+        reports.append(rep)
+        entries.append(rep["models"][label])
+    result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
+                    labels["model"], a["min_speedup"])
+    for row, cand, label in zip(result["trials"], deps["candidates"], labels["candidates"]):
+        model = cand[OnnxModelInfo]
+        row["model"] = label
+        row["float_nodes"] = len(model.promoted)
+        if model.float_joins:
+            row["float_joins"] = list(model.float_joins)
+    result = _clean(result)
+    if result["chosen"] == "float":
+        src = deps["model"][OnnxModelInfo].model
+    else:
+        index = a["trial_names"].index(result["chosen"])
+        src = deps["candidates"][index][OnnxModelInfo].model
+    out = ctx.output(a["out"])
+    shutil.copyfile(src, out)
+    sens = None
+    if deps["sensitivity"] is not None:
+        sens = json.loads(deps["sensitivity"][SensitivityInfo].ranking.read_text())
+    ctx.output("report.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    ctx.output("report.html").write_text(auto_html(a["label"], result, sens),
+                                         encoding="utf-8")
+    ctx.log(f"chose {result['chosen']}: {result['note']}")
+    return onnx_model_info(out)

@@ -4,21 +4,20 @@ precision-override document (``precision_overrides``).
 
 A ``filegroup`` gives only files (``DefaultInfo``), so rules that ask for a dataset, a
 calibration or overrides refuse it at analysis; these rules check the files once, copy
-them into the target's outputs and give the provider their dependents ask for.
-(A model file is brought in with ``onnx_model``.)
+them into the target's outputs and give the provider their dependents ask for, each in
+one action (rule API v2). (A model file is brought in with ``onnx_model``.)
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import CalibrationInfo, DatasetInfo
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import ActionContext, Rule, attr
+from qbuild import AnalysisContext, Rule, RunContext, attr
 
 from ..providers import OverridesInfo
 
@@ -28,30 +27,35 @@ class SavedDataset(OnnxRule):
     version = 1
     doc = ("A dataset folder written earlier (dataset.json plus one .npy per input, as every "
            "dataset rule writes it): checked and passed on as a dataset.")
+    outputs = ["data/"]
+    provides = (DatasetInfo,)
     attrs = {
         "srcs": attr.files(doc="The folder's files (e.g. [\"ds/*\"]); one is dataset.json.",
                            required=True, folders=[]),
     }
-    outputs = ["data/"]
-    provides = (DatasetInfo,)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from ..source.datasets import dataset_info
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(saved_dataset, inputs=["srcs"], outputs=["data/"], mnemonic="Dataset")
 
-        srcs = ctx.attrs["srcs"]
-        if not any(p.name == "dataset.json" for p in srcs):
-            raise ctx.fail("no dataset.json among the files", attr="srcs")
-        out = ctx.output("data/")
-        out.mkdir(parents=True, exist_ok=True)
-        for path in srcs:
-            shutil.copyfile(path, out / path.name)
-        try:
-            info = dataset_info(out)
-        except OnnxError as e:
-            raise ctx.fail(e.message, attr="srcs") from None
-        inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
-        return [DatasetInfo(path=out, samples=info["count"], inputs=inputs,
-                            batch_size=info["batch_size"]), info]
+
+def saved_dataset(ctx: RunContext) -> DatasetInfo:
+    """``saved_dataset``'s action: copy the folder's files, read dataset.json."""
+    from ..source.datasets import dataset_info
+
+    srcs = ctx.inputs["srcs"]
+    if not any(p.name == "dataset.json" for p in srcs):
+        raise ctx.fail("no dataset.json among the files", attr="srcs")
+    out = ctx.output("data/")
+    out.mkdir(parents=True, exist_ok=True)
+    for path in srcs:
+        shutil.copyfile(path, out / path.name)
+    try:
+        info = dataset_info(out)
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr="srcs") from None
+    inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
+    return DatasetInfo(path=out, samples=info["count"], inputs=inputs,
+                       batch_size=info["batch_size"])
 
 
 class CalibrationTable(OnnxRule):
@@ -63,18 +67,23 @@ class CalibrationTable(OnnxRule):
     outputs = ["calibration.json"]
     provides = (CalibrationInfo,)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from ..calibration.calibrate import load_calibration
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(calibration_table, inputs=["src"], outputs=["calibration.json"],
+                   mnemonic="Calibration")
 
-        try:
-            doc = load_calibration(ctx.attrs["src"])
-        except OnnxError as e:
-            raise ctx.fail(e.message, attr="src") from None
-        out = ctx.output("calibration.json")
-        shutil.copyfile(ctx.attrs["src"], out)
-        return [CalibrationInfo(table=out, method=str(doc.get("method", "unknown")),
-                                samples=int(doc.get("num_samples") or 0)),
-                {"method": doc.get("method")}]
+
+def calibration_table(ctx: RunContext) -> CalibrationInfo:
+    """``calibration_table``'s action: check and copy calibration.json."""
+    from ..calibration.calibrate import load_calibration
+
+    try:
+        doc = load_calibration(ctx.inputs["src"])
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr="src") from None
+    out = ctx.output("calibration.json")
+    shutil.copyfile(ctx.inputs["src"], out)
+    return CalibrationInfo(table=out, method=str(doc.get("method", "unknown")),
+                           samples=int(doc.get("num_samples") or 0))
 
 
 class PrecisionOverrides(OnnxRule):
@@ -87,18 +96,24 @@ class PrecisionOverrides(OnnxRule):
     outputs = ["overrides.json"]
     provides = (OverridesInfo,)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        src = ctx.attrs["src"]
-        try:
-            doc = json.loads(src.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise ctx.fail(f"{src.name} is not valid JSON: {e}", attr="src") from None
-        if not isinstance(doc, dict) or not ({"tensors", "nodes_to_exclude"} & set(doc)):
-            raise ctx.fail(f"{src.name} must be a JSON object with 'tensors' and/or "
-                           "'nodes_to_exclude'", attr="src")
-        out = ctx.output("overrides.json")
-        shutil.copyfile(src, out)
-        return [OverridesInfo(overrides=out), {}]
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(precision_overrides, inputs=["src"], outputs=["overrides.json"],
+                   mnemonic="Overrides")
+
+
+def precision_overrides(ctx: RunContext) -> OverridesInfo:
+    """``precision_overrides``'s action: check and copy the document."""
+    src = ctx.inputs["src"]
+    try:
+        doc = json.loads(src.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ctx.fail(f"{src.name} is not valid JSON: {e}", attr="src") from None
+    if not isinstance(doc, dict) or not ({"tensors", "nodes_to_exclude"} & set(doc)):
+        raise ctx.fail(f"{src.name} must be a JSON object with 'tensors' and/or "
+                       "'nodes_to_exclude'", attr="src")
+    out = ctx.output("overrides.json")
+    shutil.copyfile(src, out)
+    return OverridesInfo(overrides=out)
 
 
 RULES: list[type[Rule]] = [SavedDataset, CalibrationTable, PrecisionOverrides]

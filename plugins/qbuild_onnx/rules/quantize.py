@@ -1,10 +1,12 @@
 """The ``quantize`` (static, from saved ranges) and ``quantize_dynamic`` rules.
 
-Thin wrappers over ``qbuild_onnx.quantization.quantize``: they map attributes to options, pick the
-model and calibration files out of their dependencies, and turn ``OnnxError`` into a
-``RuleError`` naming the attribute. The static rule reads only its two declared inputs, so
-changing a quantize attribute reruns neither pre-processing nor calibration. onnx,
-onnxruntime and numpy are imported only inside ``run``.
+Thin wrappers over ``qbuild_onnx.quantization.quantize`` (rule API v2): ``analyze``
+passes the attributes and the dependencies' labels (for messages) as params to one
+action, which picks the model and calibration files out of its inputs and turns
+``OnnxError`` into an error naming the attribute. The model and report.json come from
+one quantizer run, so they are one action. The static rule reads only its declared
+inputs, so changing a quantize attribute reruns neither pre-processing nor calibration.
+onnx, onnxruntime and numpy are imported only inside the actions.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from qbuild_onnx_common.providers import (
 )
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import ActionContext, ConfigError, Dep, Rule, attr, hookimpl
+from qbuild import AnalysisContext, ConfigError, Dep, Rule, RunContext, attr, hookimpl
 
 from ..providers import OverridesInfo
 from ..quantization.options import (
@@ -57,7 +59,7 @@ _COMMON = {
 }
 
 
-def _load_overrides(ctx: ActionContext, dep: Dep) -> dict[str, Any]:
+def _load_overrides(ctx: RunContext, dep: Dep, label: str) -> dict[str, Any]:
     """The precision-override document of a ``mixed_precision`` target (overrides.json)."""
     import json
 
@@ -65,12 +67,12 @@ def _load_overrides(ctx: ActionContext, dep: Dep) -> dict[str, Any]:
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise ctx.fail(f"{dep.label}: cannot read {path.name}: {exc}", attr="overrides") from None
+        raise ctx.fail(f"{label}: cannot read {path.name}: {exc}", attr="overrides") from None
     tensors = doc.get("tensors", {}) if isinstance(doc, dict) else None
     nodes = doc.get("nodes_to_exclude", []) if isinstance(doc, dict) else None
     if not isinstance(tensors, dict) or not isinstance(nodes, list) or \
             not all(isinstance(n, str) for n in nodes):
-        raise ctx.fail(f"{dep.label}: {path.name} is not a precision-override document (an "
+        raise ctx.fail(f"{label}: {path.name} is not a precision-override document (an "
                        "object with a 'tensors' table and a 'nodes_to_exclude' list)",
                        attr="overrides")
     promoted = doc.get("promoted")
@@ -113,7 +115,7 @@ def _dynamic_options(a: dict[str, Any]) -> DynamicOptions:
 
 def _rewrites(dep: Dep) -> dict[str, Any] | None:
     """The node renames of the pre-processing that made ``dep``'s model, if it says."""
-    rewrites = (dep.info or {}).get("preprocess_rewrites")
+    rewrites = dep[OnnxModelInfo].rewrites
     return rewrites if isinstance(rewrites, dict) else None
 
 
@@ -124,14 +126,25 @@ def _validate(check, options) -> None:
         raise ConfigError(exc.message, attr=exc.attr) from None
 
 
-def _run(ctx: ActionContext, work, inputs: dict[Path, Dep]) -> dict[str, Any]:
+def _run(ctx: RunContext, work, inputs: dict[Path, str]) -> dict[str, Any]:
     try:
         return work()
     except OnnxError as exc:
         message = exc.message
-        for path, dep in inputs.items():  # staged paths mean nothing to the user: use labels
-            message = message.replace(str(path), f"{dep.label} ({path.name})")
+        for path, label in inputs.items():  # staged paths mean nothing to the user
+            message = message.replace(str(path), f"{label} ({path.name})")
         raise ctx.fail(message, attr=exc.attr) from None
+
+
+def _quantize_action(ctx: AnalysisContext, function: Any, deps: tuple[str, ...]) -> None:
+    """The one action of a quantize rule: value attributes and the labels of the
+    dependencies (named in messages) as params."""
+    a = ctx.attrs
+    params = {k: v for k, v in a.items() if k not in deps}
+    params["labels"] = {k: a[k] for k in deps}
+    params["out"] = ctx.output("{name}.onnx")
+    ctx.action(function, inputs=[d for d in deps if a[d] is not None], outputs=ctx.outputs,
+               params=params, mnemonic="Quantize")
 
 
 class Quantize(OnnxRule):
@@ -186,37 +199,8 @@ class Quantize(OnnxRule):
     def validate(self, attrs: dict[str, Any]) -> None:
         _validate(check_static_options, _static_options(attrs))
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from ..quantization.quantize import quantize_static_model
-
-        model = ctx.attrs["model"][OnnxModelInfo].model
-        calibration = ctx.attrs["calibration"][CalibrationInfo].table
-        a = ctx.attrs
-        inputs = {model: a["model"], calibration: a["calibration"]}
-        promoted = None
-        if a["overrides"] is not None:
-            doc = _load_overrides(ctx, a["overrides"])
-            a, shadowed = merge_label_overrides(a, doc)
-            promoted = doc["promoted"]
-            ctx.log(f"overrides from {ctx.attrs['overrides'].label}: {len(doc['tensors'])} "
-                    f"tensor(s), {len(doc['nodes_to_exclude'])} excluded node(s)")
-            if shadowed:
-                ctx.log(f"inline tensor_overrides win for: {', '.join(shadowed)}")
-        options = _static_options(a)
-        if promoted is not None:
-            try:
-                check_static_options(options)
-            except OnnxError as exc:
-                raise ctx.fail(f"with the overrides of {a['overrides'].label}: {exc.message}",
-                               attr="overrides") from None
-        info = _run(ctx, lambda: quantize_static_model(
-            model, calibration, ctx.output("{name}.onnx"), options,
-            report_path=ctx.output("report.json"), log=ctx.log, warn=ctx.warn,
-            rewrites=_rewrites(a["model"]),
-            float_joins_ratio=a["float_joins_ratio"]), inputs)
-        if promoted is not None:
-            info = {**info, "overrides": a["overrides"].label, "promoted": promoted}
-        return [*_providers(ctx, info), info]
+    def analyze(self, ctx: AnalysisContext) -> None:
+        _quantize_action(ctx, quantize_static, ("model", "calibration", "overrides"))
 
 
 class QuantizeDynamic(OnnxRule):
@@ -245,25 +229,64 @@ class QuantizeDynamic(OnnxRule):
     def validate(self, attrs: dict[str, Any]) -> None:
         _validate(check_dynamic_options, _dynamic_options(attrs))
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from ..quantization.quantize import quantize_dynamic_model
-
-        model = ctx.attrs["model"][OnnxModelInfo].model
-        options = _dynamic_options(ctx.attrs)
-        info = _run(ctx, lambda: quantize_dynamic_model(
-            model, ctx.output("{name}.onnx"), options, report_path=ctx.output("report.json"),
-            log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.attrs["model"]),
-            latency_in_report=ctx.attrs["latency_check"]),
-            {model: ctx.attrs["model"]})
-        return [*_providers(ctx, info), info]
+    def analyze(self, ctx: AnalysisContext) -> None:
+        _quantize_action(ctx, quantize_dynamic, ("model",))
 
 
-def _providers(ctx: ActionContext, info: dict[str, Any]) -> list[Any]:
-    """The quantized model as dependents read it: the model, and how it was quantized
+def quantize_static(ctx: RunContext) -> list[Any]:
+    """``quantize``'s action: the quantized model and report.json."""
+    from ..quantization.quantize import quantize_static_model
+
+    a, labels = ctx.params, ctx.params["labels"]
+    model = ctx.inputs["model"][OnnxModelInfo].model
+    calibration = ctx.inputs["calibration"][CalibrationInfo].table
+    inputs = {model: labels["model"], calibration: labels["calibration"]}
+    promoted = None
+    if labels["overrides"] is not None:
+        doc = _load_overrides(ctx, ctx.inputs["overrides"], labels["overrides"])
+        a, shadowed = merge_label_overrides(a, doc)
+        promoted = doc["promoted"]
+        ctx.log(f"overrides from {labels['overrides']}: {len(doc['tensors'])} "
+                f"tensor(s), {len(doc['nodes_to_exclude'])} excluded node(s)")
+        if shadowed:
+            ctx.log(f"inline tensor_overrides win for: {', '.join(shadowed)}")
+    options = _static_options(a)
+    if promoted is not None:
+        try:
+            check_static_options(options)
+        except OnnxError as exc:
+            raise ctx.fail(f"with the overrides of {labels['overrides']}: {exc.message}",
+                           attr="overrides") from None
+    out = ctx.output(a["out"])
+    info = _run(ctx, lambda: quantize_static_model(
+        model, calibration, out, options, report_path=ctx.output("report.json"),
+        log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.inputs["model"]),
+        float_joins_ratio=a["float_joins_ratio"]), inputs)
+    return _providers(out, info, promoted or [])
+
+
+def quantize_dynamic(ctx: RunContext) -> list[Any]:
+    """``quantize_dynamic``'s action: the quantized model and report.json."""
+    from ..quantization.quantize import quantize_dynamic_model
+
+    a = ctx.params
+    model = ctx.inputs["model"][OnnxModelInfo].model
+    out = ctx.output(a["out"])
+    info = _run(ctx, lambda: quantize_dynamic_model(
+        model, out, _dynamic_options(a), report_path=ctx.output("report.json"),
+        log=ctx.log, warn=ctx.warn, rewrites=_rewrites(ctx.inputs["model"]),
+        latency_in_report=a["latency_check"]), {model: a["labels"]["model"]})
+    return _providers(out, info, [])
+
+
+def _providers(out: Path, info: dict[str, Any], promoted: list[str]) -> list[Any]:
+    """The quantized model as dependents read it: the model (with the tensors the
+    overrides promoted and the joins kept float), and how it was quantized
     (float_nodes: the nodes kept in float around mixed-range joins)."""
-    out = ctx.output("{name}.onnx")
-    kept = sorted({n for j in info.get("float_joins") or [] for n in j["float_nodes"]})
-    return [onnx_model_info(out),
+    joins = info.get("float_joins") or []
+    kept = sorted({n for j in joins for n in j["float_nodes"]})
+    return [onnx_model_info(out, promoted=tuple(promoted),
+                            float_joins=tuple(j["node"] for j in joins)),
             QuantizedModelInfo(model=out, format=info["format"],
                                weight_type=info["weight_type"],
                                activation_type=info["activation_type"],

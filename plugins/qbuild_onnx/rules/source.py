@@ -1,9 +1,11 @@
 """Rules for source models and data: ``onnx_model``, ``image_dataset``, ``numpy_dataset``,
 ``synthetic_dataset``, ``dataset`` (custom readers), ``quant_preprocess``, ``calibrate``.
 
-Thin wrappers: attributes in, the functions of ``source`` (models, datasets, images),
-``quantization.preprocess`` and ``calibration`` out. Heavy libraries are imported inside
-``run`` only.
+Thin wrappers (rule API v2): ``analyze`` maps attributes to the params of module-level
+actions over the functions of ``source`` (models, datasets, images),
+``quantization.preprocess`` and ``calibration``. A dataset rule given a ``model`` checks
+the dataset against it in an action of its own, so changing only the model reruns the
+check, never the decoding. Heavy libraries are imported inside the actions only.
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from qbuild_onnx_common.providers import (
 from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import (
-    ActionContext,
+    AnalysisContext,
     ConfigError,
     Dep,
     Rule,
     RuleError,
+    RunContext,
     attr,
     hookimpl,
 )
@@ -36,36 +39,44 @@ _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".w
                    ".pgm", ".pbm")
 
 
-def _located(ctx: ActionContext, err: RuleError, attr_name: str | None = None) -> RuleError:
-    return err.located(target=ctx.label, attr=err.attr or attr_name)
-
-
-def _check_against(ctx: ActionContext, info: dict[str, Any], model: Dep | None) -> None:
-    if model is None:
-        return
-    from qbuild_onnx_common.errors import OnnxError
-
-    from ..source.datasets import check_dataset_against_model
-
-    try:
-        check_dataset_against_model(info, _model_inputs(model), None)
-    except OnnxError as e:
-        raise _located(ctx, e, "model") from None
-
-
 def _model_inputs(model: Dep) -> dict[str, Any]:
     """A model dependency's inputs as ``check_dataset_against_model`` reads them."""
     return {"inputs": list(model[OnnxModelInfo].inputs)}
 
 
-def _finish_dataset(ctx: ActionContext, out: Path, model: Dep | None) -> list[Any]:
+def _dataset_provider(out: Path) -> DatasetInfo:
     from ..source.datasets import dataset_info
 
     info = dataset_info(out)
-    _check_against(ctx, info, model)
     inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
-    return [DatasetInfo(path=out, samples=info["count"], inputs=inputs,
-                        batch_size=info["batch_size"]), info]
+    return DatasetInfo(path=out, samples=info["count"], inputs=inputs,
+                       batch_size=info["batch_size"])
+
+
+def _check_against(data: Path, model: Dep) -> None:
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..source.datasets import check_dataset_against_model, dataset_info
+
+    try:
+        check_dataset_against_model(dataset_info(data), _model_inputs(model), None)
+    except OnnxError as e:
+        raise e.located(attr="model") from None
+
+
+def check_dataset(ctx: RunContext) -> None:
+    """The second action of a dataset rule given a ``model``: the dataset fits it."""
+    _check_against(ctx.inputs["data/"], ctx.inputs["model"])
+
+
+def _dataset_actions(ctx: AnalysisContext, build: Any, inputs: list[str],
+                     params: dict[str, Any]) -> None:
+    """A dataset rule's actions: ``build`` writes data/ and gives DatasetInfo; with a
+    ``model``, a light second action checks the dataset against it."""
+    ctx.action(build, inputs=inputs, outputs=["data/"], params=params, mnemonic="Dataset")
+    if ctx.attrs.get("model") is not None:
+        ctx.action(check_dataset, inputs=["data/", "model"], outputs=[],
+                   mnemonic="CheckModel", heavy=False)
 
 
 class OnnxModel(OnnxRule):
@@ -90,30 +101,55 @@ class OnnxModel(OnnxRule):
             outs.append(Path(rel).as_posix() if not rel.startswith("..") else Path(d).name)
         return outs
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.errors import OnnxError
-
-        from ..source.model import stage_model
-
-        out = ctx.output("{name}.onnx")
-        try:
-            info = stage_model(ctx.attrs["src"], out, ctx.attrs.get("data") or [])
-        except OnnxError as e:
-            raise _located(ctx, e, "src") from None
-        info["model_file"] = out.name
-        _note_model_shape(ctx, info)
-        return [onnx_model_info(out), info]
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(stage_onnx_model, inputs=["src", "data"], outputs=ctx.outputs,
+                   params={"model": ctx.output("{name}.onnx"), "src": ctx.attrs["src"]},
+                   mnemonic="StageModel")
 
 
-def _note_model_shape(ctx: ActionContext, info: dict[str, Any]) -> None:
+def _regroup(ctx: RunContext, names: tuple[str, ...]) -> list[Path]:
+    """The files of the file attributes ``names`` together again at their paths in the
+    package (the model and its external data must share a folder), moved into the
+    scratch folder: onnx refuses external data behind a link, and a copy of gigabytes
+    of weights costs time (moving a staged input away is allowed; editing it is not)."""
+    paths = []
+    for name in names:
+        given = ctx.inputs[name]
+        files = [] if given is None else given if isinstance(given, list) else [given]
+        for path, (_index, rel) in zip(files, ctx.origins.get(name, []), strict=True):
+            dest = ctx.scratch / "package" / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(path, dest)
+            paths.append(dest)
+    return paths
+
+
+def stage_onnx_model(ctx: RunContext) -> OnnxModelInfo:
+    """``onnx_model``'s action: check the model, copy it and its external data."""
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..source.model import stage_model
+
+    src, *data = _regroup(ctx, ("src", "data"))
+    out = ctx.output(ctx.params["model"])
+    try:
+        stage_model(src, out, data)
+    except OnnxError as e:
+        if e.file is not None and Path(e.file) == src:  # the scratch copy means nothing
+            e.file = ctx.params["src"]
+        raise e.located(attr="src") from None
+    _note_model_shape(ctx, out)
+    return onnx_model_info(out)
+
+
+def _note_model_shape(ctx: RunContext, model: Path) -> None:
     """Tell the user now about shapes later rules refuse or fix (already quantized,
-    compute inside If/Loop, initializers listed as inputs); record them in the info."""
+    compute inside If/Loop, initializers listed as inputs)."""
     import onnx
 
     from ..source.model_checks import summary
 
-    shape = summary(onnx.load(str(ctx.output("{name}.onnx")), load_external_data=False))
-    info["model_checks"] = shape
+    shape = summary(onnx.load(str(model), load_external_data=False))
     if shape["already_quantized"]:
         ctx.warn(f"the model is already quantized ({shape['already_quantized']}): quantize, "
                  "quantize_dynamic and quant_preprocess refuse it")
@@ -191,28 +227,31 @@ class ImageDataset(_DatasetRule):
                 raise ConfigError(f"{name} must be one value or one per channel, got "
                                   f"{attrs[name]}", attr=name)
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.errors import OnnxError
+    def analyze(self, ctx: AnalysisContext) -> None:
+        params = {k: v for k, v in ctx.attrs.items() if k not in ("images", "model")}
+        _dataset_actions(ctx, build_images, ["images"], params)
 
-        from ..source.images import ImageOptions, build_image_dataset
 
-        a = ctx.attrs
-        if len(a["size"]) != 2:
-            raise ctx.fail(f"size must be [height, width], got {a['size']}", attr="size")
-        if len(a["background"]) != 3:
-            raise ctx.fail("background must be 3 values (R, G, B)", attr="background")
-        opts = ImageOptions(
-            height=a["size"][0], width=a["size"][1], resize=a["resize"], align=a["align"],
-            pad_value=a["pad_value"], color=a["color"], scale=a["scale"],
-            mean=tuple(a["mean"]), std=tuple(a["std"]), layout=a["layout"], dtype=a["dtype"],
-            background=tuple(a["background"]), interpolation=a["interpolation"],
-            count=a["count"] or None, seed=a["seed"], flip=a["flip"], min_scale=a["min_scale"])
-        out = ctx.output("data/")
-        try:
-            build_image_dataset(out, a["images"], a["input"], opts, batch_size=a["batch_size"])
-        except OnnxError as e:
-            raise _located(ctx, e, "images") from None
-        return _finish_dataset(ctx, out, a.get("model"))
+def build_images(ctx: RunContext) -> DatasetInfo:
+    """``image_dataset``'s first action: decode and transform the images into data/."""
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..source.images import ImageOptions, build_image_dataset
+
+    a = ctx.params
+    opts = ImageOptions(
+        height=a["size"][0], width=a["size"][1], resize=a["resize"], align=a["align"],
+        pad_value=a["pad_value"], color=a["color"], scale=a["scale"],
+        mean=tuple(a["mean"]), std=tuple(a["std"]), layout=a["layout"], dtype=a["dtype"],
+        background=tuple(a["background"]), interpolation=a["interpolation"],
+        count=a["count"] or None, seed=a["seed"], flip=a["flip"], min_scale=a["min_scale"])
+    out = ctx.output("data/")
+    try:
+        build_image_dataset(out, ctx.inputs["images"], a["input"], opts,
+                            batch_size=a["batch_size"])
+    except OnnxError as e:
+        raise e.located(attr="images") from None
+    return _dataset_provider(out)
 
 
 class NumpyDataset(_DatasetRule):
@@ -229,19 +268,25 @@ class NumpyDataset(_DatasetRule):
         **_DATASET_COMMON,
     }
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.errors import OnnxError
+    def analyze(self, ctx: AnalysisContext) -> None:
+        params = {k: ctx.attrs[k] for k in ("mapping", "batch_size", "cast", "limit")}
+        _dataset_actions(ctx, build_arrays, ["files"], params)
 
-        from ..source.datasets import build_numpy_dataset
 
-        a = ctx.attrs
-        out = ctx.output("data/")
-        try:
-            build_numpy_dataset(out, a["files"], a["mapping"], a["batch_size"], a["cast"],
-                                a["limit"] or None)
-        except OnnxError as e:
-            raise _located(ctx, e, "mapping") from None
-        return _finish_dataset(ctx, out, a.get("model"))
+def build_arrays(ctx: RunContext) -> DatasetInfo:
+    """``numpy_dataset``'s first action: map the arrays to model inputs in data/."""
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..source.datasets import build_numpy_dataset
+
+    a = ctx.params
+    out = ctx.output("data/")
+    try:
+        build_numpy_dataset(out, ctx.inputs["files"], a["mapping"], a["batch_size"], a["cast"],
+                            a["limit"] or None)
+    except OnnxError as e:
+        raise e.located(attr="mapping") from None
+    return _dataset_provider(out)
 
 
 class SyntheticDataset(_DatasetRule):
@@ -261,22 +306,31 @@ class SyntheticDataset(_DatasetRule):
         "batch_size": attr.int(default=1, doc="Default batch size for consumers."),
     }
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.errors import OnnxError
+    def analyze(self, ctx: AnalysisContext) -> None:
+        # The samples follow the model's inputs, so the model is an input of the one
+        # action (checking the data against it as well costs nothing).
+        ctx.action(build_synthetic, inputs=["model"], outputs=["data/"], mnemonic="Dataset",
+                   params={k: v for k, v in ctx.attrs.items() if k != "model"})
 
-        from ..source.datasets import build_synthetic_dataset
 
-        a = ctx.attrs
-        ctx.warn(f"{ctx.label} is SYNTHETIC random data: fine for smoke tests, but calibrating "
-                 "on it ruins quantized accuracy; use real samples (image_dataset, "
-                 "numpy_dataset, dataset) for anything you ship")
-        out = ctx.output("data/")
-        try:
-            build_synthetic_dataset(out, _model_inputs(a["model"]), a["count"], a["seed"],
-                                    a["dims"], a["low"], a["high"], a["batch_size"])
-        except OnnxError as e:
-            raise _located(ctx, e, "model") from None
-        return _finish_dataset(ctx, out, a["model"])
+def build_synthetic(ctx: RunContext) -> DatasetInfo:
+    """``synthetic_dataset``'s action: seeded random samples shaped like the inputs."""
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..source.datasets import build_synthetic_dataset
+
+    a = ctx.params
+    ctx.warn("this target is SYNTHETIC random data: fine for smoke tests, but calibrating "
+             "on it ruins quantized accuracy; use real samples (image_dataset, "
+             "numpy_dataset, dataset) for anything you ship")
+    out = ctx.output("data/")
+    try:
+        build_synthetic_dataset(out, _model_inputs(ctx.inputs["model"]), a["count"],
+                                a["seed"], a["dims"], a["low"], a["high"], a["batch_size"])
+    except OnnxError as e:
+        raise e.located(attr="model") from None
+    _check_against(out, ctx.inputs["model"])
+    return _dataset_provider(out)
 
 
 class CustomDataset(_DatasetRule):
@@ -299,21 +353,27 @@ class CustomDataset(_DatasetRule):
         return [*super().code(attrs),
                 reader if ":" in reader else "hook:qbuild_dataset_readers"]
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.errors import OnnxError
+    def analyze(self, ctx: AnalysisContext) -> None:
+        params = {k: ctx.attrs[k] for k in ("reader", "options", "batch_size", "limit")}
+        _dataset_actions(ctx, build_from_reader, ["files"], params)
 
-        from ..source.datasets import build_reader_dataset, find_reader
 
-        a = ctx.attrs
-        out = ctx.output("data/")
-        try:
-            reader = find_reader(a["reader"], None if ":" in a["reader"]
-                                 else ctx.hooks.pluginmanager)
-            build_reader_dataset(out, reader, a["files"] or [], a["options"], a["batch_size"],
-                                 a["limit"] or None, name=a["reader"])
-        except OnnxError as e:
-            raise _located(ctx, e, "reader") from None
-        return _finish_dataset(ctx, out, a.get("model"))
+def build_from_reader(ctx: RunContext) -> DatasetInfo:
+    """``dataset``'s first action: the reader's samples into data/."""
+    from qbuild_onnx_common.errors import OnnxError
+
+    from ..source.datasets import build_reader_dataset, find_reader
+
+    a = ctx.params
+    out = ctx.output("data/")
+    try:
+        reader = find_reader(a["reader"], None if ":" in a["reader"]
+                             else ctx.hooks.pluginmanager)
+        build_reader_dataset(out, reader, ctx.inputs["files"] or [], a["options"],
+                             a["batch_size"], a["limit"] or None, name=a["reader"])
+    except OnnxError as e:
+        raise e.located(attr="reader") from None
+    return _dataset_provider(out)
 
 
 class QuantPreprocess(OnnxRule):
@@ -343,27 +403,32 @@ class QuantPreprocess(OnnxRule):
             outs.append(f"{name}.onnx.data")
         return outs
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from qbuild_onnx_common.errors import OnnxError
+    def analyze(self, ctx: AnalysisContext) -> None:
+        params = {k: v for k, v in ctx.attrs.items() if k != "model"}
+        ctx.action(preprocess, inputs=["model"], outputs=ctx.outputs, mnemonic="Preprocess",
+                   params={**params, "out": ctx.output("{name}.onnx")})
 
-        from ..quantization.preprocess import PreprocessOptions, preprocess_model
 
-        a = ctx.attrs
-        opts = PreprocessOptions(
-            skip_optimization=a["skip_optimization"], skip_onnx_shape=a["skip_onnx_shape"],
-            skip_symbolic_shape=a["skip_symbolic_shape"], auto_merge=a["auto_merge"],
-            int_max=a["int_max"], guess_output_rank=a["guess_output_rank"])
-        from ..ort_logs import ort_output_to_log
+def preprocess(ctx: RunContext) -> OnnxModelInfo:
+    """``quant_preprocess``'s action; the model it gives records the nodes it removed."""
+    from qbuild_onnx_common.errors import OnnxError
 
-        out = ctx.output("{name}.onnx")
-        try:
-            with ort_output_to_log(ctx.log, ctx.warn):
-                info = preprocess_model(a["model"][OnnxModelInfo].model, out, opts,
-                                        external_data=a["external_data"], log=ctx.log)
-        except OnnxError as e:
-            raise _located(ctx, e, "model") from None
-        info["model_file"] = out.name
-        return [onnx_model_info(out), info]
+    from ..ort_logs import ort_output_to_log
+    from ..quantization.preprocess import PreprocessOptions, preprocess_model
+
+    a = ctx.params
+    opts = PreprocessOptions(
+        skip_optimization=a["skip_optimization"], skip_onnx_shape=a["skip_onnx_shape"],
+        skip_symbolic_shape=a["skip_symbolic_shape"], auto_merge=a["auto_merge"],
+        int_max=a["int_max"], guess_output_rank=a["guess_output_rank"])
+    out = ctx.output(a["out"])
+    try:
+        with ort_output_to_log(ctx.log, ctx.warn):
+            info = preprocess_model(ctx.inputs["model"][OnnxModelInfo].model, out, opts,
+                                    external_data=a["external_data"], log=ctx.log)
+    except OnnxError as e:
+        raise e.located(attr="model") from None
+    return onnx_model_info(out, rewrites=info["preprocess_rewrites"])
 
 
 class Calibrate(OnnxRule):
@@ -411,28 +476,36 @@ class Calibrate(OnnxRule):
             return ["calibration.json", "histograms.npz"]
         return ["calibration.json"]
 
-    def run(self, ctx: ActionContext) -> list[Any]:
-        from ..calibration.calibrate import CalibrationOptions, calibrate
+    def analyze(self, ctx: AnalysisContext) -> None:
+        params = {k: v for k, v in ctx.attrs.items() if k not in ("model", "dataset")}
+        ctx.action(calibrate, inputs=["model", "dataset"], outputs=ctx.outputs,
+                   mnemonic="Calibrate", params=params)
 
-        a = ctx.attrs
-        opts = CalibrationOptions(
-            method=a["method"], symmetric=a["symmetric"], moving_average=a["moving_average"],
-            averaging_constant=a["averaging_constant"], num_bins=a["num_bins"],
-            num_quantized_bins=a["num_quantized_bins"], percentile=a["percentile"],
-            scenario=a["scenario"], op_types=tuple(a["op_types"]),
-            batch_size=a["batch_size"] or None, threads=ctx.threads)
-        from ..ort_logs import ort_output_to_log
 
-        try:
-            with ort_output_to_log(ctx.log, ctx.warn):
-                info = calibrate(a["model"][OnnxModelInfo].model,
-                                 a["dataset"][DatasetInfo].path,
-                                 ctx.output("calibration.json").parent, opts, log=ctx.log,
-                                 scratch=ctx.scratch)
-        except RuleError as e:
-            raise _located(ctx, e, "dataset") from None
-        return [CalibrationInfo(table=ctx.output("calibration.json"), method=info["method"],
-                                samples=info["num_samples"]), info]
+def calibrate(ctx: RunContext) -> CalibrationInfo:
+    """``calibrate``'s action: run the model over the dataset with ``ctx.threads``
+    onnxruntime threads; ranges (and histograms) next to calibration.json."""
+    from ..calibration.calibrate import CalibrationOptions
+    from ..calibration.calibrate import calibrate as run_calibration
+    from ..ort_logs import ort_output_to_log
+
+    a = ctx.params
+    opts = CalibrationOptions(
+        method=a["method"], symmetric=a["symmetric"], moving_average=a["moving_average"],
+        averaging_constant=a["averaging_constant"], num_bins=a["num_bins"],
+        num_quantized_bins=a["num_quantized_bins"], percentile=a["percentile"],
+        scenario=a["scenario"], op_types=tuple(a["op_types"]),
+        batch_size=a["batch_size"] or None, threads=ctx.threads)
+    try:
+        with ort_output_to_log(ctx.log, ctx.warn):
+            info = run_calibration(ctx.inputs["model"][OnnxModelInfo].model,
+                                   ctx.inputs["dataset"][DatasetInfo].path,
+                                   ctx.output("calibration.json").parent, opts, log=ctx.log,
+                                   scratch=ctx.scratch)
+    except RuleError as e:
+        raise e.located(attr="dataset") from None
+    return CalibrationInfo(table=ctx.output("calibration.json"), method=info["method"],
+                           samples=info["num_samples"])
 
 
 @hookimpl
