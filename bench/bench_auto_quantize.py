@@ -214,6 +214,8 @@ def _qbuild(ws: Path, *args: str) -> float:
                        text=True)
     if r.returncode not in (0, 1):
         raise SystemExit(f"qbuild {' '.join(args)} failed:\n{r.stderr[-3000:]}")
+    if r.returncode == 1:  # a failed target: say which, the table would hide it
+        print(f"qbuild {' '.join(args)} exited 1:\n{r.stderr[-3000:]}", file=sys.stderr)
     return time.perf_counter() - t
 
 
@@ -224,6 +226,11 @@ def _metric(entry: dict, metric: str):
     if metric == "worst_psnr_db":
         return (entry.get("task") or {}).get("score")
     return (entry.get("task") or {}).get(metric)
+
+
+def _speedup(entry: dict) -> float | None:
+    ratio = (entry.get("latency") or {}).get("ratio_to_reference")
+    return round(1.0 / ratio, 3) if ratio else None
 
 
 def bench(name: str, tmp: Path) -> dict:
@@ -260,6 +267,9 @@ def bench(name: str, tmp: Path) -> dict:
             "plain_bytes": p["bytes"], "chosen": auto["chosen"],
             "auto_metric": _metric(a, spec["metric"]), "auto_ms": a["latency_ms"],
             "auto_bytes": a["bytes"], "auto_spread": a["latency"]["spread"],
+            "plain_spread": p["latency"]["spread"],
+            # per-round ratios to float timed in the same run: the figure that survives load
+            "plain_speedup": _speedup(p), "auto_speedup": _speedup(a),
             "trials": len(auto["trials"]),
             "passing": sum(t["passes"] for t in auto["trials"]), "search_s": search_s,
             "rebuild_s": rebuild_s, "note": auto["note"],
@@ -281,6 +291,7 @@ def main(names: list[str]) -> None:
         if not os.environ.get("KEEP") and not os.environ.get("BENCH_DIR"):
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"onnxruntime {onnxruntime.__version__}, Python {sys.version.split()[0]}\n")
+    # speed-up: median over interleaved rounds of float time / model time (same process)
     print("| model | bar | float ms | plain ORT: metric / ms (speed-up) / KB | "
           "auto_quantize chosen | metric / ms (speed-up) / KB | trials (passing) | "
           "search s | rebuild after bar change s |")
@@ -292,9 +303,11 @@ def main(names: list[str]) -> None:
     for r in rows:
         fl = r["float_ms"]
         print(f"| {r['model']} | {r['bar']} | {fl} | {f(r['plain_metric'])} / "
-              f"{r['plain_ms']} ({fl / r['plain_ms']:.2f}x) / {r['plain_bytes'] // 1024} | "
+              f"{r['plain_ms']} ({r['plain_speedup']}x, spread {r['plain_spread']}) / "
+              f"{r['plain_bytes'] // 1024} | "
               f"{r['chosen']} | {f(r['auto_metric'])} / {r['auto_ms']} "
-              f"({fl / r['auto_ms']:.2f}x) / {r['auto_bytes'] // 1024} | "
+              f"({r['auto_speedup']}x, spread {r['auto_spread']}) / "
+              f"{r['auto_bytes'] // 1024} | "
               f"{r['trials']} ({r['passing']}) | {r['search_s']:.0f} | {r['rebuild_s']:.1f} |")
     for r in rows:
         print(f"\n- {r['model']}: {r['note']}\n  trials (name, bar metric, speed-up "

@@ -16,12 +16,14 @@ FATAL = 4
 
 def session(model: Any, threads: int = 1, *, optimize: bool = True,
             optimized_path: str | Path | None = None, profile_prefix: str | None = None,
-            log_severity: int = ERRORS, what: str | None = None) -> Any:
+            log_severity: int = ERRORS, what: str | None = None,
+            config: dict[str, str] | None = None) -> Any:
     """An ``onnxruntime.InferenceSession`` on the CPU for a ModelProto, serialized bytes or
     a path (a path keeps external data working).
 
     ``optimize=False`` turns graph optimisations off (tensors stay exactly the graph's);
-    ``optimized_path`` saves the optimised model; ``profile_prefix`` turns profiling on.
+    ``optimized_path`` saves the optimised model; ``profile_prefix`` turns profiling on;
+    ``config`` sets session configuration entries (e.g. ``session.disable_prepacking``).
     Raises ``OnnxError`` ("onnxruntime cannot load WHAT: why"; WHAT defaults to the file
     name, or "the model") when onnxruntime cannot load it.
     """
@@ -36,6 +38,8 @@ def session(model: Any, threads: int = 1, *, optimize: bool = True,
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
+    for key, value in (config or {}).items():
+        so.add_session_config_entry(key, value)
     if profile_prefix:
         so.enable_profiling = True
         so.profile_file_prefix = profile_prefix

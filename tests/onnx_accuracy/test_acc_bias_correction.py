@@ -50,3 +50,24 @@ def test_deterministic(mobilenet_pre, mobilenet_feeds):
 def test_float_model_is_rejected(mobilenet_pre, mobilenet_feeds):
     with pytest.raises(OnnxError, match="no Conv/Gemm node"):
         bias_correct(mobilenet_pre, mobilenet_pre, mobilenet_feeds[:2])
+
+
+def test_qdq_model_with_every_weight_layer_float_is_returned_unchanged(mobilenet_pre,
+                                                                        mobilenet_feeds):
+    # auto_quantize's widest region can keep every Conv float (a YOLOv8-style detector):
+    # its bias-corrected trial is then the same model, not a failed build
+    from qbuild_onnx.accuracy.sensitivity import dequantize_sites, find_sites
+
+    q = quantize_qdq(mobilenet_pre, mobilenet_pre.parent / "q3.onnx", mobilenet_feeds[:2])
+    weights = [s for s in find_sites(q, mobilenet_pre) if s.kind == "weight"]
+    acts_only = dequantize_sites(onnx.load(q), weights, onnx.load(mobilenet_pre))
+    assert any(n.op_type == "QuantizeLinear" for n in acts_only.graph.node)
+    out, rep = bias_correct(acts_only, mobilenet_pre, mobilenet_feeds[:2])
+    assert rep["corrected_nodes"] == 0 and "nothing to correct" in rep["note"]
+    assert out.SerializeToString() == acts_only.SerializeToString()
+    # every node excluded: the quantizer's output has no Q/DQ at all; as a quantizer's
+    # output it is returned unchanged, as a plain float model it is refused (above)
+    plain = onnx.load(mobilenet_pre)
+    out, rep = bias_correct(plain, mobilenet_pre, mobilenet_feeds[:2], from_quantizer=True)
+    assert rep["corrected_nodes"] == 0
+    assert out.SerializeToString() == plain.SerializeToString()

@@ -114,3 +114,49 @@ tensors = ["op:Rleu"]
     bad = ws.build("//m:typo")
     assert not bad.ok and "attribute tensors" in bad.error.replace("'", "")
     assert "selector 'op:Rleu' selects no tensor" in bad.error
+
+
+def test_bias_correction_of_a_quantize_target_with_nothing_quantized(qbuild_workspace,
+                                                                      tmp_path, mnist_feeds):
+    # auto_quantize's widest region can exclude every node (YOLOv8-style detector): its
+    # bias-corrected trial must pass the model through, not fail the search
+    from qbuild_onnx.rules import quantize as rules_quantize
+    from qbuild_onnx.rules import source as rules_source
+
+    ws = qbuild_workspace
+    _setup(ws, tmp_path, mnist_feeds)
+    ws.register(rules_quantize)
+    ws.register(rules_source)
+    ws.write("m/BUILD.toml", BUILD.format(min_sqnr=5.0) + """
+[cal]
+rule = "calibrate"
+model = ":fp"
+dataset = ":ds"
+
+[none]
+rule = "quantize"
+model = ":fp"
+calibration = ":cal"
+op_types = ["Softmax"]
+
+[none_bc]
+rule = "bias_correction"
+model = ":none"
+reference = ":fp"
+dataset = ":ds"
+
+[fp_bc]
+rule = "bias_correction"
+model = ":fp"
+reference = ":fp"
+dataset = ":ds"
+""")
+    r = ws.build("//m:none", "//m:none_bc")
+    assert r.ok, r.error
+    none = next(p for p in r.outputs("//m:none") if p.suffix == ".onnx")
+    assert not [n for n in onnx.load(none).graph.node if "Quantize" in n.op_type]
+    rep = json.loads(next(p for p in r.outputs("//m:none_bc")
+                          if p.name == "report.json").read_text())
+    assert rep["corrected_nodes"] == 0 and "nothing to correct" in rep["note"]
+    bad = ws.build("//m:fp_bc")  # a float model is still refused
+    assert not bad.ok and "no Conv/Gemm node" in bad.error

@@ -80,3 +80,23 @@ def test_bad_mode_and_float_model(mnist_pre, mnist_feeds):
     with pytest.raises(OnnxError, match="no quantization sites"):
         analyze(mnist_pre, mnist_pre, mnist_feeds)
     assert np.isfinite(1.0)
+
+
+def test_weight_sites_found_when_the_float_model_has_unnamed_nodes(mnist_sensitive_qdq,
+                                                                     mnist_pre, mnist_feeds):
+    # quantize names unnamed nodes (UltraFace after pre-processing has them), so the QDQ
+    # model's Conv names are not in the float model: the float weight is then found
+    # through onnxruntime's '<weight>_quantized' initializer name
+    fm = onnx.load(mnist_pre)
+    for n in fm.graph.node:
+        n.name = ""
+    sites = find_sites(mnist_sensitive_qdq, fm)
+    assert {"Parameter5", "Parameter87"} <= {s.name for s in sites if s.kind == "weight"}
+    m = dequantize_sites(onnx.load(mnist_sensitive_qdq), sites, fm)
+    ref = run_model(session(mnist_pre, optimize=False), mnist_feeds[:4])
+    got = run_model(session(m.SerializeToString(), optimize=False), mnist_feeds[:4])
+    name = next(iter(ref[0]))
+    assert sqnr_db(ref[0][name], got[0][name]) > 100
+    rep = analyze(mnist_sensitive_qdq, fm, mnist_feeds[:4], mode="only",
+                  kinds=("activation",))
+    assert rep["ranking"][0]["site"] == SENSITIVE

@@ -5,6 +5,8 @@ quantize_weights_int4 with external data kept: the code path models over 2 GB ta
 
 from __future__ import annotations
 
+import json
+
 import algo_testlib as lib
 import numpy as np
 import onnx
@@ -90,3 +92,38 @@ def test_external_data_model_through_every_step(tmp_path):
         proto = onnx.load(str(next(p for p in r.outputs(f"//m:{label}")
                                    if p.name == f"{label}.onnx")), load_external_data=False)
         assert any(t.data_location == onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def test_quantize_describes_the_written_model_from_a_weightless_copy(tmp_path):
+    """quantize frees its result once written and reports on a weightless copy: the copy
+    keeps every node, value and initializer type/shape, drops only large weights' data,
+    and the report built from it equals the one built from the full model."""
+    from qbuild_onnx.algorithms.external_data import weightless
+    from qbuild_onnx.quantization.report import build_report
+
+    ws = Workspace(tmp_path / "ws", tmp_path / "cache")
+    for plugin in (source_rules, quantize_rules, algo_rules):
+        ws.register(plugin)
+    model = lib.matmul_model(k=256, n=96, m=64, layernorm=False)
+    ws.path("m").mkdir(parents=True)
+    onnx.save(model, str(ws.path("m/model.onnx")))
+    np.save(ws.path("m/data.npy"),
+            np.random.default_rng(0).standard_normal((4, 16, 256)).astype(np.float32))
+    ws.write("m/BUILD.toml", BUILD.replace('\ndata = ["model.onnx.data"]', "")
+             .replace("external_data = true", "external_data = false"))
+    r = ws.build("//m:q")
+    assert r.ok, r.error
+    written = onnx.load(str(next(p for p in r.outputs("//m:q") if p.name == "q.onnx")))
+    light = weightless(written, small=1024)  # the int8 weights (24 KiB, 6 KiB) go
+    assert light.ByteSize() < written.ByteSize() // 4
+    assert [n.name for n in light.graph.node] == [n.name for n in written.graph.node]
+    for a, b in zip(light.graph.initializer, written.graph.initializer, strict=True):
+        assert (a.name, a.data_type, list(a.dims)) == (b.name, b.data_type, list(b.dims))
+        assert a.ByteSize() == b.ByteSize() or b.ByteSize() > 1024
+    settings = {"mode": "static"}
+    assert build_report(light, model_bytes=1, float_model_bytes=2, settings=settings) == \
+        build_report(written, model_bytes=1, float_model_bytes=2, settings=settings)
+    report = json.loads(next(p for p in r.outputs("//m:q")
+                             if p.name == "report.json").read_text())
+    assert report["quantized_nodes"] >= 2 and report["model_bytes"] == \
+        next(p for p in r.outputs("//m:q") if p.name == "q.onnx").stat().st_size

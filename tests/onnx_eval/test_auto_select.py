@@ -48,3 +48,13 @@ def test_the_per_round_ratio_is_preferred_when_measured():
     e["latency"]["ratio_to_reference"] = 0.9  # the medians alone would say 0.8
     rep = select(["a"], [e], [_report(10.0)], {"min_f1": 0.95}, "latency", "//m:pre", 1.05)
     assert rep["trials"][0]["relative_latency"] == 0.9 and rep["chosen"] == "a"
+
+
+def test_a_bar_on_the_lower_bound_rejects_a_trial_that_only_just_passes():
+    e = _entry(0.95, 7.0)
+    e["task"]["f1_lower"] = 0.91
+    rep = select(["a"], [e], [_report(10.0)], {"min_f1_lower": 0.95}, "latency", "//m:pre",
+                 1.05)
+    assert rep["chosen"] == "float" and rep["trials"][0]["misses"] == [
+        "min_f1_lower: 0.91 < 0.95"]
+    assert rep["float"]["min_f1_lower"] == 1.0

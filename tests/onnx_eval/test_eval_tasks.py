@@ -9,7 +9,11 @@ import numpy as np
 import pluggy
 import pytest
 from qbuild_onnx.accuracy import tasks as et
-from qbuild_onnx.accuracy.detection import average_precision, detection_metrics
+from qbuild_onnx.accuracy.detection import (
+    average_precision,
+    detection_metrics,
+    f1_lower_bound,
+)
 from qbuild_onnx.rules import accuracy as rules_accuracy
 from qbuild_onnx_common.errors import OnnxError
 
@@ -55,6 +59,22 @@ def test_ssd_decoder_f1_and_ap50():
     assert m["f1"] == pytest.approx(2 * 1 / 5)
     assert m["ap50"] == pytest.approx(1 / 3)
     assert detection_metrics(ref, ref, opts)["ap50"] == 1.0
+
+
+def test_f1_lower_bound_is_below_a_pooled_f1_that_hangs_on_one_sample():
+    # 15 samples all matched, one sample with every detection lost: pooled F1 0.9375
+    counts = [(2, 2, 2)] * 15 + [(0, 2, 0)]
+    pooled = 2 * 30 / (32 + 30)
+    low = f1_lower_bound(counts)
+    assert low < pooled and low == f1_lower_bound(counts)  # seeded: deterministic
+    assert f1_lower_bound([(2, 2, 2)] * 16) == 1.0  # nothing to lose
+    # through the task: a candidate that misses on one of two images
+    boxes = [[0, 0, 10, 10]]
+    good, bad = _ssd(boxes, [[0.1, 0.9]]), _ssd(boxes, [[0.9, 0.1]])
+    opts = {"decoder": "ssd", "background_class": True, "score_threshold": 0.5}
+    m = detection_metrics([good, good], [good, bad], opts)
+    assert m["f1"] == pytest.approx(2 / 3) and m["f1_lower"] < m["f1"]
+    assert et.BAR_KEYS["min_f1_lower"] == ("f1_lower", True)
 
 
 def test_average_precision_orders_by_score():

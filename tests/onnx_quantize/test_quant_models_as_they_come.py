@@ -154,3 +154,19 @@ def test_per_channel_gemm_with_a_row_bias_is_quantized(tmp_path):
     quantize_static_model(path, cal, tmp_path / "q.onnx", StaticOptions(per_channel=True))
     got = lib.run(tmp_path / "q.onnx", feeds[0])["y"]
     assert lib.sqnr_db(lib.run(path, feeds[0])["y"], got) > 25
+
+
+def test_preprocess_names_unnamed_nodes(tmp_path):
+    # regions, exclusions and sensitivity address nodes by name; onnxruntime's
+    # pre-processing keeps a source's unnamed nodes unnamed (UltraFace has 62)
+    m = _grouped_conv_transpose()
+    for n in m.graph.node:
+        n.name = ""
+    src = lib.save(m, tmp_path / "unnamed.onnx")
+    info = preprocess_model(src, tmp_path / "pre.onnx")
+    pre = onnx.load(tmp_path / "pre.onnx")
+    names = [n.name for n in pre.graph.node]
+    assert all(names) and len(set(names)) == len(names), names
+    assert any("unnamed node(s) were given names" in note for note in info["notes"])
+    preprocess_model(src, tmp_path / "again.onnx")  # deterministic bytes
+    assert (tmp_path / "pre.onnx").read_bytes() == (tmp_path / "again.onnx").read_bytes()

@@ -95,10 +95,14 @@ def bias_correct(
     feeds: Iterable[Mapping[str, Any]],
     out_path: str | Path | None = None,
     op_types: tuple[str, ...] = ("Conv", "Gemm"),
+    from_quantizer: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """Corrects the biases of ``qdq_model`` for the mean weight-quantization error measured
     against ``float_model`` on ``feeds``. Returns (corrected ModelProto, report) and saves the
-    model to ``out_path`` if given. The report lists |δ| per corrected node."""
+    model to ``out_path`` if given. The report lists |δ| per corrected node.
+    ``from_quantizer``: the model is a quantizer's output, so one without any quantized
+    weight (every weight layer excluded) is returned unchanged instead of refused as a
+    float model."""
     import numpy as np
     import onnx
     from onnx import numpy_helper
@@ -110,14 +114,16 @@ def bias_correct(
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
 
     targets = []  # (qnode, fnode, float W, dequantized W)
+    quantized = 0  # nodes with a dequantized initializer weight, matched or not
     for node in qm.graph.node:
         if node.op_type not in op_types or len(node.input) < 2:
             continue
-        fnode = f_nodes.get(node.name)
-        if fnode is None or fnode.op_type != node.op_type or fnode.input[1] not in f_inits:
-            continue
         deq = _dequantize(qm.graph, q_inits, node.input[1])
         if deq is None:
+            continue
+        quantized += 1
+        fnode = f_nodes.get(node.name)
+        if fnode is None or fnode.op_type != node.op_type or fnode.input[1] not in f_inits:
             continue
         w = numpy_helper.to_array(f_inits[fnode.input[1]]).astype(np.float64)
         if w.shape != deq[0].shape:
@@ -126,6 +132,14 @@ def bias_correct(
                 f"float model's {w.shape}"
             )
         targets.append((node, fnode, w, deq[0]))
+    if not quantized and (from_quantizer or any(n.op_type == "DequantizeLinear"
+                                                for n in qm.graph.node)):
+        # a QDQ model whose every weight layer stays float (e.g. auto_quantize's widest
+        # region): nothing to correct, and the model is returned unchanged
+        if out_path is not None:
+            onnx.save(qm, str(out_path))
+        return qm, {"corrected_nodes": 0, "nodes": {},
+                    "note": "no quantized Conv/Gemm weight: nothing to correct"}
     if not targets:
         raise OnnxError("no Conv/Gemm node with a dequantized initializer weight that matches "
                             "a node of the float model by name")

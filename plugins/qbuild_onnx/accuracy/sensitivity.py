@@ -99,6 +99,8 @@ def find_sites(qdq_model: str | Path | Any,
             fn = f_nodes.get(ws[0].name)
             if fn is not None and len(fn.input) > 1:
                 name = fn.input[WEIGHT_OPS[fn.op_type]]
+            elif float_model is not None:
+                name = _float_name(name)
             dq_outs = [n.output[0]]
             # The bias of the same node belongs to the weight site: its int32 scale derives
             # from the weight's, and leaving it quantized keeps "all float" from being float.
@@ -109,6 +111,15 @@ def find_sites(qdq_model: str | Path | Any,
             sites.append(Site(name, "weight", tuple(sorted(u.name for u in users)),
                               tuple(dq_outs), _dtype_name(qm, n.input[0], None)))
     return sites
+
+
+_QUANTIZED_SUFFIX = "_quantized"  # onnxruntime's name for a quantized initializer
+
+
+def _float_name(quantized: str) -> str:
+    """The float initializer's name behind onnxruntime's quantized ``<name>_quantized``."""
+    return quantized[:-len(_QUANTIZED_SUFFIX)] if quantized.endswith(_QUANTIZED_SUFFIX) \
+        else quantized
 
 
 def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | None = None):
@@ -143,11 +154,15 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
                     op = "Relu"  # onnxruntime folded a Relu into this Q (zero point = qmin)
             else:
                 fn = next((f_nodes[c] for c in s.consumers if c in f_nodes), None)
-                if fn is None:
+                w = None
+                if fn is not None:
+                    qn = next(n for n in g.node if n.name == fn.name)
+                    idx = list(qn.input).index(dq_out)
+                    w = f_inits.get(fn.input[idx]) if idx < len(fn.input) else None
+                if w is None:  # nodes renamed by the quantizer (unnamed in the float model)
+                    w = f_inits.get(_float_name(dq.input[0]))
+                if w is None and fn is None:
                     raise OnnxError(f"weight site '{s.name}': no float node to copy it from")
-                qn = next(n for n in g.node if n.name == fn.name)
-                idx = list(qn.input).index(dq_out)
-                w = f_inits.get(fn.input[idx]) if idx < len(fn.input) else None
                 if w is None:
                     raise OnnxError(
                         f"weight site '{s.name}': float weight is not an initializer")

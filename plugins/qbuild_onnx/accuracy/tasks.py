@@ -131,6 +131,7 @@ BUILTIN_TASKS: dict[str, Task] = {
 # What a bar attribute means: (task result key, True if the value must be >= the bar).
 BAR_KEYS: dict[str, tuple[str, bool]] = {
     "min_f1": ("f1", True),
+    "min_f1_lower": ("f1_lower", True),  # detection.f1_lower_bound: 90 % lower bound
     "min_ap50": ("ap50", True),
     "max_top1_drop": ("top1_drop", False),
     "min_top1_agreement": ("top1_agreement", True),

@@ -16,7 +16,10 @@ needed:
   ``onnx.numpy_helper.to_array`` (which, in onnx >= 1.23, reads external data without
   storing it in the tensor) relative to the current directory: run it inside the model's
   folder and a lean graph's weights are read one at a time, never all held;
-* ``fill``: load the external tensors left in a graph (e.g. weights that stayed float).
+* ``fill``: load the external tensors left in a graph (e.g. weights that stayed float);
+* ``weightless``: a copy of a model with its large initializers reduced to name, type and
+  shape (what reports, interface checks and shape inference read), so the model itself
+  can be freed once written.
 """
 
 from __future__ import annotations
@@ -118,6 +121,35 @@ def fill(model, base_dir: str | Path) -> Any:
 
     external_data_helper.load_external_data_for_model(model, str(base_dir))
     return model
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        repeated = getattr(field, "is_repeated", None)  # protobuf >= 6; older: label
+        if repeated if repeated is not None else field.label == field.LABEL_REPEATED:
+            getattr(dst, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
+
+
+def weightless(model, small: int = SMALL):
+    """A copy of ``model`` whose initializers over ``small`` bytes keep only name, dtype
+    and dims (small ones, e.g. the shape constants shape inference reads, are copied)."""
+    import onnx
+
+    out = onnx.ModelProto()
+    _copy_fields(model, out, "graph")
+    _copy_fields(model.graph, out.graph, "initializer")
+    for t in model.graph.initializer:
+        if t.ByteSize() <= small:
+            out.graph.initializer.add().CopyFrom(t)
+        else:
+            out.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+    return out
 
 
 def rename_data_file(model_path: Path, new_name: str) -> None:

@@ -5,7 +5,8 @@ Owns running symbolic shape inference, ORT graph optimisation and ONNX shape inf
 ORT's output was checked byte-identical across runs and processes (onnxruntime 1.31.1,
 MNIST / MobileNetV2 / YOLOX-Nano / Silero VAD); ``normalise_model_file`` still rewrites
 the one field that could carry per-run state (temporary external-data names), and the
-rule's tests compare the bytes of two runs.
+rule's tests compare the bytes of two runs. Nodes left unnamed are given stable names
+(``joins.name_nodes``), since exclusions, regions and sensitivity address nodes by name.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from qbuild_onnx_common.files import sha256_file
 from qbuild_onnx_common.summary import model_info
 
 from ..source.model_checks import describe_quantized, drop_initializer_inputs, initializer_inputs
+from .joins import name_nodes
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,14 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
         (out.parent / data_name).write_bytes(b"")
     normalise_model_file(out)
     proto = onnx.load(str(out), load_external_data=False)
+    named = name_nodes(proto)
+    if named:
+        # exclusions, regions and sensitivity address nodes by name; onnxruntime keeps
+        # a source's unnamed nodes unnamed (UltraFace: 62 of them)
+        onnx.save(proto, str(out))
+        notes.append(f"{named} unnamed node(s) were given names (op type and first output)")
+        if log is not None:
+            log(notes[-1])
     info = model_info(proto)
     # Which node names the rewrite removed, so that a later "no node named X" can say why.
     from onnxruntime import __version__ as ort_version

@@ -23,7 +23,7 @@ from qbuild_onnx_common.files import sha256_bytes
 from qbuild_onnx_common.graph import bump_ir_version, real_inputs
 from qbuild_onnx_common.summary import describe_values
 
-from ..algorithms.external_data import lean_load
+from ..algorithms.external_data import lean_load, weightless
 from ..algorithms.markers import keep_float_nodes
 from ..ort_logs import ort_output_to_log
 from ..source.model_checks import (
@@ -152,9 +152,16 @@ def _run_ort_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.Mo
     return quantizer.model.model
 
 
-def _finish(original: onnx.ModelProto, quantized: onnx.ModelProto, output_path: Path,
+def _finish(original: onnx.ModelProto, box: list[onnx.ModelProto], output_path: Path,
             report_path: Path | None, float_bytes: int, settings: dict[str, Any],
-            had_infer_key: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+            had_infer_key: bool) -> tuple[dict[str, Any], dict[str, Any], onnx.ModelProto]:
+    """Write the quantized model (the only reference to it is ``box``, emptied here), then
+    validate and describe the written file: (info, report, the model without its weights).
+
+    Once written, the model is freed before the checker and the onnxruntime session read
+    the file, so a large model is held at most once more than its result (issue 14's
+    memory goal); reports and interface checks read a weightless copy."""
+    quantized = box.pop()
     bump_ir_version(quantized)
     if not had_infer_key:
         props = [p for p in quantized.metadata_props if p.key != _INFER_KEY]
@@ -163,28 +170,35 @@ def _finish(original: onnx.ModelProto, quantized: onnx.ModelProto, output_path: 
     if quantized.ByteSize() > _MAX_PROTO:
         raise OnnxError("the quantized model is over 2 GiB, which needs external data; "
                             "not supported yet")
-    data = quantized.SerializeToString()
-    check_onnx(quantized)
-    check_onnxruntime(data)
-    check_interface(original, quantized)
-    check_clamped_outputs(original, quantized)
     output_path = Path(output_path)
+    data = quantized.SerializeToString()
+    model_bytes, model_sha256 = len(data), sha256_bytes(data)
     output_path.write_bytes(data)
-    report = build_report(quantized, model_bytes=len(data), float_model_bytes=float_bytes,
+    skeleton = weightless(quantized)
+    del data, quantized
+    try:
+        check_onnx(output_path)
+        check_onnxruntime(output_path)
+        check_interface(original, skeleton)
+        check_clamped_outputs(original, skeleton)
+    except OnnxError:
+        output_path.unlink(missing_ok=True)
+        raise
+    report = build_report(skeleton, model_bytes=model_bytes, float_model_bytes=float_bytes,
                           settings=settings)
     if report_path is not None:
         Path(report_path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n",
                                      encoding="utf-8")
     info = {
         **settings,
-        "opset": ai_onnx_opset(quantized),
-        "ir_version": quantized.ir_version,
-        "inputs": describe_values(real_inputs(quantized)),
-        "outputs": describe_values(quantized.graph.output),
+        "opset": ai_onnx_opset(skeleton),
+        "ir_version": skeleton.ir_version,
+        "inputs": describe_values(real_inputs(skeleton)),
+        "outputs": describe_values(skeleton.graph.output),
         "quantized_nodes": report["quantized_nodes"],
-        "model_sha256": sha256_bytes(data),
+        "model_sha256": model_sha256,
     }
-    return info, report
+    return info, report, skeleton
 
 
 def _warn_lost_per_channel(report: dict[str, Any], overridden: set[str], warn: Log) -> None:
@@ -304,11 +318,13 @@ def quantize_static_model(
         settings["float_joins"] = [{"node": j.node, "ratio": j.ratio, "input_widths":
                                     list(j.widths), "float_nodes": list(j.float_nodes),
                                     "reaches_output": j.reaches_output} for j in joins]
-    info, report = _finish(original, quantized, output_path, report_path,
-                           _float_bytes(len(data), model_path, original), settings,
-                           had_infer_key)
+    # the quantizer may have edited ``model`` in place: no reference may outlive _finish's
+    box, quantized, model = [quantized], None, None
+    info, report, written = _finish(original, box, output_path, report_path,
+                                    _float_bytes(len(data), model_path, original), settings,
+                                    had_infer_key)
     if options.per_channel:
-        overridden = {n.name for n in quantized.graph.node
+        overridden = {n.name for n in written.graph.node
                       if any(i in overrides for i in n.input)}
         _warn_lost_per_channel(report, overridden, warn)
     return info
@@ -412,14 +428,16 @@ def quantize_dynamic_model(
         "reduce_range": options.reduce_range,
         "input_model_sha256": sha256_bytes(data),
     }
-    info, report = _finish(original, quantized, output_path, report_path,
-                           _float_bytes(len(data), model_path, original), settings,
-                           had_infer_key)
+    # the quantizer may have edited ``model`` in place: no reference may outlive _finish's
+    box, quantized, model = [quantized], None, None
+    info, report, written = _finish(original, box, output_path, report_path,
+                                    _float_bytes(len(data), model_path, original), settings,
+                                    had_infer_key)
     if options.per_channel:
         # onnxruntime's dynamic Conv (ConvInteger) always takes per-tensor weights.
-        convs = {n.name for n in quantized.graph.node if n.op_type == "ConvInteger"}
+        convs = {n.name for n in written.graph.node if n.op_type == "ConvInteger"}
         _warn_lost_per_channel(report, convs, warn)
-    model = quantized = original = None  # freed: the latency check opens two sessions
+    model = written = original = None  # freed: the latency check opens two sessions
     if report["float_model_bytes"] > _LATENCY_CHECK_MAX_BYTES:
         log("latency check skipped: the float model is over 1 GB")
         slower = None

@@ -10,6 +10,8 @@ produced still being clamped.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import onnx
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import real_inputs
@@ -17,17 +19,22 @@ from qbuild_onnx_common.ort import session
 from qbuild_onnx_common.summary import describe_values
 
 
-def check_onnx(model: onnx.ModelProto) -> None:
-    """Run ``onnx.checker.check_model(full_check=True)``; raise ``OnnxError`` if invalid."""
+def check_onnx(model: onnx.ModelProto | Path) -> None:
+    """Run ``onnx.checker.check_model(full_check=True)`` on a model or a saved file (read
+    by onnx's C++ side alone: no Python copy); raise ``OnnxError`` if invalid."""
     try:
-        onnx.checker.check_model(model, full_check=True)
+        onnx.checker.check_model(str(model) if isinstance(model, Path) else model,
+                                 full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise OnnxError(f"the quantized model is not valid ONNX: {exc}") from None
 
 
-def check_onnxruntime(data: bytes) -> None:
-    """Load the serialized model in an onnxruntime CPU session; raise if it does not load."""
-    session(data, what="the quantized model")  # the one core the rule is granted (Rule.cpu)
+def check_onnxruntime(model: bytes | Path) -> None:
+    """Load the serialized (or saved) model in an onnxruntime CPU session; raise if it does
+    not load. Weights are not pre-packed: the session only proves the model loads and
+    optimises, and pre-packed copies of every weight would double its memory."""
+    # the one core the rule is granted (Rule.cpu)
+    session(model, what="the quantized model", config={"session.disable_prepacking": "1"})
 
 
 def check_interface(original: onnx.ModelProto, quantized: onnx.ModelProto) -> None:

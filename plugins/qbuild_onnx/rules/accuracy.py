@@ -18,7 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
+from qbuild_onnx_common.providers import (
+    DatasetInfo,
+    OnnxModelInfo,
+    QuantizedModelInfo,
+    onnx_model_info,
+)
 from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, Dep, RunContext, attr, hookimpl
@@ -531,7 +536,8 @@ def bias_correction(ctx: RunContext) -> OnnxModelInfo:
     feeds = _feeds(ctx, deps["dataset"], ctx.params["labels"]["dataset"], "dataset", ref_path)
     out = ctx.output(ctx.params["out"])
     try:
-        _, rep = bias_correct(_model(deps["model"]), ref_path, feeds, out)
+        _, rep = bias_correct(_model(deps["model"]), ref_path, feeds, out,
+                              from_quantizer=QuantizedModelInfo in deps["model"])
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr) from None
     _write_json(ctx.output("report.json"), rep)
