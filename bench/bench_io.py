@@ -10,7 +10,7 @@ counted and do not read the file).
 Cold = empty cache; warm = full cache, empty qbuild-out; no-op (full path) = nothing
 changed, fast path disabled. Usage::
 
-    python bench/bench_io.py [--size-mib 1024] [--runs 3]
+    python bench/bench_io.py [--size-mib 1024] [--runs 3] [--dir /mnt/xfs]
 """
 
 from __future__ import annotations
@@ -85,9 +85,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", default=None,
+                        help="where to make the workspace and cache (e.g. on XFS or btrfs, "
+                             "where private copies are reflinks)")
     args = parser.parse_args()
     size = args.size_mib << 20
-    base = Path(tempfile.mkdtemp(prefix="qbuild-bench-io-"))
+    base = Path(tempfile.mkdtemp(prefix="qbuild-bench-io-", dir=args.dir))
     try:
         ws, cache = base / "ws", base / "cache"
         (ws / "pkg").mkdir(parents=True)

@@ -34,11 +34,16 @@ class ActionSpec:
     outputs: tuple[str, ...]
     params: dict[str, Any] = field(default_factory=dict)
     heavy: bool = False
+    # file/files input -> where each item is staged, relative to ``RunContext.root``
+    layout: dict[str, list[str]] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
-        return {"mnemonic": self.mnemonic, "function": self.function,
-                "inputs": list(self.inputs), "outputs": list(self.outputs),
-                "params": self.params, "heavy": self.heavy}
+        described = {"mnemonic": self.mnemonic, "function": self.function,
+                     "inputs": list(self.inputs), "outputs": list(self.outputs),
+                     "params": self.params, "heavy": self.heavy}
+        if self.layout:
+            described["layout"] = self.layout
+        return described
 
 
 def function_ref(fn: Callable[..., Any]) -> str:
@@ -91,7 +96,8 @@ class AnalysisContext:
 
     def action(self, function: Callable[[RunContext], Any], *, outputs: Sequence[str],
                inputs: Sequence[str] = (), params: Mapping[str, Any] | None = None,
-               mnemonic: str | None = None, heavy: bool | None = None) -> ActionSpec:
+               mnemonic: str | None = None, heavy: bool | None = None,
+               layout: Mapping[str, Sequence[str]] | None = None) -> ActionSpec:
         """Declare an action.
 
         Args:
@@ -104,6 +110,10 @@ class AnalysisContext:
             params: JSON values the function reads as ``ctx.params`` (part of its key).
             mnemonic: the action's name in ``qbuild aquery`` (default: function name).
             heavy: run in a worker process (default: the rule's ``heavy``).
+            layout: for ``file``/``files`` inputs, where to stage each item of the
+                attribute (in order), relative to ``ctx.root``: a source at that path,
+                a dependency's outputs in that folder (part of the key). Without it,
+                inputs are staged under the engine's own folders (``ctx.inputs``).
         """
         ref = function_ref(function)
         mnemonic = mnemonic or function.__name__
@@ -132,11 +142,47 @@ class AnalysisContext:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"action {mnemonic}: params must be JSON values ({exc})") from None
         spec = ActionSpec(mnemonic, ref, tuple(names), outs, json.loads(text),
-                          self._heavy if heavy is None else bool(heavy))
+                          self._heavy if heavy is None else bool(heavy),
+                          self._layout(mnemonic, names, layout or {}))
         for out in outs:
             self._made[out] = mnemonic
         self.actions.append(spec)
         return spec
+
+    def _layout(self, mnemonic: str, inputs: list[str],
+                layout: Mapping[str, Sequence[str]]) -> dict[str, list[str]]:
+        """``layout`` checked: file inputs only, one clean relative path per item, no
+        two the same or one inside another."""
+        out: dict[str, list[str]] = {}
+        taken: dict[str, Any] = {}  # path -> the item staged there
+        parents: set[str] = set()
+        for name, paths in layout.items():
+            kind = self._attr_types.get(name)
+            if name not in inputs or kind not in ("file", "files"):
+                raise ConfigError(f"action {mnemonic}: layout names '{name}', which is not "
+                                  "a file or files input of the action")
+            value = self.attrs.get(name)
+            items = [] if value is None else [value] if kind == "file" else list(value)
+            paths = [str(p) for p in paths]
+            if len(paths) != len(items):
+                raise ConfigError(f"action {mnemonic}: layout of '{name}' gives "
+                                  f"{len(paths)} paths for {len(items)} items", attr=name)
+            for path, item in zip(paths, items):
+                parts = path.split("/")
+                if not path or path.startswith("/") or any(
+                        p in ("", ".", "..") for p in parts) or "\0" in path:
+                    raise ConfigError(f"action {mnemonic}: layout path {path!r} must be a "
+                                      "plain relative path", attr=name)
+                if path in taken and taken[path] == item:
+                    continue  # the same item listed twice
+                ancestors = {"/".join(parts[:i]) for i in range(1, len(parts))}
+                if path in taken or path in parents or not ancestors.isdisjoint(taken):
+                    raise ConfigError(f"action {mnemonic}: layout path {path!r} is given "
+                                      "twice or inside another", attr=name)
+                taken[path] = item
+                parents.update(ancestors)
+            out[name] = paths
+        return out
 
     def finish(self) -> list[ActionSpec]:
         """The declared actions, checked to write every declared output."""
@@ -155,8 +201,11 @@ class RunContext:
     def __init__(self, *, inputs: dict[str, Any], params: dict[str, Any],
                  outputs: dict[str, Path], scratch: Path, log_path: Path, workdir: Path,
                  threads: int = 1, origins: dict[str, list[tuple[int, str]]] | None = None,
-                 hooks: Mapping[str, tuple[str, ...]] | None = None) -> None:
+                 hooks: Mapping[str, tuple[str, ...]] | None = None,
+                 root: Path | None = None) -> None:
         self.inputs = inputs
+        self.root = root if root is not None else workdir / "ws"
+        """Where inputs declared with a ``layout`` are staged."""
         self._hooks = dict(hooks or {})
         self._resolved: Any = None
         self.origins = origins or {}

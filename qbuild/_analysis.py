@@ -58,6 +58,9 @@ class Graph:
         self.registry = registry
         self.loader = PackageLoader(workspace, self._macro)
         self.targets: dict[Label, Target] = {}
+        # sha-256 of the analysis cache entry these targets came from or went into
+        # (``_analysis_cache``); None when they are not cached
+        self.analysis_digest: str | None = None
         self._tops = (str(workspace.output_dir), str(workspace.cache_dir),
                       str(workspace.root / OUT_PREFIX))
         self._real_tops = (os.path.realpath(workspace.root),

@@ -39,7 +39,7 @@ from ._label import Label
 from ._loader import MATRIX_KIND
 from ._reads import folder_identities, same_folders
 
-_VERSION = 2
+_VERSION = 3
 
 
 def _stat(path: str) -> str | None:
@@ -157,7 +157,8 @@ def save(graph: Graph, patterns: list[str], package: str | None, labels: list[La
         temp.write_text(text, encoding="utf-8")
         os.replace(temp, path)
     except (OSError, TypeError, ValueError, RecursionError):
-        pass
+        return
+    graph.analysis_digest = hashlib.sha256(text.encode()).hexdigest()
 
 
 def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Label] | None:
@@ -167,8 +168,8 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
     workspace = graph.workspace
     root = workspace.root
     try:
-        record = json.loads(_path(workspace.output_dir, patterns, package)
-                            .read_text(encoding="utf-8"))
+        text = _path(workspace.output_dir, patterns, package).read_text(encoding="utf-8")
+        record = json.loads(text)
         if record.get("version") != _VERSION or record["code"] != _code(graph):
             return None
         stats = record["reads"]
@@ -211,11 +212,13 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
                                     tuple(inactive), [
                                         ActionSpec(a["mnemonic"], a["function"],
                                                    tuple(a["inputs"]), tuple(a["outputs"]),
-                                                   a["params"], a["heavy"])
+                                                   a["params"], a["heavy"],
+                                                   a.get("layout", {}))
                                         for a in actions])
         labels = [_label(text) for text in record["labels"]]
     except Exception:  # noqa: BLE001 - absent, damaged or stale: analyse as usual
         return None
     graph.targets.update(targets)
     graph.loader.reads.stats.update(stats)
+    graph.analysis_digest = hashlib.sha256(text.encode()).hexdigest()
     return labels

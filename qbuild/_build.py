@@ -13,6 +13,7 @@ import concurrent.futures
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ from ._workspace import claim_output_dir
 from .events import ActionEvent, BuildSummary, Failure
 
 if TYPE_CHECKING:
+    from ._incremental import Reuse
     from ._remote_store import LayeredStore
 
 __all__ = ["Build", "BuildOptions", "BuildResult", "Session"]
@@ -97,8 +99,9 @@ class Build:
     """One ``qbuild build`` run over a session."""
 
     def __init__(self, session: Session, options: BuildOptions, reporter: Reporter,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, reuse: Reuse | None = None) -> None:
         self.session = session
+        self.reuse = reuse  # the last build's keys and results (``_incremental``)
         self.options = options
         self.reporter = reporter
         self.graph = session.graph
@@ -158,6 +161,12 @@ class Build:
         self.result.requested = [str(x) for x in requested]
         actionable = [x for x in order if not self.graph.targets[x].is_group]
         self.reporter.build_started(len(actionable))
+        prefetch = getattr(self.store, "prefetch_actions", None)
+        if prefetch is not None and self.reuse is None:
+            # Every target is about to be looked up: read the entries of the keys they
+            # had last time in a few queries (a key that changed is looked up alone).
+            last = self.state.last_keys
+            prefetch([last[str(label)] for label in actionable if str(label) in last])
         interrupted = False
         try:
             self.scheduler(order).run()
@@ -221,6 +230,14 @@ class Build:
         """Key a ready target and look it up: True for a hit, False when it cannot even
         be keyed (a source vanished), else the action to run with its grant."""
         target = self.graph.targets[label]
+        if self.reuse is not None:
+            taken = self.reuse.take(label, target.deps, self.results)
+            if taken is not None:
+                key, result, sources = taken
+                self.rebuilder.reuse(label, key, result, sources)
+                self.result.cached.append(str(label))
+                self._event(ActionEvent(str(label), "cached", key=key, origin="local_cache"))
+                return True
         try:
             action, cached, origin = self.rebuilder.lookup(target)
         except (OSError, QbuildError, RecursionError, ValueError) as exc:
@@ -327,11 +344,37 @@ class Build:
             return None
         stats = dict(loader_reads.stats)
         stats["qbuild.toml"] = self.session.workspace.marker_stat
-        for action in self.actions.values():
-            for rel, (_digest, key) in action.sources.items():
+        for sources in self.rebuilder.sources.values():
+            for rel, (_digest, key) in sources.items():
                 if stats.setdefault(rel, key) != key:
                     return None
         return stats
+
+    def source_files(self) -> set[str]:
+        """Workspace-relative paths of every source the actions of this build read."""
+        return {rel for sources in self.rebuilder.sources.values() for rel in sources}
+
+    def code_files(self) -> set[str]:
+        """Every rule code file the keys of this build rest on (hashed now, or by the
+        build whose keys were reused)."""
+        files = set(self.session.code.files_read) if self.session.code_used else set()
+        if self.reuse is not None:
+            files.update(self.reuse.code_files)
+        return files
+
+    def reusable(self) -> dict[str, tuple[str, ActionResult, Mapping[str, tuple[str, str]]]]:
+        """Key, result and sources of every target, for the next build's incremental
+        path; empty unless every target got its result the plain way."""
+        if not self.result.ok or self.rebuilder.rebuilt:
+            return {}
+        last = self.state.last_keys
+        out = {}
+        for label, result in self.results.items():
+            key, sources = last.get(str(label)), self.rebuilder.sources.get(label)
+            if key is None or sources is None:
+                return {}
+            out[str(label)] = (key, result, sources)
+        return out
 
     def placed_outputs(self) -> dict[str, str]:
         """Stats of the requested targets' files in the output folder, as placed."""

@@ -116,12 +116,12 @@ class SourceDigests:
         self.bytes_hashed = 0
         self.files_hashed = 0
 
-    def mode(self, path: Path) -> int:
+    def mode(self, path: str | Path) -> int:
         """``st_mode`` of ``path`` from the stat its digest was taken with."""
         mode = self._modes.get(str(path))
         return mode if mode is not None else os.stat(path).st_mode
 
-    def digest(self, path: Path) -> tuple[str, str]:
+    def digest(self, path: str | Path) -> tuple[str, str]:
         """Return (digest, stat key) of ``path``; hashes only if the stat is new."""
         st = os.stat(path)
         key = stat_key(st)
@@ -147,6 +147,11 @@ class SourceDigests:
                 self._memo.memo_put(key, digest)
         self._seen[str(path)] = (digest, key)
         return digest, key
+
+    def vouch(self, path: Path, digest: str, key: str) -> None:
+        """Take ``digest`` for ``path`` as of stat ``key``, which the caller just saw
+        unchanged since that digest was taken (``_incremental``)."""
+        self._seen[str(path)] = (digest, key)
 
     def still(self, path: Path, expected_digest: str, expected_key: str) -> bool:
         """True if ``path`` was not touched since it was digested (re-checked after an

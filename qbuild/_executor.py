@@ -317,7 +317,7 @@ class LocalExecutor:
                 raise ActionFailed(exc, _tail(log_path)) from None
             out_root = sandbox / OUT_PREFIX / label_dir(action.label)
             self._check_inputs(action, sandbox, staged)
-            outputs = self._collect(action, out_root, log_path)
+            outputs = self._collect(action, out_root, log_path, staged=staged)
             for path, (digest, key) in action.sources.items():
                 if not self.digests.still(self.root / path, digest, key):
                     raise ActionFailed(RuleError(
@@ -330,7 +330,15 @@ class LocalExecutor:
             self._trash.put(sandbox, lock)
 
     def _collect(self, action: Action, out_root: Path, log_path: Path,
-                 names: tuple[str, ...] | None = None) -> list[OutputEntry]:
+                 names: tuple[str, ...] | None = None,
+                 staged: dict[Path, tuple[str, str]] | None = None) -> list[OutputEntry]:
+        """The declared outputs, stored. An output that is a staged input moved into
+        place (a ``filegroup``'s source, say: same inode, size and mtime as staged, still
+        read-only) is not hashed again: its digest is the one it was staged with."""
+        known: dict[tuple[int, int], tuple[str, int, int]] = {}
+        for digest, key in (staged or {}).values():
+            dev, ino, size, mtime = key.split(":")[:4]
+            known[(int(dev), int(ino))] = (digest, int(size), int(mtime))
         entries = []
         for name in action.outputs if names is None else names:
             path = out_root / name.rstrip("/")
@@ -352,7 +360,12 @@ class LocalExecutor:
                                                  "symlink; write real files",
                                                  target=str(action.label)))
                 st = file.stat()
-                digest = hash_file(file)
+                seen = known.get((st.st_dev, st.st_ino))
+                if seen is not None and seen[1:] == (st.st_size, st.st_mtime_ns) and \
+                        not st.st_mode & 0o222:
+                    digest = seen[0]
+                else:
+                    digest = hash_file(file)
                 self.store.put_blob(file, digest, adopt=True,  # the sandbox is thrown away
                                     hashed=st)
                 entries.append(OutputEntry(file.relative_to(out_root).as_posix(), digest,

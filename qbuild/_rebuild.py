@@ -14,8 +14,12 @@ recheck, execute on the real executor, store) in one of ``jobs`` threads.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import os
+import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from ._analysis import Target
 from ._errors import QbuildError
@@ -25,6 +29,9 @@ from ._protocols import Executor, Origin, Store
 from ._records import Action, ActionResult, KeyParts, Outcome
 from ._session import Session
 from ._state import WorkspaceState
+
+if TYPE_CHECKING:
+    from ._store import LocalStore
 
 
 def one_line(exc: BaseException) -> str:
@@ -56,21 +63,53 @@ class Rebuilder:
         self.results: dict[Label, ActionResult] = {}
         self.actions: dict[Label, Action] = {}
         self.parts: dict[Label, KeyParts] = {}
+        # sources of every keyed or reused target, as digested: {rel: (digest, stat)}
+        self.sources: dict[Label, Mapping[str, tuple[str, str]]] = {}
+        self.rebuilt = False  # an action was run again to restore its outputs
+        # Batched commits of action entries (a local store that can defer its fsyncs).
+        self.committer: Committer | None = None
+        from ._store import LocalStore
+
+        if type(self.store) is LocalStore:  # (a remote layer uploads each entry itself)
+            self.store.defer_sync()
+            self.committer = Committer(self.store, session.save_code, message)
         self._rebuild_lock = threading.RLock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     # -- key, hit or miss --------------------------------------------------------------
     def lookup(self, target: Target) -> tuple[Action, ActionResult | None, Origin]:
         """Key ``target`` from its dependencies' results and look the key up."""
-        parts, key, action = self.session.key_for(target, self.results)
+        parts, key, action = self.session.keyed(target, self.results, with_parts=False)
         self.actions[target.label] = action
-        self.parts[target.label] = parts
+        self.sources[target.label] = action.sources
         cached, origin = self.store.find_action(key)
+        if cached is None and parts is None:  # a miss: the parts are recorded with it
+            parts = self.session.parts_of(target, action)
+        if parts is not None:
+            self.parts[target.label] = parts
         return action, cached, origin
 
     def hit(self, label: Label, key: str, result: ActionResult) -> None:
         self.results[label] = result
         self.state.set_last_key(str(label), key)
+
+    def reuse(self, label: Label, key: str, result: ActionResult,
+              sources: dict[str, tuple[str, str]]) -> None:
+        """The last build's key and result, unchanged (``_incremental``): no action
+        record is made unless the target has to run again (``_action``)."""
+        self.sources[label] = sources
+        root = self.session.workspace.root
+        for rel, (digest, stat) in sources.items():
+            self.session.digests.vouch(root / rel, digest, stat)
+        self.hit(label, key, result)
+
+    def _action(self, label: Label) -> Action:
+        action = self.actions.get(label)
+        if action is None:  # a reused target: key it now
+            parts, _key, action = self.session.key_for(self.session.graph.targets[label],
+                                                       self.results)
+            self.actions[label], self.parts[label] = action, parts
+        return action
 
     # -- running misses (the scheduler's executor) --------------------------------------
     def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
@@ -83,11 +122,15 @@ class Rebuilder:
         if pool is not None:
             pool.shutdown(wait=True)
         self.executor.close()
+        if self.committer is not None:
+            self.committer.close()
 
     def kill(self) -> None:
         """Interrupted: do not wait for running actions."""
         pool, self._pool = self._pool, None
         self.executor.kill()
+        if self.committer is not None:
+            self.committer.close()  # what is queued is a few quick writes
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
@@ -107,36 +150,61 @@ class Rebuilder:
 
     def _run(self, action: Action) -> Outcome:
         label = action.label
-        parts = self.parts[label]
         # One process runs a key at a time: a second one waits, then takes the hit.
-        with self.store.action_lock(action.key):
-            cached = self.store.get_action(action.key)
-            if cached is not None:
-                self.hit(label, action.key, cached)
-                return Outcome(cached, 0.0, "cached")
-            rebuilt: set[Label] = set()
-            while True:
-                try:
-                    outcome = self.executor.submit(action).result()
-                    break
-                except MissingBlob as missing:
-                    dep = self._dep(label, missing.dep_label)
-                    if dep in rebuilt:
-                        raise ActionFailed(f"inputs of {label} could not be restored from "
-                                           "the cache") from None
-                    rebuilt.add(dep)
-                    if self.rebuild(dep):  # a non-reproducible dep gave new bytes: re-key
-                        target = self.session.graph.targets[label]
-                        parts, _key, fresh = self.session.key_for(target, self.results)
-                        self.actions[label], self.parts[label] = fresh, parts
-                        return self._run(_granted(fresh, action))
-            # Blobs are durable (stored and fsync'ed by the executor) before this commits.
-            self.store.put_components(action.key, parts)
-            self.session.save_code(parts)
-            self.store.put_action(action.key, outcome.result)
-        self.results[label] = outcome.result
-        self.state.set_last_key(str(label), action.key)
+        lock_action = getattr(self.store, "lock_action", None)
+        with contextlib.ExitStack() as stack:
+            lock = None
+            if lock_action is not None:
+                lock = lock_action(action.key)
+                if lock is not None:
+                    stack.callback(os.close, lock)
+            else:
+                stack.enter_context(self.store.action_lock(action.key))
+            outcome, retry = self._run_locked(action)
+            if outcome is not None and outcome.status != "cached":
+                parts = self.parts[label]
+                if lock is not None and self.committer is not None:
+                    # Committed off the critical path, with others, after their blobs
+                    # are durable; the lock is released only then, so another process
+                    # waiting for this key finds the entry.
+                    stack.pop_all()
+                    self.committer.put(lock, action.key, parts, outcome.result)
+                else:
+                    # Blobs are durable (stored and fsync'ed by the executor) first.
+                    self.store.put_components(action.key, parts)
+                    self.session.save_code(parts)
+                    self.store.put_action(action.key, outcome.result)
+        if retry is not None:
+            return self._run(retry)
+        assert outcome is not None
+        if outcome.status != "cached":
+            self.results[label] = outcome.result
+            self.state.set_last_key(str(label), action.key)
         return outcome
+
+    def _run_locked(self, action: Action) -> tuple[Outcome | None, Action | None]:
+        """(the outcome, None), or (None, the action keyed again) when a rebuilt
+        dependency gave new bytes."""
+        label = action.label
+        cached = self.store.get_action(action.key)
+        if cached is not None:
+            self.hit(label, action.key, cached)
+            return Outcome(cached, 0.0, "cached"), None
+        rebuilt: set[Label] = set()
+        while True:
+            try:
+                return self.executor.submit(action).result(), None
+            except MissingBlob as missing:
+                dep = self._dep(label, missing.dep_label)
+                if dep in rebuilt:
+                    raise ActionFailed(f"inputs of {label} could not be restored from "
+                                       "the cache") from None
+                rebuilt.add(dep)
+                if self.rebuild(dep):  # a non-reproducible dep gave new bytes: re-key
+                    target = self.session.graph.targets[label]
+                    parts, _key, fresh = self.session.key_for(target, self.results)
+                    self.actions[label], self.parts[label] = fresh, parts
+                    return None, _granted(fresh, action)
 
     def _dep(self, label: Label, text: str) -> Label:
         for dep in self.session.graph.targets[label].deps:
@@ -151,13 +219,14 @@ class Rebuilder:
         may do (its new result replaces the old one). Missing inputs of its own are
         rebuilt first, deepest first, with an explicit stack."""
         with self._rebuild_lock:
+            self.rebuilt = True
             stack = [label]
             rebuilt: set[Label] = set()
             rekeyed: set[Label] = set()  # inputs changed under it: new bytes are expected
             changed = False
             while stack:
                 current = stack[-1]
-                action = self.actions[current]
+                action = self._action(current)
                 try:
                     outcome = self.executor.submit(action).result()
                 except MissingBlob as missing:
@@ -195,7 +264,7 @@ class Rebuilder:
                     parent = stack[-1]
                     parts, key, fresh = self.session.key_for(
                         self.session.graph.targets[parent], self.results)
-                    self.actions[parent] = _granted(fresh, self.actions[parent])
+                    self.actions[parent] = _granted(fresh, self._action(parent))
                     self.parts[parent] = parts
                     self.store.put_components(key, parts)
                     rekeyed.add(parent)
@@ -207,3 +276,71 @@ def _granted(fresh: Action, old: Action) -> Action:
     from dataclasses import replace
 
     return replace(fresh, threads=old.threads, memory_mib=old.memory_mib)
+
+
+class Committer:
+    """Writes action entries in batches in a thread of its own: one fsync pass over the
+    blobs stored since the last batch, then one transaction for the batch's key parts
+    and results; only then are the entries' locks released. The build waits for it to
+    finish (``close``) before it records anything that relies on those entries."""
+
+    def __init__(self, store: LocalStore, save_code: Callable[[KeyParts], None],
+                 message: Callable[[str], None]) -> None:
+        self.store = store
+        self.save_code = save_code
+        self.message = message
+        self.errors: list[str] = []
+        self._queue: queue.SimpleQueue[tuple[int, str, KeyParts, ActionResult] | None] = \
+            queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+
+    def put(self, lock: int, key: str, parts: KeyParts, result: ActionResult) -> None:
+        with self._start:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="qbuild-commit",
+                                                daemon=True)
+                self._thread.start()
+        self._queue.put((lock, key, parts, result))
+
+    def close(self) -> None:
+        with self._start:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _run(self) -> None:
+        done = False
+        while not done:
+            first = self._queue.get()
+            batch = []
+            if first is None:
+                done = True
+            else:
+                batch.append(first)
+            while not done and len(batch) < 256:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    done = True
+                else:
+                    batch.append(item)
+            if batch:
+                self._commit(batch)
+
+    def _commit(self, batch: list[tuple[int, str, KeyParts, ActionResult]]) -> None:
+        try:
+            self.store.put_results(
+                [(key, parts, result) for _lock, key, parts, result in batch])
+            for _lock, _key, parts, _result in batch:
+                self.save_code(parts)
+        except Exception as exc:  # noqa: BLE001 - only costs running them again
+            error = one_line(exc)
+            self.errors.append(error)
+            self.message(f"could not record {len(batch)} result(s) in the cache: {error}")
+        finally:
+            for lock, *_rest in batch:
+                os.close(lock)

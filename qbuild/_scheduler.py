@@ -10,6 +10,7 @@ one). Waiting is ``concurrent.futures.wait`` unless an executor brings its own c
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures
 from collections.abc import Callable, Iterable
 from typing import Protocol
@@ -80,9 +81,10 @@ class Scheduler:
                     plan.stop()
                 plan.finish(label, ok=prepared)
                 continue
-            queue.append((label, prepared))
+            # Kept in order as it grows (sorting it again for each finished action
+            # was quadratic with thousands queued).
+            bisect.insort(queue, (label, prepared), key=lambda item: plan.sort_key(item[0]))
             self.queued_hook(label)
-        queue.sort(key=lambda item: self.plan.sort_key(item[0]))
 
     def run(self) -> None:
         plan = self.plan

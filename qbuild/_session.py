@@ -9,17 +9,18 @@ dependencies' results into the key's parts, the key and the ``Action`` record.
 
 from __future__ import annotations
 
+import os
 import stat
 from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
+from . import __version__
 from ._analysis import Graph, Target
 from ._code import CodeDigests
 from ._digest import SourceDigests
-from ._keys import action_key, components
+from ._keys import action_key, components, target_env
 from ._label import Label
 from ._plugins import Registry, load_registry
 from ._protocols import Store
@@ -46,6 +47,8 @@ class Session:
         self._digests: SourceDigests | None = None
         self.known_digests: dict[str, tuple[str, str]] = {}  # see SourceDigests
         self._code: CodeDigests | None = None
+        self._code_memo: dict[tuple[type | None, tuple[str, ...]], dict[str, str]] = {}
+        self._attr_type_memo: dict[type, dict[str, str]] = {}
 
     @classmethod
     def open(cls, cwd: Path, *, plugins: Iterable[ModuleType | Any] = (),
@@ -63,7 +66,10 @@ class Session:
         except ValueError:
             package = None
         remote = None
-        if remote_flags is not None:
+        env = os.environ if environ is None else environ
+        if remote_flags is not None and (
+                remote_flags.get("cache") is not None or workspace.has_remote
+                or env.get("QBUILD_REMOTE_CACHE") is not None):
             from ._remote_store import resolve_remote
 
             remote = resolve_remote(workspace.root, remote_flags, environ=environ)
@@ -110,12 +116,16 @@ class Session:
             self._store.close()
 
     def build(self, patterns: list[str], package: str | None, options: BuildOptions,
-              reporter: Reporter, started: float | None = None) -> Build:
+              reporter: Reporter, started: float | None = None,
+              incremental: Mapping[str, Any] | None = None) -> Build:
         """Build ``patterns`` (relative to ``package``); the returned ``Build`` holds the
         result and what the no-op fast path may rely on. ``started`` (the wall-clock
-        start of a command-line build) turns the analysis cache on (``_analysis_cache``).
+        start of a command-line build) turns the analysis cache on (``_analysis_cache``);
+        ``incremental`` (the ``_noop.environment`` of the build) the incremental path
+        too (``_incremental``): the last build's keys reused where nothing changed, and
+        this build's recorded for the next.
         """
-        from . import _analysis_cache
+        from . import _analysis_cache, _incremental
         from ._build import Build
 
         labels = None
@@ -124,10 +134,25 @@ class Session:
         analysed = labels is None
         if labels is None:
             labels = self.graph.expand(patterns, package)
-        build = Build(self, options, reporter)
+        use = started is not None and incremental is not None and self.remote is None \
+            and options.remote_executor is None
+        record = _incremental.record_path(self.workspace.output_dir, patterns, package)
+        reuse = None
+        if use and incremental is not None and not analysed and not options.explain:
+            # (--explain always takes the full path)
+            reuse = _incremental.Reuse.load(record, self.workspace.root,
+                                            self.graph.analysis_digest, incremental,
+                                            self.store)
+        build = Build(self, options, reporter, reuse=reuse)
         build.run(labels)
         if started is not None and analysed:
             _analysis_cache.save(self.graph, patterns, package, labels, started)
+        if use and build.result.ok:
+            assert started is not None and incremental is not None
+            _incremental.save(record, analysis=self.graph.analysis_digest, env=incremental,
+                              store_dir=self.store.directory, started=started,
+                              code_files=build.code_files(), targets=build.reusable(),
+                              reuse=reuse)
         return build
 
     # -- keys ---------------------------------------------------------------------------
@@ -137,16 +162,24 @@ class Session:
         assert target.rule is not None
         refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target)]
         refs += [spec.function for spec in target.actions]
-        units = self.code.units_for(type(target.rule), refs, self.registry.pm)
-        return {unit: self.code.unit(unit)[0] for unit in units}
+        return self._code_digests(type(target.rule), refs)
 
     def step_code(self, target: Target, function: str) -> dict[str, str]:
         """Code units of one declared action: the engine, its function's package, the
         providers involved and what the rule's ``code()`` names, not the rule class."""
         assert target.rule is not None
         refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target), function]
-        units = self.code.units_for(None, refs, self.registry.pm)
-        return {unit: self.code.unit(unit)[0] for unit in units}
+        return self._code_digests(None, refs)
+
+    def _code_digests(self, rule_cls: type | None, refs: list[str]) -> dict[str, str]:
+        # Memoised for this session: every unit is digested once per session anyway.
+        memo_key = (rule_cls, tuple(refs))
+        found = self._code_memo.get(memo_key)
+        if found is None:
+            units = self.code.units_for(rule_cls, refs, self.registry.pm)
+            found = self._code_memo[memo_key] = {
+                unit: self.code.unit(unit)[0] for unit in units}
+        return dict(found)
 
     def code_files(self, digest: str) -> dict[str, str] | None:
         """The per-file digests of a code unit by its digest (for explanations)."""
@@ -163,46 +196,75 @@ class Session:
     def key_for(self, target: Target, results: Mapping[Label, ActionResult]
                 ) -> tuple[KeyParts, str, Action]:
         """Key components, key and runnable action of ``target`` given its deps' results."""
-        root = self.workspace.root
-        sources = {rel: self.digests.digest(root / rel) for rel in target.sources}
+        parts, key, action = self.keyed(target, results)
+        assert parts is not None
+        return parts, key, action
+
+    def keyed(self, target: Target, results: Mapping[Label, ActionResult],
+              with_parts: bool = True) -> tuple[KeyParts | None, str, Action]:
+        """``key_for``; without ``with_parts``, the components are left out (None) when
+        the key does not need them (a target whose one action makes every output is
+        keyed by that action's own parts): a lookup that hits never needs them."""
+        root = str(self.workspace.root) + os.sep
+        digests = self.digests
+        sources = {rel: digests.digest(root + rel) for rel in target.sources}
         executable = [rel for rel in target.sources
-                      if self.digests.mode(root / rel) & stat.S_IXUSR]
+                      if digests.mode(root + rel) & stat.S_IXUSR]
         deps = {str(dep): results[dep] for dep in target.deps}
         hooks = self.registry.hook_plugins(target)
-        parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
-                           self.code_parts(target), executable, hooks)
         single = len(target.actions) == 1 and list(target.actions[0].outputs) == target.outputs
+        parts = None
+        if with_parts or not single:
+            parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
+                               self.code_parts(target), executable, hooks)
         # (A single action's own key replaces the target's below: no need to hash it.)
-        key = "" if single else action_key(parts)
+        key = "" if single or parts is None else action_key(parts)
         assert target.entry is not None and target.rule is not None
-        action = Action(
+        rule = target.rule
+        fields: dict[str, Any] = dict(
             label=target.label, build_file=target.build_file, rule_ref=target.entry.ref,
-            heavy=bool(target.rule.heavy), attrs=target.attrs,
-            attr_types={name: schema.type for name, schema in target.rule.attrs.items()},
+            heavy=bool(rule.heavy), attrs=target.attrs,
+            attr_types=self._attr_types(rule),
             sources=sources, deps=deps, outputs=tuple(target.outputs), key=key,
-            reproducible=target.rule.is_reproducible(target.attrs),
+            reproducible=rule.is_reproducible(target.attrs),
             hooks={name: tuple(module for module, _ in found)
-                   for name, found in hooks.items()},
-        )
+                   for name, found in hooks.items()})
         if target.actions:
-            action = replace(
-                action, steps=tuple(target.actions), executable=tuple(executable),
+            env = parts["env"] if parts is not None else target_env(target)
+            fields.update(
+                steps=tuple(target.actions), executable=tuple(executable),
                 step_base={
                     "rule": target.entry.kind, "rule_version": target.entry.cls.version,
                     "plugin": target.entry.dist, "plugin_version": target.entry.dist_version,
-                    "qbuild_version": parts["qbuild_version"], "env": parts["env"],
-                    "hooks": parts.get("hooks", {}),
-                    "provides": sorted(provider_name(p) for p in target.rule.provides)},
+                    "qbuild_version": __version__, "env": env,
+                    "hooks": {name: [list(item) for item in found]
+                              for name, found in hooks.items()} if hooks else {},
+                    "provides": sorted(provider_name(p) for p in rule.provides)},
                 step_code=tuple(self.step_code(target, spec.function)
                                 for spec in target.actions))
-            if single:
-                # One action making every output: the target's key is the action's own
-                # (label-free) key, so it costs one lookup and one entry, as a v1 target.
-                from ._steps import step_components, step_key
+        action = Action(**fields)
+        if single:
+            # One action making every output: the target's key is the action's own
+            # (label-free) key, so it costs one lookup and one entry, as a v1 target.
+            from ._steps import step_components, step_key
 
-                key = step_key(step_components(action, 0, {}))
-                action = replace(action, key=key, keyed_by_step=True)
+            key = step_key(step_components(action, 0, {}))
+            action = Action(**{**fields, "key": key, "keyed_by_step": True})
         return parts, key, action
+
+    def parts_of(self, target: Target, action: Action) -> KeyParts:
+        """The components of a target keyed by ``keyed(..., with_parts=False)``."""
+        return components(target, {rel: d for rel, (d, _) in action.sources.items()},
+                          action.deps, self.code_parts(target), list(action.executable),
+                          self.registry.hook_plugins(target))
+
+    def _attr_types(self, rule: Any) -> dict[str, str]:
+        cls = type(rule)
+        types = self._attr_type_memo.get(cls)
+        if types is None:
+            types = self._attr_type_memo[cls] = {
+                name: schema.type for name, schema in rule.attrs.items()}
+        return types
 
 
 def _provider_refs(target: Target) -> list[str]:

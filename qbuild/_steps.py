@@ -63,10 +63,13 @@ def _input_part(action: Action, name: str, made: Made) -> Any:
 def step_components(action: Action, index: int, made: Made) -> dict[str, Any]:
     """The key parts of declared action ``index`` (``made``: outputs of earlier ones)."""
     spec: ActionSpec = action.steps[index]
-    return {**action.step_base, "action": spec.mnemonic, "function": spec.function,
-            "code": action.step_code[index], "params": spec.params,
-            "outputs": list(spec.outputs),
-            "inputs": {name: _input_part(action, name, made) for name in spec.inputs}}
+    parts = {**action.step_base, "action": spec.mnemonic, "function": spec.function,
+             "code": action.step_code[index], "params": spec.params,
+             "outputs": list(spec.outputs),
+             "inputs": {name: _input_part(action, name, made) for name in spec.inputs}}
+    if spec.layout:  # only actions declaring one have the part (other keys stay)
+        parts["layout"] = spec.layout
+    return parts
 
 
 def step_key(parts: dict[str, Any]) -> str:
@@ -134,13 +137,10 @@ class _Sandbox:
         self.path = tmp / self.name
         self.path.mkdir(parents=True)
 
-    def close(self) -> None:
-        from ._executor import _remove_tree
-
-        _remove_tree(self.path)
-        if self.lock is not None:
-            (self.tmp / f"{self.name}.lock").unlink(missing_ok=True)
-            os.close(self.lock)
+    def close(self, executor: LocalExecutor) -> None:
+        """Hand the sandbox to the executor's background deletion (off the action's
+        critical path: deleting folders costs more than making them)."""
+        executor._trash.put(self.path, self.lock)
 
 
 def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Path,
@@ -159,15 +159,17 @@ def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Pat
 
 
 def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, index: int,
-                staged: dict[Path, tuple[str, str]], origins: list[tuple[int, str]]
-                ) -> list[Path]:
+                staged: dict[Path, tuple[str, str]], origins: list[tuple[int, str]],
+                at: Path | None = None) -> list[Path]:
+    """Stage one item of a file/files attribute (at ``at`` if the action's layout
+    says where)."""
     if item.startswith("//"):
         dep = action.deps[item]
-        files = _stage_dep(executor, item, dep, base / f"dep{index}", staged).files
+        files = _stage_dep(executor, item, dep, at or base / f"dep{index}", staged).files
         origins.extend((index, name.rstrip("/")) for name in dep.declared)
         return files
     rel = _package_path(action, item)
-    dest = base / "src" / rel
+    dest = at or base / "src" / rel
     dest.parent.mkdir(parents=True, exist_ok=True)
     digest, key = action.sources[item]
     staged[dest] = (digest, executor._stage_source(action, item, key, dest))
@@ -183,9 +185,11 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
     staged: dict[Path, tuple[str, str]] = {}
     inputs: dict[str, Any] = {}
     origins: dict[str, list[tuple[int, str]]] = {}
+    root = sandbox / "ws"  # RunContext.root: inputs staged where the layout says
     for name in spec.inputs:
         kind = action.attr_types.get(name)
         base = sandbox / "in" / name
+        layout = spec.layout.get(name)
         if kind is None:
             for entry in made[name]:
                 dest = sandbox / "made" / entry.path
@@ -204,7 +208,8 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
                             for i, v in enumerate(value)]
         elif kind == "file":
             origins[name] = []
-            files = _stage_item(executor, action, value, base, 0, staged, origins[name])
+            files = _stage_item(executor, action, value, base, 0, staged, origins[name],
+                                root / layout[0] if layout else None)
             if len(files) != 1:  # as Dep.file: a file attribute names one file
                 raise RuleError(f"the target given as '{name}' has {len(files)} outputs; "
                                 "expected exactly one", attr=name)
@@ -213,7 +218,8 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
             origins[name] = []
             inputs[name] = [path for i, item in enumerate(value)
                             for path in _stage_item(executor, action, item, base, i, staged,
-                                                    origins[name])]
+                                                    origins[name],
+                                                    root / layout[i] if layout else None)]
     out_root = sandbox / "out"
     outputs = {}
     for name in spec.outputs:
@@ -228,7 +234,8 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
     scratch.mkdir()
     ctx = RunContext(inputs=inputs, params=json.loads(json.dumps(spec.params)),
                      outputs=outputs, scratch=scratch, log_path=log_path, workdir=sandbox,
-                     threads=action.threads, origins=origins, hooks=action.hooks)
+                     threads=action.threads, origins=origins, hooks=action.hooks,
+                     root=root)
     return ctx, staged
 
 
@@ -256,7 +263,8 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
                 located.message = f"action {spec.mnemonic}: {located.message}"
             raise ActionFailed(located, _tail(log_path)) from None
         executor._check_inputs(action, box.path, staged)
-        entries = executor._collect(action, out_root, log_path, tuple(spec.outputs))
+        entries = executor._collect(action, out_root, log_path, tuple(spec.outputs),
+                                    staged=staged)
         for path, (digest, key) in action.sources.items():
             if not executor.digests.still(executor.root / path, digest, key):
                 raise ActionFailed(RuleError(
@@ -265,7 +273,7 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
         return ActionResult(tuple(entries), tuple(spec.outputs), {}, tuple(warnings),
                             providers=providers)
     finally:
-        box.close()
+        box.close(executor)
 
 
 class _MadeMissing(Exception):

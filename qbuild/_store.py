@@ -14,8 +14,11 @@ Layout under the cache directory::
             same action at once: the second waits and takes the first's result
 
 Durability: a blob file is made read-only and fsync'ed (with its directory) before its
-index row commits, and an action entry is written only after all its blobs are stored,
-so after a power loss an action entry that survived points at blobs that survived.
+index row commits, or, in a build (``defer_sync``), fsync'ed together with the other
+blobs stored since, before the next action entry commits; an action entry is written
+only after all its blobs are stored. So after a power loss an action entry that
+survived points at blobs that survived (a blob row whose file did not survive is
+found by the digest check on its next use, dropped and rebuilt).
 
 Damage is never a crash: a damaged SQLite index is moved aside and rebuilt empty (one
 message), entries of the wrong shape are misses, a blob that does not match its digest
@@ -91,16 +94,22 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
 
 
 class _DurableDisk(_AdoptingDisk):
-    """Blob files (copied or adopted) are read-only and on disk before diskcache commits
-    their row."""
+    """Blob files (copied or adopted) are read-only, and on disk before diskcache commits
+    their row, unless the store defers that (``LocalStore.defer_sync``): then they are
+    listed in ``pending`` and made durable before any action entry commits."""
+
+    pending: list[str] | None = None
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
         if filename:
             full = os.path.join(self._directory, filename)
             os.chmod(full, _READ_ONLY)
-            _fsync(full)
-            _fsync(os.path.dirname(full))
+            if self.pending is not None:
+                self.pending.append(full)
+            else:
+                _fsync(full)
+                _fsync(os.path.dirname(full))
         return size, mode, filename, db_value
 
 
@@ -155,6 +164,9 @@ class LocalStore:
         # digest -> stat key of blobs this process stored from files it hashed itself
         self._trusted: dict[str, str] = {}
         self._code_saved: set[str] = set()
+        self._pending: list[str] | None = None  # blob files not yet fsync'ed
+        self._prefetched: dict[str, str] = {}  # action entries read ahead (by key)
+        self._sync_lock = threading.Lock()
         self._ac = self._open("ac")
         self._cas = self._open("cas")
         self._memo = self._open("memo")
@@ -166,7 +178,10 @@ class LocalStore:
         if name == "cas":
             kwargs["disk"] = _DurableDisk
         try:
-            return diskcache.Cache(str(path), **kwargs)
+            cache = diskcache.Cache(str(path), **kwargs)
+            if name == "cas":
+                cache.disk.pending = self._pending
+            return cache
         except sqlite3.DatabaseError as exc:
             if not _is_damage(exc):
                 raise CacheError(f"cannot open the cache index {path}: {exc}") from None
@@ -175,7 +190,10 @@ class LocalStore:
                              f"{exc.strerror or exc}") from None
         self._set_aside(path)
         try:
-            return diskcache.Cache(str(path), **kwargs)
+            cache = diskcache.Cache(str(path), **kwargs)
+            if name == "cas":
+                cache.disk.pending = self._pending
+            return cache
         except (sqlite3.DatabaseError, OSError) as exc:
             raise CacheError(f"cannot rebuild the cache index {path}: {exc}") from None
 
@@ -227,7 +245,33 @@ class LocalStore:
                                  f"{exc.strerror or exc}") from None
         raise AssertionError("unreachable")
 
+    # -- durability ---------------------------------------------------------------------
+    def defer_sync(self) -> None:
+        """Stop fsync'ing each blob as it is stored: blobs are made durable together,
+        by ``make_durable``, which every action-entry write calls first (so an entry
+        never commits before the blobs stored so far are on disk)."""
+        with self._sync_lock:
+            if self._pending is None:
+                self._pending = []
+                self._cas.disk.pending = self._pending
+
+    def make_durable(self) -> None:
+        """fsync every blob stored since the last call, and each folder holding one."""
+        with self._sync_lock:
+            pending = self._pending
+            if not pending:
+                return
+            files = list(pending)
+            del pending[:len(files)]
+            for path in [*files, *dict.fromkeys(os.path.dirname(f) for f in files)]:
+                try:
+                    _fsync(path)
+                except FileNotFoundError:
+                    pass  # replaced since (its replacement is listed too) or dropped
+
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.make_durable()
         for cache in (self._ac, self._cas, self._memo):
             with contextlib.suppress(Exception):
                 cache.close()
@@ -238,8 +282,15 @@ class LocalStore:
         """(result, "local"): the local store has no other origin."""
         return self.get_action(key), "local"
 
+    def prefetch_actions(self, keys: list[str]) -> None:
+        """Read the entries of ``keys`` now, in a few queries: the build is about to
+        look each of them up (each is used once, and dropped when written)."""
+        self._prefetched.update(self.action_texts(keys))
+
     def get_action(self, key: str) -> ActionResult | None:
-        raw = self._read("ac", lambda c: c.get(key), None)
+        raw = self._prefetched.pop(key, None)
+        if raw is None:
+            raw = self._read("ac", lambda c: c.get(key), None)
         try:
             result = json.loads(raw) if raw is not None else None
         except (TypeError, ValueError):
@@ -251,11 +302,56 @@ class LocalStore:
         self.drop_action(key)  # written by something else: a miss
         return None
 
+    def action_texts(self, keys: list[str]) -> dict[str, str]:
+        """The stored text of each action entry of ``keys`` held in the index itself,
+        in a few queries instead of one lookup per key (entries kept in files, and any
+        read error, are left out: the caller looks them up one by one)."""
+        def select(cache: diskcache.Cache) -> dict[str, str]:
+            found: dict[str, str] = {}
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                rows = cache._sql(
+                    "SELECT key, mode, value FROM Cache WHERE raw = 1 AND key IN "
+                    f"({','.join('?' * len(chunk))})", chunk).fetchall()
+                found.update((key, value) for key, mode, value in rows
+                             if mode == diskcache.core.MODE_RAW and isinstance(value, str))
+            return found
+
+        return self._read("ac", select, {})
+
     def put_action(self, key: str, result: ActionResult) -> None:
         text = json.dumps(result.to_json(), sort_keys=True)
+        self._durable()
+        self._prefetched.pop(key, None)
         self._write("ac", lambda c: c.set(key, text))
 
+    def _durable(self) -> None:
+        try:
+            self.make_durable()
+        except OSError as exc:
+            raise CacheError(f"cannot write to the cache {self.directory / 'cas'}: "
+                             f"{exc.strerror or exc}") from None
+
+    def put_results(self, items: list[tuple[str, KeyParts, ActionResult]]) -> None:
+        """Several keys' parts and results, in one transaction, after their blobs (and
+        every other blob stored so far) are durable."""
+        texts = [(key, json.dumps(parts, sort_keys=True),
+                  json.dumps(result.to_json(), sort_keys=True))
+                 for key, parts, result in items]
+        self._durable()
+        for key, _parts, _result in items:
+            self._prefetched.pop(key, None)
+
+        def write(cache: diskcache.Cache) -> None:
+            with cache.transact():
+                for key, parts_text, result_text in texts:
+                    cache.set("components:" + key, parts_text)
+                    cache.set(key, result_text)
+
+        self._write("ac", write)
+
     def drop_action(self, key: str) -> None:
+        self._prefetched.pop(key, None)
         with contextlib.suppress(CacheError):
             self._write("ac", lambda c: c.delete(key))
 
@@ -271,6 +367,8 @@ class LocalStore:
         """The key's parts and its action result, in one transaction."""
         parts_text = json.dumps(components, sort_keys=True)
         result_text = json.dumps(result.to_json(), sort_keys=True)
+        self._durable()
+        self._prefetched.pop(key, None)
 
         def write(cache: diskcache.Cache) -> None:
             with cache.transact():
@@ -286,18 +384,29 @@ class LocalStore:
     @contextlib.contextmanager
     def action_lock(self, key: str) -> Iterator[None]:
         """Hold the lock of one action key (blocking) across processes."""
+        fd = self.lock_action(key)
+        try:
+            yield
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def lock_action(self, key: str) -> int | None:
+        """Take the lock of one action key (blocking) across processes; closing the
+        returned descriptor releases it. None: no lock possible (read-only cache): two
+        processes may both run the action, both correctly."""
         import fcntl
 
         try:
             fd = os.open(self.locks / key, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
-            yield  # no lock possible (read-only cache): both may run, both correct
-            return
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd
 
     def get_code(self, digest: str) -> dict[str, str] | None:
         raw = self._ac.get("code:" + digest)

@@ -44,6 +44,9 @@ class Workspace:
     blocked_plugins: tuple[str, ...] = ()
     # Stat key of qbuild.toml taken before it was read (for the no-op fast path).
     marker_stat: str | None = field(default=None, compare=False)
+    # Does qbuild.toml have a [remote] table? (Without one, and without a flag or
+    # $QBUILD_REMOTE_CACHE, no remote cache code is even imported.)
+    has_remote: bool = field(default=False, compare=False)
 
     def package_of(self, directory: Path) -> str:
         """The package path of ``directory`` relative to the root ('' for the root)."""
@@ -113,6 +116,7 @@ def load_workspace(start: Path) -> Workspace:
                           'onnxruntime = "1.31.1"', file=marker)
     workspace = Workspace(root=root, cache_dir=cache_dir.resolve(), jobs=jobs,
                           output_dir=root / output, marker_stat=marker_stat,
+                          has_remote="remote" in data,
                           toolchain=tuple(sorted(toolchain.items())),
                           blocked_plugins=blocked_plugins(settings.get("plugins", []), marker))
     check_ownership(workspace, marker)

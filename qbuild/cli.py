@@ -360,7 +360,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
                               BuildOptions(jobs=jobs, keep_going=args.keep_going,
                                            explain=args.explain, remote_executor=executor,
                                            **resources), reporter,
-                              started=started)
+                              started=started, incremental=env)
         result = build.result
         save_known(known_file, session.digests, started)
         lines, shown = [], []
@@ -380,9 +380,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
                             "actions": len(result.ran) + len(result.cached),
                             "cache_dir": str(session.store.directory),
                             "cache_bytes": session.store.volume()},
-                   code_files=sorted(session.code.files_read) if session.code_used else (),
-                   sources={rel for action in build.actions.values()
-                            for rel in action.sources})
+                   code_files=sorted(build.code_files()), sources=build.source_files())
         return EXIT_OK if result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()

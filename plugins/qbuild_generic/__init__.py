@@ -11,7 +11,6 @@ import re
 import shlex
 import shutil
 import subprocess
-from pathlib import Path
 from typing import Any
 
 from qbuild import (
@@ -115,42 +114,32 @@ class Command(Rule):
 
     def analyze(self, ctx: AnalysisContext) -> None:
         package = ctx.label[2:].rsplit(":", 1)[0]
+        srcs = ctx.attrs["srcs"]
+        dep_dirs = {item: f"qbuild-out/{output_folder(item)}"
+                    for item in srcs if item.startswith("//")}
         # The command sees the workspace layout (sources at their paths, dependencies'
-        # outputs under qbuild-out/<pkg>/@<name>/): that layout is declared here, as
-        # params, so it is part of the action's key like everything else it reads.
+        # outputs under qbuild-out/<pkg>/@<name>/): the engine stages the inputs there
+        # once (the layout), and it is declared, as params, so it is part of the
+        # action's key like everything else it reads.
         ctx.action(run_command, inputs=["srcs"], outputs=ctx.outputs, mnemonic="Command",
                    params={"cmd": ctx.attrs["cmd"], "outs": ctx.outputs,
-                           "srcs": ctx.attrs["srcs"], "package": package,
+                           "srcs": srcs, "package": package,
                            "out_dir": f"qbuild-out/{output_folder(ctx.label)}",
-                           "dep_dirs": {item: f"qbuild-out/{output_folder(item)}"
-                                        for item in ctx.attrs["srcs"] if item.startswith("//")},
-                           "env": ctx.attrs["env"], "pass_env": ctx.attrs["pass_env"]})
-
-
-def _link(src: Path, dest: Path) -> None:
-    """Place an input (a file, or a dependency's output folder) at ``dest``."""
-    if src.is_dir():
-        dest.mkdir(parents=True, exist_ok=True)
-        for child in sorted(src.iterdir()):
-            _link(child, dest / child.name)
-        return
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dest)  # the staged inputs are read-only: a link costs no copy
-    except OSError:
-        shutil.copy2(src, dest)
+                           "dep_dirs": dep_dirs,
+                           "env": ctx.attrs["env"], "pass_env": ctx.attrs["pass_env"]},
+                   layout={"srcs": [dep_dirs.get(item, item) for item in srcs]})
 
 
 def run_command(ctx: RunContext) -> None:
-    """Run ``cmd`` through /bin/sh in a workspace-shaped folder (the action of ``command``)."""
+    """Run ``cmd`` through /bin/sh in the workspace-shaped folder its inputs were
+    staged in (the action of ``command``)."""
     params = ctx.params
-    root = ctx.scratch / "ws"
+    root = ctx.root
+    root.mkdir(exist_ok=True)
     srcs: list[str] = []
-    for path, (index, rel) in zip(ctx.inputs["srcs"], ctx.origins["srcs"]):
+    for index, rel in ctx.origins["srcs"]:
         item = params["srcs"][index]
-        shown = f"{params['dep_dirs'][item]}/{rel}" if item.startswith("//") else item
-        _link(path, root / shown)
-        srcs.append(shown)
+        srcs.append(f"{params['dep_dirs'][item]}/{rel}" if item.startswith("//") else item)
     out_dir = params["out_dir"]
     outs = [f"{out_dir}/{name}" for name in params["outs"]]
     for name in params["outs"]:

@@ -1,12 +1,16 @@
-"""Property: whatever sequence of edits happens, the no-op fast path gives exactly the
-answer the full path gives (same exit code, same printed outputs, same bytes).
+"""Property: whatever sequence of edits happens, the no-op fast path and the incremental
+path (``_incremental``: the last build's keys reused for targets whose inputs did not
+change) give exactly the answer the full path gives (same exit code, same printed
+outputs, same bytes).
 
 A seeded random walk over edits (edit, same-size edit with the mtime put back, add,
 delete, rename, new directories, BUILD edits, nested workspaces appearing and going),
 each followed by a normal build (fast path if it says nothing changed) and, when the fast
 path answered, a full build (``--explain``) to compare with; when it did not, the full
-path's answer (which may reuse the cached analysis) is compared with a build after
-deleting the analysis cache. Runs in-process through the real command line entry point.
+path's answer (which may reuse the cached analysis and the last build's keys) is
+compared with a build after deleting the analysis cache and the incremental record:
+always when the incremental path reused a key, else half of the time. Runs in-process
+through the real command line entry point.
 QBUILD_PROPERTY_STEPS raises the number of steps.
 """
 
@@ -17,7 +21,7 @@ import random
 import shutil
 import time
 
-from qbuild import cli
+from qbuild import _incremental, cli
 
 BUILD = """
 [cat]
@@ -31,6 +35,12 @@ rule = "command"
 srcs = ["**/*.md"]
 outs = ["md.txt"]
 cmd = "cat $(SRCS) > $(OUT){extra}"
+
+[size]
+rule = "command"
+srcs = [":cat", ":deep"]
+outs = ["n.txt"]
+cmd = "wc -c < $(SRCS) > $(OUT)"
 """
 
 SUB_BUILD = """
@@ -152,10 +162,20 @@ def test_fast_path_always_agrees_with_the_full_path(qbuild_workspace, monkeypatc
     ws.write("p/sub/BUILD.toml", SUB_BUILD)
     ws.write("p/sub/s.txt", "s")
     monkeypatch.chdir(ws.root)
+    reused: list[str] = []
+    take = _incremental.Reuse.take
+
+    def spy(self, label, deps, results):  # the real code, counted
+        found = take(self, label, deps, results)
+        if found is not None:
+            reused.append(str(label))
+        return found
+
+    monkeypatch.setattr(_incremental.Reuse, "take", spy)
     steps = int(os.environ.get("QBUILD_PROPERTY_STEPS", "120"))
     rng = random.Random(20261123)
     walker = Walker(ws.root, rng)
-    fast_answers = fresh_checks = 0
+    fast_answers = fresh_checks = incremental_checks = 0
     checker = random.Random(7)
     history = []
     for step in range(steps):
@@ -163,17 +183,22 @@ def test_fast_path_always_agrees_with_the_full_path(qbuild_workspace, monkeypatc
         history.append(ops)
         if rng.random() < 0.4:
             time.sleep(0.06)  # let the edits age past the racy window so snapshots record
+        reused.clear()
         code, stdout, stderr = _run(["build", "//..."])
         if "(nothing changed)" not in stderr:
-            # The full path may have reused the cached analysis: a fresh one must agree.
-            if checker.random() < 0.5:
+            # The full path may have reused the cached analysis and the incremental path
+            # the last build's keys: a fresh full build must agree.
+            incremental = bool(reused)
+            if incremental or checker.random() < 0.5:
                 cached = _answer(ws.root, code, stdout)
-                shutil.rmtree(ws.root / "qbuild-out/.qbuild/analysis", ignore_errors=True)
+                for name in ("analysis", "incremental"):
+                    shutil.rmtree(ws.root / "qbuild-out/.qbuild" / name, ignore_errors=True)
                 code, stdout, stderr = _run(["build", "--explain", "//..."])
                 assert cached == _answer(ws.root, code, stdout), (
                     f"step {step}: with the cached analysis {cached}, with a fresh one "
                     f"{_answer(ws.root, code, stdout)}; edits since the start: {history}")
                 fresh_checks += 1
+                incremental_checks += incremental
             continue
         fast_answers += 1
         fast = _answer(ws.root, code, stdout)
@@ -181,5 +206,7 @@ def test_fast_path_always_agrees_with_the_full_path(qbuild_workspace, monkeypatc
         full = _answer(ws.root, code, stdout)
         assert fast == full, (f"step {step}: the fast path answered {fast}, the full path "
                               f"{full}; edits since the start: {history}")
-    print(f"{fast_answers} fast answers, {fresh_checks} fresh analyses in {steps} steps")
+    print(f"{fast_answers} fast answers, {fresh_checks} fresh analyses "
+          f"({incremental_checks} after incremental builds) in {steps} steps")
     assert fast_answers >= steps // 8  # the property was really exercised
+    assert incremental_checks >= steps // 20

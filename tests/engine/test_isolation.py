@@ -188,3 +188,25 @@ def test_outputs_that_cannot_be_restored_fail_the_target_cleanly(ws):
     assert not result.ok and result.exit_code == 1
     assert "not deterministic" in result.failed["//p:r"]
     assert "//p:r" not in result._outputs
+
+
+def test_a_command_sees_each_input_once_at_its_workspace_path(ws):
+    """The engine stages a command's inputs once, where the command reads them (its
+    declared layout), not in a folder of its own plus a workspace-shaped copy."""
+    ws.write("p/a.txt", "alpha\n")
+    ws.write("p/BUILD.toml", textwrap.dedent("""
+        [dep]
+        rule = "command"
+        outs = ["d.txt"]
+        cmd = "echo dep > $(OUT)"
+
+        [t]
+        rule = "command"
+        srcs = ["a.txt", "a.txt", ":dep"]
+        outs = ["files.lst"]
+        cmd = "cat $(SRCS) > /dev/null && cd .. && find . -name '*.txt' | sort > ws/$(OUT)"
+    """))
+    result = ws.build("//p:t")
+    assert result.ok, result.failed
+    files = result.output("//p:t").read_text().split()
+    assert files == ["./ws/p/a.txt", f"./ws/qbuild-out/{_folder('//p:dep')}/d.txt"]

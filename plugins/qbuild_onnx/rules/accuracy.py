@@ -429,10 +429,10 @@ class SelectBest(OnnxRule):
     version = 1
     heavy = False
     doc = ("Picks, among candidate models (e.g. quantize variants over mixed_precision "
-           "top_k), the cheapest one (fewest promoted tensors, from the quantize info; then "
-           "list order) whose score in the `reports` (evaluate targets) meets `threshold`. "
-           "Copies it to {name}.onnx and writes report.json; fails if no candidate meets it. "
-           "Only this target reruns when the threshold changes.")
+           "top_k), the cheapest one (fewest promoted tensors, as each model's OnnxModelInfo "
+           "says; then list order) whose score in the `reports` (evaluate targets) meets "
+           "`threshold`. Copies it to {name}.onnx and writes report.json; fails if no "
+           "candidate meets it. Only this target reruns when the threshold changes.")
     attrs = {
         "models": attr.label_list(doc="Candidate model targets.", required=True,
                                   providers=[OnnxModelInfo]),

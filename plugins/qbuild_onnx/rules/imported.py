@@ -40,7 +40,7 @@ class SavedDataset(OnnxRule):
 
 def saved_dataset(ctx: RunContext) -> DatasetInfo:
     """``saved_dataset``'s action: copy the folder's files, read dataset.json."""
-    from ..source.datasets import dataset_info
+    from .source import dataset_provider, dataset_summary
 
     srcs = ctx.inputs["srcs"]
     if not any(p.name == "dataset.json" for p in srcs):
@@ -50,12 +50,10 @@ def saved_dataset(ctx: RunContext) -> DatasetInfo:
     for path in srcs:
         shutil.copyfile(path, out / path.name)
     try:
-        info = dataset_info(out)
+        info = dataset_summary(out)
     except OnnxError as e:
         raise ctx.fail(e.message, attr="srcs") from None
-    inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
-    return DatasetInfo(path=out, samples=info["count"], inputs=inputs,
-                       batch_size=info["batch_size"])
+    return dataset_provider(out, info)
 
 
 class CalibrationTable(OnnxRule):

@@ -44,10 +44,21 @@ def _model_inputs(model: Dep) -> dict[str, Any]:
     return {"inputs": list(model[OnnxModelInfo].inputs)}
 
 
-def _dataset_provider(out: Path) -> DatasetInfo:
-    from ..source.datasets import dataset_info
+def dataset_summary(path: Path) -> dict[str, Any]:
+    """A dataset folder's sample count, batch size and inputs (name -> dtype, shape),
+    from its manifest alone: no digest of the arrays, so numpy is not imported (the
+    model check runs in the main process)."""
+    from ..source.datasets import open_dataset
 
-    info = dataset_info(out)
+    ds = open_dataset(path)
+    return {"count": ds.count, "batch_size": ds.batch_size,
+            "inputs": {k: {"dtype": v["dtype"], "shape": v["shape"]}
+                       for k, v in ds.manifest["inputs"].items()}}
+
+
+def dataset_provider(out: Path, info: dict[str, Any] | None = None) -> DatasetInfo:
+    """The DatasetInfo of a dataset folder an action wrote."""
+    info = info or dataset_summary(out)
     inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
     return DatasetInfo(path=out, samples=info["count"], inputs=inputs,
                        batch_size=info["batch_size"])
@@ -56,10 +67,10 @@ def _dataset_provider(out: Path) -> DatasetInfo:
 def _check_against(data: Path, model: Dep) -> None:
     from qbuild_onnx_common.errors import OnnxError
 
-    from ..source.datasets import check_dataset_against_model, dataset_info
+    from ..source.datasets import check_dataset_against_model
 
     try:
-        check_dataset_against_model(dataset_info(data), _model_inputs(model), None)
+        check_dataset_against_model(dataset_summary(data), _model_inputs(model), None)
     except OnnxError as e:
         raise e.located(attr="model") from None
 
@@ -85,7 +96,7 @@ class OnnxModel(OnnxRule):
     heavy = True
     doc = ("A source ONNX model: checked with onnx.checker (full_check, by path), external "
            "data kept inside the model's folder, then passed on with its opsets, IR version, "
-           "inputs and outputs as info. List external data files in 'data'.")
+           "inputs and outputs as OnnxModelInfo. List external data files in 'data'.")
     attrs = {
         "src": attr.file(doc="The .onnx file.", required=True),
         "data": attr.files(doc="External data files the model references (same folder)."),
@@ -251,7 +262,7 @@ def build_images(ctx: RunContext) -> DatasetInfo:
                             batch_size=a["batch_size"])
     except OnnxError as e:
         raise e.located(attr="images") from None
-    return _dataset_provider(out)
+    return dataset_provider(out)
 
 
 class NumpyDataset(_DatasetRule):
@@ -286,7 +297,7 @@ def build_arrays(ctx: RunContext) -> DatasetInfo:
                             a["limit"] or None)
     except OnnxError as e:
         raise e.located(attr="mapping") from None
-    return _dataset_provider(out)
+    return dataset_provider(out)
 
 
 class SyntheticDataset(_DatasetRule):
@@ -330,7 +341,7 @@ def build_synthetic(ctx: RunContext) -> DatasetInfo:
     except OnnxError as e:
         raise e.located(attr="model") from None
     _check_against(out, ctx.inputs["model"])
-    return _dataset_provider(out)
+    return dataset_provider(out)
 
 
 class CustomDataset(_DatasetRule):
@@ -373,7 +384,7 @@ def build_from_reader(ctx: RunContext) -> DatasetInfo:
                              a["batch_size"], a["limit"] or None, name=a["reader"])
     except OnnxError as e:
         raise e.located(attr="reader") from None
-    return _dataset_provider(out)
+    return dataset_provider(out)
 
 
 class QuantPreprocess(OnnxRule):
