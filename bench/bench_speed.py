@@ -3,8 +3,9 @@ UltraFace (slim-320) and the super-resolution model: the float model, its QDQ mo
 (onnxruntime quantize_static: per-channel int8 weights, uint8 activations, calibrated on
 the test images) and that model lowered by ``lower_integer`` (mode ort, tables
 "fastest" and "table"), all timed interleaved in one process (1 thread, warm-ups, median,
-quartiles, spread) with the lowered models' bit-exactness against the QDQ source, each
-model's MAC count and the op types that dominate its onnxruntime profile. With the YOLO
+quartiles, spread; wall time and the runs' CPU time, which stays steady when other
+processes load the machine) with the lowered models' bit-exactness against the QDQ
+source, each model's MAC count and the op types that dominate its onnxruntime profile. With the YOLO
 example built (qbuild build //examples/yolo:yolo_int8), its recipe model is measured too.
 Models come from testdata/ and /work/shared/corpus (skipped when absent).
 Run from the repository root: python bench/bench_speed.py [runs]
@@ -79,7 +80,7 @@ def main(runs: int = 30) -> None:
         qdq = onnx.load(str(qdq_path))
         models = {"float": path, "QDQ": qdq_path}
         extra = {}
-        recipe = ROOT / "qbuild-out/examples/yolo/yolo_int8/yolo_int8.onnx"
+        recipe = ROOT / "qbuild-out/examples/yolo/@yolo_int8/yolo_int8.onnx"
         sources = {"QDQ": qdq}
         if kind == "yolox" and recipe.exists():
             models["recipe QDQ"] = recipe
@@ -105,14 +106,18 @@ def main(runs: int = 30) -> None:
                     list((k, v["ms"]) for k, v in p["op_types"].items())[:5])}
         results[name] = {"macs": macs(src), "latency": lat, "checks": extra, "profile": prof}
         print(f"\n## {name}: {macs(src)['total'] / 1e6:.1f} M MACs")
-        print("| model | median ms | q1-q3 | spread | speed-up vs float | bit-exact vs source |")
-        print("|---|---|---|---|---|---|")
+        print("| model | wall median ms | q1-q3 | spread | wall speed-up | CPU ms (spread) "
+              "| CPU speed-up | bit-exact vs source |")
+        print("|---|---|---|---|---|---|---|---|")
         for label, m in lat["models"].items():
             c = extra.get(label)
             ex = f"{c['exact']:.2%} (max {c['max_lsb']} LSB)" if c else ""
+            cpu = m["cpu"]
             print(f"| {label} | {m['median_ms']:.2f} | {m['q1_ms']:.2f}-{m['q3_ms']:.2f} | "
                   f"{m['spread']:.0%}{' noisy' if m['noisy'] else ''} | {m['speedup']}x"
-                  f"{' SLOWER' if m['slower_than_reference'] else ''} | {ex} |")
+                  f"{' SLOWER' if m['slower_than_reference'] else ''} | "
+                  f"{cpu['median_ms']:.2f} ({cpu['spread']:.0%}) | {cpu['speedup']}x"
+                  f"{' SLOWER' if cpu['slower_than_reference'] else ''} | {ex} |")
         for label, p in prof.items():
             print(f"profile {label}: run {p['run_ms']} ms; top op types {p['top_op_types']}")
         sys.stdout.flush()

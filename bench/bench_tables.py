@@ -1,13 +1,16 @@
 """Per-element cost of the forms a 256-entry table of 8-bit codes can take in
 onnxruntime (CPU, one thread), against the QDQ forms they replace. Each model maps a
 [1, 52, 52, 64] uint8 tensor to uint8; all are timed interleaved in one process after
-warm-ups; prints median ns per element, minimum and relative spread (IQR / median).
+warm-ups; prints median ns per element, minimum and relative spread (IQR / median) of
+each run's CPU time (one thread: onnxruntime computes on the calling thread, and CPU time
+leaves out the time spent waiting for a core on a loaded machine).
 These figures are the ``COSTS`` in plugins/qbuild_lower/fuse.py.
 Run from the repository root: python bench/bench_tables.py [rounds]
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -46,6 +49,12 @@ def models():
             [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]), qn("g", "gq", "s2", "z2"),
              dq("gq", "gd", "s2", "z2"), h.make_node("Mul", ["f", "gd"], ["m"]),
              qn("m", "y")], q),
+        "SiLU island (DQ, float Sigmoid and Mul -> QuickGelu, Q)": mk(
+            [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]),
+             h.make_node("Mul", ["f", "g"], ["m"]), qn("m", "y")], q),
+        "float SiLU alone (fused QuickGelu, float32 in and out)": mk(
+            [h.make_node("Sigmoid", ["x"], ["g"]), h.make_node("Mul", ["x", "g"], ["y"])],
+            [], T.FLOAT),
         "Sigmoid as QDQ (QLinearSigmoid: onnxruntime's own lookup)": mk(
             [dq("x", "f"), h.make_node("Sigmoid", ["f"], ["g"]), qn("g", "y", "s2", "z2")], q),
         "Tanh as QDQ (DQ, float Tanh, Q)": mk(
@@ -82,18 +91,19 @@ def main(rounds: int = 60) -> None:
                                     providers=["CPUExecutionProvider"])
             for k, m in models().items()}
     x = np.random.default_rng(0).integers(0, 256, SHAPE).astype(np.uint8)
+    xf = (x.astype(np.float32) - 128) * 0.05
     n = x.size
     names = list(sess)
     times = {k: [] for k in names}
     for r in range(rounds + 5):
         k0 = r % len(names)
         for k in names[k0:] + names[:k0]:
-            t = time.perf_counter()
-            sess[k].run(None, {"x": x})
+            t = time.thread_time()
+            sess[k].run(None, {"x": xf if k.startswith("float") else x})
             if r >= 5:
-                times[k].append(time.perf_counter() - t)
+                times[k].append(time.thread_time() - t)
     print(f"onnxruntime {ort.__version__}, 1 thread, {rounds} interleaved rounds, "
-          f"{SHAPE} uint8\n")
+          f"{SHAPE} uint8, CPU time; load average {os.getloadavg()}\n")
     print("| form | median ns/element | min | spread |\n|---|---|---|---|")
     for k in names:
         v = times[k]

@@ -36,17 +36,27 @@ def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 
     Every round runs each model once, in an order rotated from round to round; the first
     ``warmup`` rounds are not counted. Returns {"threads", "runs", "warmup", "models":
     {name: summary}} and, with a ``reference`` name, each model's ``speedup`` (reference
-    median / model median) and ``slower_than_reference``."""
+    median / model median) and ``slower_than_reference``. With one thread each summary
+    also has ``cpu``: the same statistics of the runs' CPU time (steady under load from
+    other processes), with ``speedup`` from CPU medians."""
     sessions = {name: session(m, threads) for name, m in models.items()}
     names = list(sessions)
     out = {"threads": threads, "runs": runs, "warmup": warmup, "order": "interleaved",
            "models": interleaved_latency_ms(sessions, feed, runs, warmup)}
+    if threads != 1:  # the calling thread's CPU time is not the run's: not reported
+        for m in out["models"].values():
+            m.pop("cpu", None)
     if reference is not None:
-        ref = out["models"][reference]["median_ms"]
+        ref = out["models"][reference]
         for n in names:
             m = out["models"][n]
-            m["speedup"] = round(ref / m["median_ms"], 3) if m["median_ms"] else None
-            m["slower_than_reference"] = n != reference and m["median_ms"] > ref
+            m["speedup"] = round(ref["median_ms"] / m["median_ms"], 3) if m["median_ms"] else None
+            m["slower_than_reference"] = n != reference and m["median_ms"] > ref["median_ms"]
+            if "cpu" in m:
+                c, rc = m["cpu"], ref["cpu"]
+                c["speedup"] = (round(rc["median_ms"] / c["median_ms"], 3)
+                                if c["median_ms"] else None)
+                c["slower_than_reference"] = n != reference and c["median_ms"] > rc["median_ms"]
     out["noisy"] = any(m["noisy"] for m in out["models"].values())
     return out
 
@@ -234,15 +244,21 @@ def render(report: dict) -> str:
                   f"onnxruntime {c.get('onnxruntime')}; load average before "
                   f"{c.get('load_average_1_5_15min')}, after "
                   f"{report['conditions']['after'].get('load_average_1_5_15min')}.", ""]
-    lines += ["| model | median ms | q1-q3 ms | spread | speed-up vs reference | MACs |",
-              "|---|---|---|---|---|---|"]
+    lines += ["| model | median ms | q1-q3 ms | spread | speed-up vs reference | CPU ms "
+              "(spread) | CPU speed-up | MACs |", "|---|---|---|---|---|---|---|---|"]
     for lab in labels:
         m = lat["models"][lab]
         flag = " (noisy)" if m["noisy"] else ""
         slow = " **slower than the reference**" if m.get("slower_than_reference") else ""
+        c = m.get("cpu")
+        cpu = (f"{c['median_ms']:.3f} ({c['spread']:.1%}) | {c.get('speedup', 1.0)}x"
+               f"{' **slower**' if c.get('slower_than_reference') else ''}" if c else " | ")
         lines.append(f"| {lab} | {m['median_ms']:.3f} | {m['q1_ms']:.3f}-{m['q3_ms']:.3f} | "
-                     f"{m['spread']:.1%}{flag} | {m.get('speedup', 1.0)}x{slow} | "
+                     f"{m['spread']:.1%}{flag} | {m.get('speedup', 1.0)}x{slow} | {cpu} | "
                      f"{_macs(report['models'][lab]['macs'])} |")
+    if any("cpu" in m for m in lat["models"].values()):
+        lines += ["", "CPU ms: the run's CPU time on its one thread (what the model costs, "
+                  "without the time spent waiting for a core: steady on a loaded machine)."]
     profs = {lab: report["models"][lab].get("profile") for lab in labels}
     if any(profs.values()):
         types = []

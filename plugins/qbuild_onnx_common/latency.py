@@ -1,6 +1,13 @@
 """Timing onnxruntime sessions fairly: several sessions run in turn, round after round
 (the order rotated each round), after untimed warm-up rounds, so load from other
-processes hits every model alike; summarised as median, quartiles and spread."""
+processes hits every model alike; summarised as median, quartiles and spread.
+
+Besides wall time, each run's CPU time on the calling thread is recorded (``cpu``). With
+one intra-op thread onnxruntime computes on the calling thread, so that is the run's
+whole CPU cost, and it does not include the time the thread waited for a core: on a
+shared machine (load above the core count) wall times spread by 30-60 % while CPU times
+stay within a few per cent. With more threads it misses the pool's work (``cpu`` is then
+only the caller's share, and callers should not report it as the run's cost)."""
 
 from __future__ import annotations
 
@@ -33,18 +40,28 @@ def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
     the median of its per-round ratio to the reference's time in the same round."""
     names = list(sessions)
     times: dict[str, list[float]] = {n: [] for n in names}
+    cpu: dict[str, list[float]] = {n: [] for n in names}
     for r in range(warmup + runs):
         k = r % len(names)
         for name in names[k:] + names[:k]:
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             sessions[name].run(None, dict(feed))
+            t1 = time.perf_counter()
+            c1 = time.thread_time()
             if r >= warmup:
-                times[name].append((time.perf_counter() - t0) * 1000.0)
-    out = {n: summary(times[n]) for n in names}
+                times[name].append((t1 - t0) * 1000.0)
+                cpu[name].append((c1 - c0) * 1000.0)
+    out = {n: {**summary(times[n]), "cpu": summary(cpu[n])} for n in names}
     if reference is not None:
         for n in names:
-            # a burst of load hits both sessions of a round alike, so the median per-round
-            # ratio is steadier than the ratio of the medians
-            ratios = [a / b for a, b in zip(times[n], times[reference]) if b > 0]
-            out[n]["ratio_to_reference"] = round(statistics.median(ratios), 4) if ratios else None
+            out[n]["ratio_to_reference"] = _median_ratio(times[n], times[reference])
+            out[n]["cpu"]["ratio_to_reference"] = _median_ratio(cpu[n], cpu[reference])
     return out
+
+
+def _median_ratio(times: list[float], ref: list[float]) -> float | None:
+    # a burst of load hits both sessions of a round alike, so the median per-round ratio
+    # is steadier than the ratio of the medians
+    ratios = [a / b for a, b in zip(times, ref) if b > 0]
+    return round(statistics.median(ratios), 4) if ratios else None

@@ -25,6 +25,17 @@ def test_interleaved_latency_and_profile(cnn_qdq, tmp_path):  # noqa: F811
         assert m["slower_than_reference"] == (name != "float"
                                               and m["median_ms"] > lat["models"]["float"]
                                               ["median_ms"])
+        # one thread: each run's CPU time is recorded beside its wall time, and a run
+        # cannot use more CPU on one thread than the wall time it took
+        c = m["cpu"]
+        assert c["runs"] == 5 and 0 < c["min_ms"] <= c["median_ms"] <= c["q3_ms"]
+        assert c["min_ms"] <= m["q3_ms"] * 1.05
+        assert c["speedup"] == round(lat["models"]["float"]["cpu"]["median_ms"]
+                                     / c["median_ms"], 3)
+        assert c["slower_than_reference"] == (name != "float" and c["median_ms"] >
+                                              lat["models"]["float"]["cpu"]["median_ms"])
+    two = interleaved_latency(models, feed, threads=2, runs=2, warmup=0)
+    assert all("cpu" not in m for m in two["models"].values())  # not the run's whole cost
     prof = op_profile(cnn_qdq, feed, threads=1, runs=3, warmup=1, top=5)
     assert prof["runs"] == 3 and "QLinearConv" in prof["op_types"]
     assert len(prof["top_nodes"]) == 5
@@ -71,6 +82,8 @@ profile_runs = 2
     assert set(rep["conditions"]) == {"before", "after"}
     md = outs["report.md"].read_text()
     assert "| QLinearConv |" in md and "//m:low" in md
+    cpu = rep["latency"]["models"]["//m:low"]["cpu"]
+    assert f"{cpu['median_ms']:.3f} ({cpu['spread']:.1%})" in md  # the CPU column
     low = json.loads(next(p for p in r.outputs("//m:low") if p.name == "report.json")
                       .read_text())
     assert low["profile"]["threads"] == 1 and low["profile"]["unfused"] == []
@@ -106,6 +119,7 @@ def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  #
     q = report["models"]["//q"]
     assert q["latency_ms"] == q["latency"]["median_ms"]
     assert q["latency"]["ratio_to_reference"] > 0  # per-round ratio to the reference
+    assert q["latency"]["cpu"]["ratio_to_reference"] > 0 and q["latency"]["cpu"]["runs"] == 4
     slower = q["latency_ms"] > report["reference_latency_ms"]
     assert q["latency"]["slower_than_reference"] == slower
     assert lat["slower_than_reference"] == (["//q"] if slower else [])
