@@ -95,7 +95,7 @@ def as_text(records: list[dict[str, Any]]) -> str:
             else:
                 shown = ", ".join(item["labels"] + item["sources"]) or "(none)"
                 lines.append(f"  input {item['name']}: {shown}")
-        lines.append(f"  outputs: {', '.join(rec['outputs'])}")
+        lines.append(f"  outputs: {', '.join(rec['outputs']) or '(none: a check)'}")
         if rec["params"]:
             lines.append(f"  params: {json.dumps(rec['params'], sort_keys=True)}")
         if rec["key"] is None:

@@ -187,3 +187,11 @@ def test_a_declared_provider_must_be_returned(ws):
     assert result.exit_code == 1
     assert "did not return the declared provider(s) TextInfo" in result.failed["//f:v1"]
     assert "no action returned the declared provider(s) TextInfo" in result.failed["//f:v2"]
+
+
+def test_aquery_text_says_when_an_action_writes_nothing():
+    from qbuild._aquery import as_text
+
+    record = {"mnemonic": "CheckBars", "target": "//p:ev", "function": "m:check",
+              "inputs": [], "outputs": [], "params": {}, "key": None, "cached": False}
+    assert "  outputs: (none: a check)\n" in as_text([record])
