@@ -58,3 +58,15 @@ def test_a_bar_on_the_lower_bound_rejects_a_trial_that_only_just_passes():
     assert rep["chosen"] == "float" and rep["trials"][0]["misses"] == [
         "min_f1_lower: 0.91 < 0.95"]
     assert rep["float"]["min_f1_lower"] == 1.0
+
+
+def test_cpu_time_ratio_is_preferred_over_wall_time():
+    # under load wall times of one round move with the other processes; the CPU time of the
+    # one timing thread does not
+    e = _entry(0.97, 8.0)
+    e["latency"]["ratio_to_reference"] = 1.02  # wall: a burst of load hit the trial
+    e["latency"]["cpu"] = {"ratio_to_reference": 0.7}
+    rep = select(["a"], [e], [_report(10.0)], {"min_f1": 0.95}, "latency", "//m:pre", 1.05)
+    trial = rep["trials"][0]
+    assert trial["relative_latency"] == 0.7 and trial["latency_basis"] == "cpu"
+    assert rep["chosen"] == "a"

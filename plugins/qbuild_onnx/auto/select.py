@@ -7,9 +7,11 @@ Latency is compared as a ratio, never across processes: each trial's evaluate ti
 trial and the float model interleaved in one process, so ``relative_latency`` (the median
 over rounds of trial time / float time in the same round, or failing that the ratio of
 the two medians) holds up under load that makes absolute milliseconds of two runs
-incomparable. A trial replaces the float model only when its
-speed-up reaches ``min_speedup`` (a margin against timing noise: a quantized model that
-is not clearly faster is not recommended).
+incomparable. The times compared are the CPU times of the one timing thread where
+recorded (``latency_basis = "cpu"``): with one intra-op thread that is the whole run, and
+unlike wall time it does not count the time another process held the core. A trial
+replaces the float model only when its speed-up reaches ``min_speedup`` (a margin against
+timing noise: a quantized model that is not clearly faster is not recommended).
 """
 
 from __future__ import annotations
@@ -65,6 +67,21 @@ def misses(entry: Mapping[str, Any], bar: Mapping[str, float]) -> list[str]:
     return out
 
 
+def _relative_latency(entry: Mapping[str, Any], lat: Mapping[str, Any],
+                      ref_ms: float | None) -> tuple[float | None, str | None]:
+    """Trial time / float time and what it was measured on: the per-round ratio of CPU
+    times on the one timing thread when recorded (steady when other processes take the
+    cores), else of wall times, else the ratio of the two medians."""
+    cpu = (lat.get("cpu") or {}).get("ratio_to_reference")
+    if cpu:
+        return cpu, "cpu"
+    if lat.get("ratio_to_reference"):
+        return lat["ratio_to_reference"], "wall"
+    if entry.get("latency_ms") and ref_ms:
+        return round(entry["latency_ms"] / ref_ms, 4), "wall medians"
+    return None, None
+
+
 def select(names: Sequence[str], entries: Sequence[Mapping[str, Any]],
            reports: Sequence[Mapping[str, Any]], bar: Mapping[str, float], objective: str,
            reference: str, min_speedup: float = 1.0) -> dict[str, Any]:
@@ -75,11 +92,9 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any]],
         miss = misses(entry, bar)
         ref_ms = rep.get("reference_latency_ms")
         lat = entry.get("latency") or {}
-        rel = lat.get("ratio_to_reference") or (
-            round(entry["latency_ms"] / ref_ms, 4) if entry.get("latency_ms") and ref_ms
-            else None)
+        rel, basis = _relative_latency(entry, lat, ref_ms)
         row = {"name": name, "order": order, "latency_ms": entry.get("latency_ms"),
-               "relative_latency": rel,
+               "relative_latency": rel, "latency_basis": basis,
                "speedup": round(1.0 / rel, 3) if rel else None,
                "latency_spread": lat.get("spread"), "noisy": lat.get("noisy"),
                "bytes": entry.get("bytes"), "passes": not miss, "misses": miss,
