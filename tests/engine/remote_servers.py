@@ -36,7 +36,7 @@ def Wsgidav(root: Path) -> cache_server.Server:  # noqa: N802 (a server, as the 
     return cache_server.start(root, "wsgidav")
 
 
-def Nginx(root: Path, binary: str | None = None) -> cache_server.Server:  # noqa: N802
+def Nginx(root: Path) -> cache_server.Server:  # noqa: N802
     """Debian's nginx storing PUT bodies under ``root`` (WebDAV module, temp files first)."""
     return cache_server.start(root, "nginx")
 

@@ -52,11 +52,10 @@ def make(tmp_path, name: str) -> Workspace:
 def server_process(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     if request.param == "nginx":
-        binary = nginx_binary()
-        if binary is None:
+        if nginx_binary() is None:
             pytest.skip("nginx is not installed (apt-get install nginx; .ci/run installs it "
                         "when it runs as root)")
-        srv = Nginx(root / "root", binary)
+        srv = Nginx(root / "root")
     else:
         srv = Wsgidav(root / "root")
     yield srv

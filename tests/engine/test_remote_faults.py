@@ -218,10 +218,9 @@ def _truncated_put(url: str, path: str, body: bytes) -> None:
 @pytest.mark.parametrize("kind", ["wsgidav", "nginx"])
 def test_an_interrupted_upload_never_serves_a_partial_blob(tmp_path, kind):
     if kind == "nginx":
-        binary = nginx_binary()
-        if binary is None:
+        if nginx_binary() is None:
             pytest.skip("nginx is not installed")
-        server = Nginx(tmp_path / "root", binary)
+        server = Nginx(tmp_path / "root")
     else:
         server = Wsgidav(tmp_path / "root")
     try:
