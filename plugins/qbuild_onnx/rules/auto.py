@@ -117,10 +117,16 @@ class AutoQuantize(OnnxRule):
         "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate."),
         "calibration_methods": attr.string_list(default=["minmax", "percentile"],
                                                 doc="Calibration methods tried."),
+        "percentile": attr.float(default=99.99, doc="The percentile calibration's kept "
+                                 "percentage (one calibration, shared by every trial "
+                                 "that uses it)."),
+        "region_counts": attr.int_list(default=[2, 4, 8, 16], doc="percentile_region: trials "
+                                       "keeping float the union of the regions of this "
+                                       "many most sensitive activations."),
         "steps": attr.string_list(default=["activation_type", "per_channel", "calibration",
                                            "cle", "bias_correction", "region",
-                                           "float_top_k", "uint16_top_k", "region_uint16",
-                                           "lower"],
+                                           "percentile_region", "float_top_k",
+                                           "uint16_top_k", "region_uint16", "lower"],
                                   doc="Which trial families (cle: cross-layer equalization; "
                                       "\"adaround\", learned weight rounding, is not in the "
                                       "default: it costs minutes and kept no layer on "
