@@ -111,14 +111,20 @@ def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
     again = ws.build("//m:auto")
     assert again.ok, again.error
     assert again.ran == ["//m:auto"]  # only the selection
-    # one action ran in the whole build: the selection (no trial, calibration or evaluate
-    # action; their keys do not hold the bar)
-    ran = [(t, a) for t, steps in again.steps.items() for a, st in steps.items() if st == "ran"]
-    assert ran == [("//m:auto", "Select")]
+    # only the selection's actions ran in the whole build: Select (JSON only) and, as the
+    # choice changed, Copy; no trial, calibration or evaluate action (their keys do not
+    # hold the bar), and not Trials (what each candidate kept float)
+    assert again.steps == {"//m:auto": {"Trials": "cached", "Select": "ran", "Copy": "ran"}}
     rep2 = json.loads(next(p for p in again.outputs("//m:auto")
                            if p.name == "report.json").read_text())
     assert rep2["chosen"] == "float" and "no quantized trial meets the bar" in rep2["note"]
     assert not any(t["passes"] for t in rep2["trials"])
+
+    # a bar change that keeps the choice: one action in the whole build
+    ws.write("m/BUILD.toml", BUILD.format(bar="min_sqnr_db = 300"))
+    third = ws.build("//m:auto")
+    assert third.ok and third.ran == ["//m:auto"]
+    assert third.steps == {"//m:auto": {"Trials": "cached", "Select": "ran", "Copy": "cached"}}
 
 
 def test_bad_bar_and_generated_attributes_are_config_errors(ws):
