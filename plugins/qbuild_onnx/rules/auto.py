@@ -39,11 +39,12 @@ class SensitiveRegion(OnnxRule):
     kind = "sensitive_region"
     version = 2
     heavy = True
-    doc = ("Writes overrides.json keeping a whole region float: the nodes from the graph's "
-           "start to the consumers of the `rank`-th most sensitive activation of a "
-           "`sensitivity` report (the stem) when it sits in the first half of the graph, "
-           "else from its producer to the end (the head). Also lists the region as a "
-           "stable selector string. Use it as quantize's `overrides`.")
+    doc = ("Writes overrides.json keeping a whole region float: everything the consumers "
+           "of the `rank`-th most sensitive activation of a `sensitivity` report depend on "
+           "(the stem) when it sits in the first half of the graph, else its producer and "
+           "everything that depends on it (the head). The region is written as stable "
+           "selectors (upto:/after:, docs/selectors.md), never node names. Use it as "
+           "quantize's `overrides`.")
     attrs = {
         "model": attr.label(doc="The float model the quantize target quantizes.",
                             required=True, providers=[OnnxModelInfo]),
