@@ -114,3 +114,18 @@ def test_a_coarse_task_metric_ties_are_ranked_by_output_sqnr(mode, mnist_sensiti
     assert worst == sorted(worst, reverse=mode == "leave_out")
     assert rep["ranking"][0]["site"] == SENSITIVE
     assert "_per" not in rep["ranking"][0]
+
+
+def test_shards_merge_into_the_same_ranking(mnist_sensitive_qdq, mnist_pre, mnist_feeds):
+    """Sites are independent: ranking them in shards (separate actions, so both cores
+    work) and merging gives the unsharded ranking exactly."""
+    from qbuild_onnx.accuracy.ranking import merge
+
+    whole = analyze(mnist_sensitive_qdq, mnist_pre, mnist_feeds[:4], mode="only",
+                    kinds=("activation",))
+    parts = [analyze(mnist_sensitive_qdq, mnist_pre, mnist_feeds[:4], mode="only",
+                     kinds=("activation",), shard=i, shards=2) for i in (1, 0)]
+    assert sum(p["sites"] for p in parts) == whole["sites"] == parts[0]["all_sites"]
+    assert merge(parts) == whole
+    with pytest.raises(OnnxError, match="do not make up"):
+        merge(parts[:1])

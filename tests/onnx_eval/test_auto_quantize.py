@@ -94,6 +94,8 @@ def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
     passing = [t for t in rep["trials"] if t["passes"]]
     assert rep["chosen"] == min(passing, key=lambda t: (t["bytes"], t["order"]))["name"]
     assert outs["auto.onnx"].stat().st_size < rep["float"]["bytes"]
+    # the ranking in two shards (two actions: both cores rank), merged into auto.sens
+    assert {"//m:auto.sens_s0", "//m:auto.sens_s1", "//m:auto.sens"} <= set(r.ran)
     # the percentile branch: one 99.99th-percentile calibration, the region as selectors
     assert "//m:auto.calib_percentile" in r.ran
     sub = ws.build("//m:auto.calib_percentile", "//m:auto.region_k1_overrides")

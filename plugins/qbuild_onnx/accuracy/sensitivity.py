@@ -21,7 +21,6 @@ as written (a float-simulated model), which onnxruntime's fusions would otherwis
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from qbuild_onnx_common.graph import consumers
 from qbuild_onnx_common.ort import session
 
 from .metrics import ErrorAccumulator, json_float, run_model
+from .ranking import _rank
 from .stats import load_model
 
 WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1, "ConvTranspose": 1}
@@ -224,16 +224,22 @@ def analyze(
     kinds: Sequence[str] = ("activation", "weight"),
     metric: Callable[[list, list], float] | None = None,
     log: Callable[[str], None] | None = None,
+    shard: int = 0,
+    shards: int = 1,
 ) -> dict[str, Any]:
     """Ranks the QDQ model's quantization sites by their effect on the outputs (see module doc).
 
     ``metric(ref_outputs, cand_outputs) -> float`` (higher is better) replaces the default
-    worst-output SQNR. Returns a JSON-ready report with ``ranking`` (most sensitive first)."""
+    worst-output SQNR. Returns a JSON-ready report with ``ranking`` (most sensitive first).
+    With ``shards`` > 1 only every ``shards``-th site from ``shard`` on is measured (sites
+    are independent); ``ranking.merge`` joins the shards' reports into the full ranking."""
     if mode not in ("only", "leave_out"):
         raise OnnxError(f"sensitivity mode must be 'only' or 'leave_out', got '{mode}'")
     if not feeds:
         raise OnnxError("sensitivity analysis needs at least one sample")
     qm, fm = load_model(qdq_model), load_model(float_model)
+    if not 0 <= shard < shards:
+        raise OnnxError(f"shard {shard} of {shards}: expected 0 <= shard < shards")
     sites = [s for s in find_sites(qm, fm) if s.kind in kinds]
     if not sites:
         raise OnnxError("the model has no quantization sites (is it a QDQ model?)")
@@ -246,6 +252,8 @@ def analyze(
         return (metric(ref, outs) if metric else s), per
 
     base_q, base_q_per = evaluate(qm)
+    total = len(sites)
+    sites = sites[shard::shards]
     rows = []
     for i, s in enumerate(sites):
         if mode == "only":
@@ -257,25 +265,12 @@ def analyze(
             effect = score - base_q
         rows.append({"site": s.name, "kind": s.kind, "consumers": list(s.consumers),
                      "quant_type": s.quant_type, "score": score, "effect": effect,
-                     "per_output_sqnr_db": {k: json_float(v) for k, v in sorted(per.items())},
-                     "_per": per})
+                     "per_output_sqnr_db": {k: json_float(v) for k, v in sorted(per.items())}})
         if log:
             log(f"[{i + 1}/{len(sites)}] {s.kind} {s.name}: {score:.3f}")
-    # "only": lowest score first; "leave_out": largest gain first. A task metric (F1 on a
-    # few samples) ties most sites; ties go to the worst output SQNR (lowest first for
-    # "only", highest for "leave_out"), so the order past the first few sites still
-    # measures harm instead of falling back to names. Then by name.
-    def worst(r: dict) -> float:
-        return min((_key(v) for v in r["_per"].values()), default=0.0)
-
-    if mode == "only":
-        rows.sort(key=lambda r: (_key(r["score"]), worst(r), r["kind"], r["site"]))
-    else:
-        rows.sort(key=lambda r: (-_key(r["effect"]), -worst(r), r["kind"], r["site"]))
-    for r in rows:
-        del r["_per"]
-    for r in rows:
+    for r in rows:  # rounded first, so that merged shards rank exactly as one run
         r["score"], r["effect"] = json_float(r["score"], 4), json_float(r["effect"], 4)
+    _rank(rows, mode)
     return {
         "mode": mode,
         "metric": "custom" if metric else "min_output_sqnr_db",
@@ -284,8 +279,5 @@ def analyze(
         "quantized_model_sqnr_db": {k: json_float(v) for k, v in sorted(base_q_per.items())},
         "sites": len(rows),
         "ranking": rows,
+        **({"shard": shard, "shards": shards, "all_sites": total} if shards > 1 else {}),
     }
-
-
-def _key(x: float) -> float:
-    return 1e9 if math.isinf(x) and x > 0 else (-1e9 if math.isinf(x) else x)

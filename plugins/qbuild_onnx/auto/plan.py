@@ -16,7 +16,9 @@ first), every one an ordinary cached target:
   stem or head
   around the most sensitive activation kept float, from ``aq.sens`` (task-aware
   ``sensitivity`` of ``u8``) and ``aq.region_overrides`` (``sensitive_region``)),
-  ``region3`` / ``region3_bc`` (the union of the three most sensitive ones' regions),
+  ``region3`` / ``region3_bc`` (the union of the three most sensitive ones' regions;
+  ``aq.sens`` is a ``sensitivity_merge`` of ``aq.sens_s<i>``, the ranking in
+  ``sensitivity_shards`` actions, default 2, so that every core ranks),
   ``pct_region_k<k>`` / ``pct_region_k<k>_bc`` (percentile ranges, ``aq.calib_percentile``
   at ``percentile``, default 99.99, with the union of the regions of the k most sensitive
   activations float, ``aq.region_k<k>_overrides``; k from ``region_counts``),
@@ -122,11 +124,21 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     task_attrs = {k: raw[k] for k in ("task", "task_options", "metric_srcs") if k in raw}
     if any(s in steps for s in ("region", "percentile_region", "float_top_k", "uint16_top_k",
                                 "region_uint16")):
-        tables[f"{name}.sens"] = {"rule": "sensitivity", "model": f"{me}.u8",
-                                  "reference": model, "dataset": raw["calibration_data"],
-                                  "kinds": ["activation"],
-                                  "max_samples": raw.get("sensitivity_samples", 4),
-                                  **task_attrs}
+        sens = {"rule": "sensitivity", "model": f"{me}.u8", "reference": model,
+                "dataset": raw["calibration_data"], "kinds": ["activation"],
+                "max_samples": raw.get("sensitivity_samples", 4), **task_attrs}
+        shards = raw.get("sensitivity_shards", 2)
+        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+            raise ConfigError("must be a positive integer", attr="sensitivity_shards")
+        if shards == 1:
+            tables[f"{name}.sens"] = sens
+        else:
+            # the ranking is the one long action every region and top-k trial waits for:
+            # in shards (sites are independent) it uses every core the build has
+            for i in range(shards):
+                tables[f"{name}.sens_s{i}"] = {**sens, "shard": i, "shards": shards}
+            tables[f"{name}.sens"] = {"rule": "sensitivity_merge",
+                                      "shards": [f"{me}.sens_s{i}" for i in range(shards)]}
     if "region" in steps:
         tables[f"{name}.region_overrides"] = {"rule": "sensitive_region", "model": model,
                                               "sensitivity": f"{me}.sens"}

@@ -289,6 +289,10 @@ class Sensitivity(OnnxRule):
         "mode": attr.enum(["only", "leave_out"], default="only", doc="Trial kind."),
         "kinds": attr.string_list(default=["activation", "weight"], doc="Site kinds."),
         "max_samples": attr.int(default=8, doc="Use at most this many samples (0: all)."),
+        "shards": attr.int(default=1, doc="Rank only every `shards`-th site (from `shard` "
+                           "on); `sensitivity_merge` joins the shards, so several actions "
+                           "(cores) rank one model."),
+        "shard": attr.int(default=0, doc="Which shard (0 <= shard < shards)."),
         **_TASK_ATTRS,
     }
     outputs = ["sensitivity.json"]
@@ -299,6 +303,10 @@ class Sensitivity(OnnxRule):
         if bad:
             raise ConfigError(f"unknown site kind(s) {bad} (known: activation, weight)",
                               attr="kinds")
+        if attrs["shards"] < 1:
+            raise ConfigError("must be at least 1", attr="shards")
+        if not 0 <= attrs["shard"] < attrs["shards"]:
+            raise ConfigError(f"must be in 0..{attrs['shards'] - 1}", attr="shard")
 
     def analyze(self, ctx: AnalysisContext) -> None:
         deps = ("model", "reference", "dataset")
@@ -324,10 +332,46 @@ def sensitivity(ctx: RunContext) -> SensitivityInfo:
             return score_of(run_task(task, ref, outs, options))
     try:
         rep = analyze(_model(deps["model"]), ref_path, feeds,
-                      mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log)
+                      mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log,
+                      shard=a["shard"], shards=a["shards"])
         rep["task"] = a["task"]
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr) from None
+    _write_json(ctx.output("sensitivity.json"), rep)
+    return SensitivityInfo(ranking=ctx.output("sensitivity.json"))
+
+
+class SensitivityMerge(OnnxRule):
+    kind = "sensitivity_merge"
+    version = 1
+    heavy = False
+    doc = ("Joins the shards of one sensitivity ranking (sensitivity targets with the same "
+           "model, reference, dataset and options and shard = 0 .. shards - 1) into one "
+           "sensitivity.json, ranked as one run would rank it.")
+    attrs = {
+        "shards": attr.label_list(doc="The sensitivity shard targets.", required=True,
+                                  providers=[SensitivityInfo]),
+    }
+    outputs = ["sensitivity.json"]
+    provides = (SensitivityInfo,)
+
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(sensitivity_merge, inputs=["shards"], outputs=["sensitivity.json"],
+                   mnemonic="MergeSensitivity")
+
+
+def sensitivity_merge(ctx: RunContext) -> SensitivityInfo:
+    """``sensitivity_merge``'s action: one ranking from its shards (JSON only)."""
+    import json
+
+    from ..accuracy.ranking import merge
+
+    reports = [json.loads(d[SensitivityInfo].ranking.read_text())
+               for d in ctx.inputs["shards"]]
+    try:
+        rep = merge(reports)
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr="shards") from None
     _write_json(ctx.output("sensitivity.json"), rep)
     return SensitivityInfo(ranking=ctx.output("sensitivity.json"))
 
@@ -551,5 +595,5 @@ def bias_correction(ctx: RunContext) -> OnnxModelInfo:
 def qbuild_rule_types():
     from .auto import AutoQuantize, SensitiveRegion
 
-    return [Evaluate, Sensitivity, MixedPrecision, BiasCorrection, SelectBest, AutoQuantize,
-            SensitiveRegion]
+    return [Evaluate, Sensitivity, SensitivityMerge, MixedPrecision, BiasCorrection,
+            SelectBest, AutoQuantize, SensitiveRegion]

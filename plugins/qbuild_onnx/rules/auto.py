@@ -140,6 +140,9 @@ class AutoQuantize(OnnxRule):
         "top_k": attr.int_list(default=[2, 8], doc="Sensitive activations kept float / "
                                "promoted to 16 bits per trial."),
         "sensitivity_samples": attr.int(default=4, doc="Samples the sensitivity uses."),
+        "sensitivity_shards": attr.int(default=2, doc="The sensitivity ranking as this "
+                                       "many actions (sites split between them, merged by "
+                                       "a sensitivity_merge): every core ranks."),
         "candidates": attr.label_list(doc="(filled in by the expansion)",
                                       providers=[OnnxModelInfo]),
         "reports": attr.label_list(doc="(filled in by the expansion)",
