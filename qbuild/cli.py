@@ -577,6 +577,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qbuild {__version__}")
         return EXIT_OK
     verbose = "--verbose" in argv or "-v" in argv
+    _tune_gc()
     try:
         args = _parser().parse_args(_bool_flags(argv))
         if getattr(args, "quiet", False) and getattr(args, "verbose", False):
@@ -609,6 +610,17 @@ def main(argv: list[str] | None = None) -> int:
               "and report it)", file=sys.stderr)
         return EXIT_BUILD_FAILED
     return EXIT_OK
+
+
+def _tune_gc() -> None:
+    """Collect cycles less often in this short-lived process. A build holds a few
+    long-lived objects per target (analysed targets, results, state records), and with
+    the default thresholds (700, 10, 10) the collector walks all of them again and
+    again: 1.5 s of a 3 s no-op build at 10,000 targets. What is garbage here is
+    almost all freed by reference counting; cycles are still collected, later."""
+    import gc
+
+    gc.set_threshold(50_000, 20, 100)
 
 
 def _interrupted() -> None:
