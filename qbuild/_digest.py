@@ -76,6 +76,42 @@ def clone_or_copy(source: str | os.PathLike[str], dest: str | os.PathLike[str]) 
     shutil.copyfile(source, dest)
 
 
+_REFLINK_PROBED: dict[int, bool] = {}
+
+
+def has_reflinks(directory: str | os.PathLike[str]) -> bool:
+    """Can files in ``directory`` be cloned (``FICLONE``)? Probed once per filesystem
+    with two empty files, so a private copy's cost is known before the first one."""
+    device = os.stat(directory).st_dev
+    known = _REFLINK_PROBED.get(device)
+    if known is not None:
+        return known
+    if device in _NO_REFLINK:
+        _REFLINK_PROBED[device] = False
+        return False
+    base = os.path.join(directory, f".reflink-probe-{os.getpid()}-{threading.get_ident()}")
+    able = False
+    try:
+        import fcntl
+
+        with open(base + ".a", "w+b") as src:  # FICLONE reads the source: not "wb"
+            src.write(b"x")
+            src.flush()
+            with open(base + ".b", "wb") as dst:
+                fcntl.ioctl(dst.fileno(), _FICLONE, src.fileno())
+        able = True
+    except (OSError, ImportError):
+        pass
+    finally:
+        for name in (base + ".a", base + ".b"):
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+    _REFLINK_PROBED[device] = able
+    return able
+
+
 def copy_hashing(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -> str:
     """Copy ``source`` to a new file ``dest`` and return the SHA-256 of what was copied
     (one read of the source for both)."""

@@ -372,6 +372,23 @@ class LocalExecutor:
                                            st.st_size, bool(st.st_mode & stat.S_IXUSR)))
         return entries
 
+    def _check_linked(self, action: Action, sandbox: Path, linked: list[Any]) -> None:
+        """Fail an action that wrote to an input linked to a cache blob (``_linked``);
+        the blob is discarded, so neither this nor any other build is served it."""
+        from ._linked import modified
+
+        bad = modified(self.store, linked)
+        if bad:
+            item, why = bad[0]
+            base = sandbox / "ws"  # where a layout stages inputs (as the rule sees them)
+            where = item.dest.relative_to(base if item.dest.is_relative_to(base)
+                                          else sandbox).as_posix()
+            raise ActionFailed(RuleError(
+                f"input {where} was modified while the action ran ({why}); its result "
+                f"was not cached and the cache's copy of that input ({item.digest[:12]}) "
+                "was discarded (it is rebuilt when needed). Inputs are read-only: write "
+                "outputs instead", target=str(action.label)))
+
     def _check_inputs(self, action: Action, sandbox: Path,
                       staged: dict[Path, tuple[str, str]]) -> None:
         """Fail an action whose rule wrote into one of its (read-only) inputs: its outputs

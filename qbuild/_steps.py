@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._actions import ActionSpec, RunContext, resolve_function
+from ._digest import stat_key
 from ._errors import QbuildError, RuleError
 from ._keys import dep_part as _dep_part
+from ._linked import Linked, release, stage_link
 from ._providers import returned_providers
 from ._records import Action, ActionResult, Outcome, OutputEntry
 from ._rule import Dep
@@ -143,16 +145,27 @@ class _Sandbox:
         executor._trash.put(self.path, self.lock)
 
 
+def _place(executor: LocalExecutor, entry: OutputEntry, dest: Path,
+           staged: dict[Path, tuple[str, str]], linked: list[Linked] | None) -> bool:
+    """Stage one blob at ``dest``: a hard link if the action allows it (and the blob is
+    not executable: a link shares the blob's mode), else a verified private copy."""
+    if linked is not None and not entry.executable and \
+            stage_link(executor.store, entry.digest, dest, linked):
+        return True
+    if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+        return False
+    staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
+    return True
+
+
 def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Path,
-               staged: dict[Path, tuple[str, str]]) -> Dep:
-    from ._digest import stat_key
+               staged: dict[Path, tuple[str, str]], linked: list[Linked] | None = None
+               ) -> Dep:
     from ._executor import MissingBlob
 
     for entry in dep.outputs:
-        dest = base / entry.path
-        if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+        if not _place(executor, entry, base / entry.path, staged, linked):
             raise MissingBlob(label)
-        staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
     base.mkdir(parents=True, exist_ok=True)
     files = [base / name.rstrip("/") for name in dep.declared]
     return Dep("", files, dict(dep.info), base, dep.digests(), dict(dep.providers))
@@ -160,12 +173,13 @@ def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Pat
 
 def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, index: int,
                 staged: dict[Path, tuple[str, str]], origins: list[tuple[int, str]],
-                at: Path | None = None) -> list[Path]:
+                at: Path | None = None, linked: list[Linked] | None = None) -> list[Path]:
     """Stage one item of a file/files attribute (at ``at`` if the action's layout
     says where)."""
     if item.startswith("//"):
         dep = action.deps[item]
-        files = _stage_dep(executor, item, dep, at or base / f"dep{index}", staged).files
+        files = _stage_dep(executor, item, dep, at or base / f"dep{index}", staged,
+                           linked).files
         origins.extend((index, name.rstrip("/")) for name in dep.declared)
         return files
     rel = _package_path(action, item)
@@ -178,10 +192,9 @@ def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, 
 
 
 def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: Path,
-           made: Made, log_path: Path
+           made: Made, log_path: Path, linked: list[Linked]
            ) -> tuple[RunContext, dict[Path, tuple[str, str]]]:
-    from ._digest import stat_key
-
+    links = linked if getattr(spec, "link_inputs", False) else None
     staged: dict[Path, tuple[str, str]] = {}
     inputs: dict[str, Any] = {}
     origins: dict[str, list[tuple[int, str]]] = {}
@@ -192,24 +205,24 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
         layout = spec.layout.get(name)
         if kind is None:
             for entry in made[name]:
-                dest = sandbox / "made" / entry.path
-                if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+                if not _place(executor, entry, sandbox / "made" / entry.path, staged, links):
                     raise _MadeMissing(name)
-                staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
             inputs[name] = sandbox / "made" / name.rstrip("/")
             continue
         value = action.attrs[name]
         if value is None:
             inputs[name] = None
         elif kind == "label":
-            inputs[name] = _stage_dep(executor, value, action.deps[value], base, staged)
+            inputs[name] = _stage_dep(executor, value, action.deps[value], base, staged,
+                                      links)
         elif kind == "label_list":
-            inputs[name] = [_stage_dep(executor, v, action.deps[v], base / str(i), staged)
+            inputs[name] = [_stage_dep(executor, v, action.deps[v], base / str(i), staged,
+                                       links)
                             for i, v in enumerate(value)]
         elif kind == "file":
             origins[name] = []
             files = _stage_item(executor, action, value, base, 0, staged, origins[name],
-                                root / layout[0] if layout else None)
+                                root / layout[0] if layout else None, links)
             if len(files) != 1:  # as Dep.file: a file attribute names one file
                 raise RuleError(f"the target given as '{name}' has {len(files)} outputs; "
                                 "expected exactly one", attr=name)
@@ -219,7 +232,8 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
             inputs[name] = [path for i, item in enumerate(value)
                             for path in _stage_item(executor, action, item, base, i, staged,
                                                     origins[name],
-                                                    root / layout[i] if layout else None)]
+                                                    root / layout[i] if layout else None,
+                                                    links)]
     out_root = sandbox / "out"
     outputs = {}
     for name in spec.outputs:
@@ -246,9 +260,12 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
     box = _Sandbox(executor.store.tmp)
     log_path = box.path / "_action.log"
     log_path.touch()
+    linked: list[Linked] = []
+    intact = False
     try:
-        ctx, staged = _stage(executor, action, spec, box.path, made, log_path)
+        ctx, staged = _stage(executor, action, spec, box.path, made, log_path, linked)
         out_root = box.path / "out"
+        failed: ActionFailed | None = None
         try:
             if spec.heavy:
                 providers, warnings = executor._run_in_worker(
@@ -261,8 +278,15 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
             located = exc.located(file=action.build_file, target=str(action.label))
             if len(action.steps) > 1:  # say which one
                 located.message = f"action {spec.mnemonic}: {located.message}"
-            raise ActionFailed(located, _tail(log_path)) from None
+            failed = ActionFailed(located, _tail(log_path))
+        # Failed or not: a linked input written to is the cache's blob, discarded here.
+        executor._check_linked(action, box.path, linked)
+        intact = True
+        if failed is not None:
+            raise failed
         executor._check_inputs(action, box.path, staged)
+        for item in linked:
+            staged.setdefault(item.dest, (item.digest, stat_key(item.stat)))
         entries = executor._collect(action, out_root, log_path, tuple(spec.outputs),
                                     staged=staged)
         for path, (digest, key) in action.sources.items():
@@ -273,6 +297,7 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
         return ActionResult(tuple(entries), tuple(spec.outputs), {}, tuple(warnings),
                             providers=providers)
     finally:
+        release(executor.store, linked, intact)
         box.close(executor)
 
 

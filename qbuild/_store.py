@@ -3,7 +3,9 @@
 Layout under the cache directory::
 
     cas/    digest -> blob, always kept as a file by diskcache (streamed, never whole
-            in memory); blobs are read-only and only ever copied out, never linked
+            in memory); blobs are read-only and copied (or cloned) out, or hard-linked
+            into the sandbox of an action that declared ``link_inputs`` (``_linked``:
+            an edit of such a link is detected after the action, the blob discarded)
     ac/     action key -> JSON action result (output digests, info, warnings);
             "components:<key>" -> the key's parts, for ``qbuild explain``;
             "code:<digest>" -> a code unit's per-file digests (to name a changed file)
@@ -49,7 +51,7 @@ from typing import Any, Literal, TypeVar
 
 import diskcache
 
-from ._digest import clone_or_copy, copy_hashing, hash_file, stat_key
+from ._digest import clone_or_copy, copy_hashing, has_reflinks, hash_file, stat_key
 from ._errors import CacheError
 from ._records import ActionResult, KeyParts
 
@@ -161,8 +163,11 @@ class LocalStore:
             raise CacheError(f"cannot use the cache directory {directory}: "
                              f"{exc.strerror or exc} (set cache_dir in qbuild.toml or "
                              "QBUILD_CACHE_DIR)") from None
-        # digest -> stat key of blobs this process stored from files it hashed itself
-        self._trusted: dict[str, str] = {}
+        # digest -> stat keys its blob file had when this process last knew it intact:
+        # stored from a file it hashed itself, verified, or linked/unlinked by this
+        # process (a link or unlink moves the inode's ctime, a write its mtime)
+        self._trusted: dict[str, set[str]] = {}
+        self._trusted_lock = threading.Lock()
         self._code_saved: set[str] = set()
         self._pending: list[str] | None = None  # blob files not yet fsync'ed
         self._prefetched: dict[str, str] = {}  # action entries read ahead (by key)
@@ -460,6 +465,7 @@ class LocalStore:
         if stored is not None:
             if self._verified(stored, digest) or self._intact(stored, digest):
                 return
+            self._distrust(digest)
             self._read("cas", lambda c: c.delete(digest), False)
         if adopt:
             self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
@@ -478,27 +484,48 @@ class LocalStore:
         # Renaming and chmod move the ctime; a write since the hash moves the mtime.
         if st is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
                 hashed.st_dev, hashed.st_ino, hashed.st_size, hashed.st_mtime_ns):
-            self._trusted[digest] = stat_key(st)
+            self.vouch(digest, st)
+
+    def vouch(self, digest: str, st: os.stat_result) -> None:
+        """Remember that the blob of ``digest`` is intact with stat ``st`` (this process
+        hashed it, or saw it intact just before its own link or unlink moved its ctime)."""
+        with self._trusted_lock:
+            self._trusted.setdefault(digest, set()).add(stat_key(st))
+
+    def _distrust(self, digest: str) -> None:
+        with self._trusted_lock:
+            self._trusted.pop(digest, None)
+
+    def trusts(self, digest: str, st: os.stat_result) -> bool:
+        """Is the blob file with stat ``st`` known intact (by this process, or verified
+        by hashing with exactly this stat)? Any write moves the mtime and the ctime, a
+        chmod or a restored mtime the ctime: none of those stats match then."""
+        key = stat_key(st)
+        if key in self._trusted.get(digest, ()):
+            return True
+        return bool(self._read("memo", lambda c: c.get("verified:" + digest), None) == key)
 
     def _verified(self, path: Path, digest: str) -> bool:
         """The blob matched its digest when last checked and has not been touched since."""
         try:
-            seen = stat_key(os.stat(path))
+            st = os.stat(path)
         except OSError:
             return False
-        return bool(self._read("memo", lambda c: c.get("verified:" + digest), None) == seen)
+        return self.trusts(digest, st)
 
     def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
         """Place a verified private copy of the blob at ``dest`` (read-only; executable
         if asked); False if the blob is missing or corrupt (it is then deleted).
 
-        Never a link: whoever can write to ``dest`` (a rule, a user, root) cannot reach
-        the blob. A blob is hashed while it is copied unless this store verified it
-        before and its (inode, ctime, size, mtime) are unchanged since: any write to it
-        moves its ctime.
+        Never a link (``link_blob`` is the one way to a link, checked after use):
+        whoever can write to ``dest`` (a rule, a user, root) cannot reach the blob. A
+        blob is hashed while it is copied unless this store verified it before and its
+        (inode, ctime, size, mtime) are unchanged since, before and after the copy: any
+        write to it moves its ctime.
         """
         verified_key = "verified:" + digest
-        for _attempt in range(2):  # a concurrent put may replace the file under us
+        hash_it = False
+        for _attempt in range(3):  # a concurrent put may replace the file under us
             source = self._blob_path(digest)
             try:
                 st = os.stat(source) if source is not None else None
@@ -507,20 +534,23 @@ class LocalStore:
             if source is None or st is None:
                 self._read("cas", lambda c: c.delete(digest), False)
                 return False
-            trusted = self._trusted.get(digest) == stat_key(st) or \
-                self._read("memo", lambda c: c.get(verified_key), None) == stat_key(st)
+            trusted = not hash_it and self.trusts(digest, st)
             dest.parent.mkdir(parents=True, exist_ok=True)
             temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             try:
                 temp.unlink(missing_ok=True)
                 if trusted:
                     clone_or_copy(source, temp)
+                    if stat_key(os.stat(source)) != stat_key(st):
+                        hash_it = True  # touched while copied: copy again, hashing
+                        continue
                 elif copy_hashing(source, temp) != digest or \
                         stat_key(os.stat(source)) != stat_key(st):
                     if self._blob_path(digest) != source:
                         continue  # replaced meanwhile: look again
                     self._read("cas", lambda c: c.delete(digest), False)
                     self._read("memo", lambda c: c.delete(verified_key), False)
+                    self._distrust(digest)
                     return False
                 else:
                     self._memo_set(verified_key, stat_key(st))
@@ -532,6 +562,53 @@ class LocalStore:
                 temp.unlink(missing_ok=True)
             return True
         return False
+
+    def link_blob(self, digest: str, dest: Path) -> tuple[Path, os.stat_result] | None:
+        """Make ``dest`` a hard link to the verified, read-only blob of ``digest`` (no
+        data read or written); returns the blob's path and the link's stat, or None
+        (missing, unverifiable, or not linkable: the caller copies instead). The
+        caller must check the link after use (``_linked``): it is the blob itself."""
+        if has_reflinks(self.tmp):
+            return None  # a clone is private and costs no I/O either
+        source = self._blob_path(digest)
+        try:
+            if source is None:
+                return None
+            before = os.stat(source)
+            if before.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+                return None
+            if not self.trusts(digest, before):
+                if hash_file(source) != digest or \
+                        stat_key(os.stat(source)) != stat_key(before):
+                    return None  # restore_blob copies, hashing, and deletes it if bad
+                self._memo_set("verified:" + digest, stat_key(before))
+                self.vouch(digest, before)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, dest)
+            after = os.stat(dest)
+        except OSError:
+            return None
+        if (after.st_ino, after.st_size, after.st_mtime_ns, after.st_mode) != (
+                before.st_ino, before.st_size, before.st_mtime_ns, before.st_mode):
+            dest.unlink(missing_ok=True)  # written between the check and the link
+            return None
+        self.vouch(digest, after)
+        return source, after
+
+    def discard_blob(self, digest: str, inode: tuple[int, int]) -> None:
+        """Drop the blob of ``digest`` if its file is still ``inode`` (dev, ino): it was
+        found modified, so no build may be served it again (its actions rerun)."""
+        self._distrust(digest)
+        self._read("memo", lambda c: c.delete("verified:" + digest), False)
+        source = self._blob_path(digest)
+        try:
+            st = os.stat(source) if source is not None else None
+        except OSError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == inode:
+            self._read("cas", lambda c: c.delete(digest), False)
+            with contextlib.suppress(OSError):
+                os.unlink(source)  # type: ignore[arg-type]  # if the row was already gone
 
     # -- stat memo ----------------------------------------------------------------------
     def memo_get(self, key: str) -> str | None:
