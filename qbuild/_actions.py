@@ -227,12 +227,22 @@ class RunContext:
         path in the dependency's folder, or the source's path in its package)."""
         self.params = params
         self._outputs = outputs
-        self.scratch = scratch
+        self._scratch = scratch
+        self._scratch_made = False
         self.workdir = workdir
         self.threads = threads
         """Cores this action was granted (give onnxruntime sessions this many threads)."""
         self.log_path = log_path
         self.warnings: list[str] = []
+
+    @property
+    def scratch(self) -> Path:
+        """A private empty folder for temporary files (made on first use: most actions
+        need none, and every folder costs a ``mkdir`` and an ``rmdir``)."""
+        if not self._scratch_made:
+            self._scratch.mkdir(parents=True, exist_ok=True)
+            self._scratch_made = True
+        return self._scratch
 
     @property
     def hooks(self) -> Any:

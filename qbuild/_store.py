@@ -51,7 +51,7 @@ from typing import Any, Literal, TypeVar
 
 import diskcache
 
-from ._digest import clone_or_copy, copy_hashing, has_reflinks, hash_file, stat_key
+from ._digest import copy_hashing, copy_new, has_reflinks, hash_file, stat_key
 from ._errors import CacheError
 from ._records import ActionResult, KeyParts
 
@@ -82,12 +82,26 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
     """diskcache's file storage, plus adoption: a blob written in the cache's own tmp/
     (an action's sandbox) is moved in, so storing an output costs no second copy."""
 
+    def filename(self, key: Any = diskcache.core.UNKNOWN,
+                 value: Any = diskcache.core.UNKNOWN) -> tuple[str, str]:
+        # One level of 256 folders instead of diskcache's two levels of 65,536: a new
+        # blob almost never needs a new folder, and blobs made durable together share
+        # few folders to fsync. (Files of the old layout are read where they are.)
+        hex_name = os.urandom(16).hex()
+        filename = os.path.join(hex_name[:2], hex_name[2:] + ".val")
+        return filename, os.path.join(self._directory, filename)
+
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         if isinstance(value, _Adopt):
             filename, full_path = self.filename(key, value)
             try:
-                os.makedirs(os.path.dirname(full_path), exist_ok=True)
-                os.rename(value.path, full_path)
+                try:
+                    os.rename(value.path, full_path)
+                except FileNotFoundError:
+                    if not os.path.exists(value.path):
+                        raise
+                    os.makedirs(os.path.dirname(full_path), exist_ok=True)
+                    os.rename(value.path, full_path)
                 return os.path.getsize(full_path), diskcache.core.MODE_BINARY, filename, None
             except OSError:
                 with open(value.path, "rb") as handle:  # another filesystem: copy
@@ -98,15 +112,24 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
 class _DurableDisk(_AdoptingDisk):
     """Blob files (copied or adopted) are read-only, and on disk before diskcache commits
     their row, unless the store defers that (``LocalStore.defer_sync``): then they are
-    listed in ``pending`` and made durable before any action entry commits."""
+    listed in ``pending`` and made durable before any action entry commits. The path and
+    stat of the last file each thread stored are kept in ``stored`` (no lookup needed)."""
 
     pending: list[str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stored = threading.local()
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
         if filename:
             full = os.path.join(self._directory, filename)
-            os.chmod(full, _READ_ONLY)
+            st = os.stat(full)
+            if stat.S_IMODE(st.st_mode) & ~_READ_ONLY:
+                os.chmod(full, _READ_ONLY)
+                st = os.stat(full)
+            self.stored.last = (full, st)
             if self.pending is not None:
                 self.pending.append(full)
             else:
@@ -429,12 +452,17 @@ class LocalStore:
         return self._read("cas", lambda c: digest in c, False)
 
     def _blob_path(self, digest: str) -> Path | None:
+        """The blob file of ``digest``, if the index has it and the file exists."""
+        path = self._blob_row(digest)
+        return path if path is not None and os.path.exists(path) else None
+
+    def _blob_row(self, digest: str) -> Path | None:
+        """Where the index says the blob of ``digest`` is (one query; the file is not
+        opened: callers stat it and treat a missing file as a missing blob)."""
         def find(cache: diskcache.Cache) -> Path | None:
-            handle = cache.get(digest, read=True)
-            if handle is None:
-                return None
-            handle.close()
-            return Path(handle.name)
+            row = cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1",
+                             (digest,)).fetchone()
+            return Path(self.directory, "cas", row[0]) if row and row[0] else None
 
         return self._read("cas", find, None)
 
@@ -461,13 +489,14 @@ class LocalStore:
         ``hashed``: its stat when it was hashed; if the adopted blob still has that
         inode, size and mtime, this process trusts it without hashing it again.
         """
-        stored = self._blob_path(digest)
+        stored = self._blob_row(digest)
         if stored is not None:
             if self._verified(stored, digest) or self._intact(stored, digest):
                 return
             self._distrust(digest)
             self._read("cas", lambda c: c.delete(digest), False)
         if adopt:
+            self._cas.disk.stored.last = None
             self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
             if hashed is not None:
                 self._trust_adopted(digest, hashed)
@@ -476,13 +505,12 @@ class LocalStore:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
 
     def _trust_adopted(self, digest: str, hashed: os.stat_result) -> None:
-        stored = self._blob_path(digest)
-        try:
-            st = os.stat(stored) if stored is not None else None
-        except OSError:
+        stored = getattr(self._cas.disk.stored, "last", None)
+        if stored is None:
             return
+        st = stored[1]
         # Renaming and chmod move the ctime; a write since the hash moves the mtime.
-        if st is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
                 hashed.st_dev, hashed.st_ino, hashed.st_size, hashed.st_mtime_ns):
             self.vouch(digest, st)
 
@@ -526,7 +554,7 @@ class LocalStore:
         verified_key = "verified:" + digest
         hash_it = False
         for _attempt in range(3):  # a concurrent put may replace the file under us
-            source = self._blob_path(digest)
+            source = self._blob_row(digest)
             try:
                 st = os.stat(source) if source is not None else None
             except OSError:
@@ -535,18 +563,19 @@ class LocalStore:
                 self._read("cas", lambda c: c.delete(digest), False)
                 return False
             trusted = not hash_it and self.trusts(digest, st)
-            dest.parent.mkdir(parents=True, exist_ok=True)
             temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            placed = False
             try:
-                temp.unlink(missing_ok=True)
+                if not dest.parent.is_dir():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
                 if trusted:
-                    clone_or_copy(source, temp)
-                    if stat_key(os.stat(source)) != stat_key(st):
+                    _before, after, _copied = copy_new(source, temp, executable)
+                    if stat_key(after) != stat_key(st):
                         hash_it = True  # touched while copied: copy again, hashing
                         continue
                 elif copy_hashing(source, temp) != digest or \
                         stat_key(os.stat(source)) != stat_key(st):
-                    if self._blob_path(digest) != source:
+                    if self._blob_row(digest) != source:
                         continue  # replaced meanwhile: look again
                     self._read("cas", lambda c: c.delete(digest), False)
                     self._read("memo", lambda c: c.delete(verified_key), False)
@@ -554,12 +583,17 @@ class LocalStore:
                     return False
                 else:
                     self._memo_set(verified_key, stat_key(st))
-                os.chmod(temp, _MODE_X if executable else _MODE_R)
+                    os.chmod(temp, _MODE_X if executable else _MODE_R)
                 os.replace(temp, dest)
+                placed = True
+            except FileExistsError:
+                temp.unlink(missing_ok=True)  # left by a process that died (same pid)
+                continue
             except FileNotFoundError:
                 continue
             finally:
-                temp.unlink(missing_ok=True)
+                if not placed:
+                    temp.unlink(missing_ok=True)
             return True
         return False
 
@@ -570,7 +604,7 @@ class LocalStore:
         caller must check the link after use (``_linked``): it is the blob itself."""
         if has_reflinks(self.tmp):
             return None  # a clone is private and costs no I/O either
-        source = self._blob_path(digest)
+        source = self._blob_row(digest)
         try:
             if source is None:
                 return None
@@ -600,7 +634,7 @@ class LocalStore:
         found modified, so no build may be served it again (its actions rerun)."""
         self._distrust(digest)
         self._read("memo", lambda c: c.delete("verified:" + digest), False)
-        source = self._blob_path(digest)
+        source = self._blob_row(digest)
         try:
             st = os.stat(source) if source is not None else None
         except OSError:
