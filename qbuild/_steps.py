@@ -139,6 +139,7 @@ class _Sandbox:
     def __init__(self, executor: LocalExecutor) -> None:
         from ._executor import new_sandbox
 
+        self.lock: int | None
         reused = executor._trash.take()
         if reused is not None:
             self.path, self.lock, kept, self.mode = reused

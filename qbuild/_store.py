@@ -11,9 +11,10 @@ Layout under the cache directory::
             "code:<digest>" -> a code unit's per-file digests (to name a changed file)
     memo/   stat key -> digest of a source file; "verified:<digest>" -> the blob's stat
             when it last matched its digest
-    tmp/    sandboxes of running actions (each holds a lock while it is in use)
-    locks/  one lock file per action key being run, so two processes never run the
-            same action at once: the second waits and takes the first's result
+    tmp/    sandboxes of running actions (each holds a lock on its folder while in use)
+    locks/  4,096 lock files, one per first three hex digits of an action key, so two
+            processes never run the same action at once: the second waits and takes
+            the first's result
 
 Durability: a blob file is made read-only and fsync'ed (with its directory) before its
 index row commits, or, in a build (``defer_sync``), fsync'ed together with the other
@@ -426,7 +427,10 @@ class LocalStore:
         import fcntl
 
         try:
-            fd = os.open(self.locks / key, os.O_RDWR | os.O_CREAT, 0o644)
+            # 4,096 lock files shared by all keys (by their first three hex digits), not
+            # one new file per action: a key waits for another only if they share one
+            # and run at the same moment.
+            fd = os.open(self.locks / key[:3], os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
             return None
         try:

@@ -230,8 +230,8 @@ cmd = "sleep 1 && cp $(SRCS) $(OUT)"
 rule = "command"
 srcs = ["a.txt", ":slow"]
 outs = ["seen.txt"]
-cmd = \"\"\"cd .. && find . -path ./_action.log -prune -o -print | sort > ws/$(OUT) && \\
-    ls -l -d . | cut -c1-10 >> ws/$(OUT)\"\"\"
+cmd = \"\"\"cd .. && find . -path ./_action.log -prune -o -path './ws/$(OUT)' -prune -o \\
+    -print | sort > ws/$(OUT) && ls -l -d . | cut -c1-10 >> ws/$(OUT)\"\"\"
 """
 
 
