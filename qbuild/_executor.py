@@ -419,15 +419,16 @@ class LocalExecutor:
 
         bad = modified(self.store, linked)
         if bad:
-            item, why = bad[0]
+            item, why, discarded = bad[0]
             base = sandbox / "ws"  # where a layout stages inputs (as the rule sees them)
             where = item.dest.relative_to(base if item.dest.is_relative_to(base)
                                           else sandbox).as_posix()
+            dropped = (f" and the cache's copy of that input ({item.digest[:12]}) was "
+                       "discarded (it is rebuilt when needed)") if discarded else ""
             raise ActionFailed(RuleError(
                 f"input {where} was modified while the action ran ({why}); its result "
-                f"was not cached and the cache's copy of that input ({item.digest[:12]}) "
-                "was discarded (it is rebuilt when needed). Inputs are read-only: write "
-                "outputs instead", target=str(action.label)))
+                f"was not cached{dropped}. Inputs are read-only: write outputs instead",
+                target=str(action.label)))
 
     def _check_inputs(self, action: Action, sandbox: Path,
                       staged: dict[Path, tuple[str, str]]) -> None:

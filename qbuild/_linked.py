@@ -22,11 +22,14 @@ one, runs the same check before it commits, and the shared inode shows it the ch
 from __future__ import annotations
 
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._digest import granularity, hash_file
+
+_REPLACED = "another file was put in its place"
 
 
 @dataclass
@@ -49,17 +52,32 @@ def stage_link(store: Any, digest: str, dest: Path, linked: list[Linked]) -> boo
     return True
 
 
-def _inode_stat(item: Linked) -> os.stat_result | None:
-    """The linked inode's stat now, wherever it still has a name we know (the rule may
-    have moved its input, e.g. into its outputs)."""
+def _inode_stat(item: Linked) -> tuple[Path, os.stat_result] | None:
+    """A path to the linked inode and its stat now, wherever it still has a name we know
+    (the rule may have moved its input, e.g. into its outputs)."""
     for path in (item.dest, item.blob):
         try:
             st = os.stat(path)
         except OSError:
             continue
         if (st.st_dev, st.st_ino) == (item.stat.st_dev, item.stat.st_ino):
-            return st
+            return path, st
     return None
+
+
+def _replaced(item: Linked) -> bool:
+    """Is something else than the link now at its path, with other bytes? (The rule
+    may have read that instead of its input.) Moved away or deleted is no harm."""
+    try:
+        st = os.lstat(item.dest)
+    except OSError:
+        return False
+    if (st.st_dev, st.st_ino) == (item.stat.st_dev, item.stat.st_ino):
+        return False
+    try:
+        return not stat.S_ISREG(st.st_mode) or hash_file(item.dest) != item.digest
+    except OSError:
+        return True
 
 
 def _later_tick(pre: os.stat_result) -> bool:
@@ -79,43 +97,45 @@ def _fields(st: os.stat_result | None) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
-def modified(store: Any, items: list[Linked]) -> list[tuple[Linked, str]]:
-    """The links whose blob may have changed, each with why; their blobs are discarded
-    from the store. Empty: every blob is as it was when linked."""
-    bad: list[tuple[Linked, str]] = []
+def modified(store: Any, items: list[Linked]) -> list[tuple[Linked, str, bool]]:
+    """The links whose blob may have changed or whose path holds another file now, each
+    with why and whether its blob was discarded from the store. Empty: every input is
+    the blob it was, as it was when linked."""
+    bad: list[tuple[Linked, str, bool]] = []
     for item in items:
         why = _changed(store, item)
         if why is not None:
-            bad.append((item, why))
+            bad.append((item, why, why != _REPLACED))
     return bad
 
 
 def _changed(store: Any, item: Linked) -> str | None:
-    """Why the blob linked as ``item`` may have changed, or None; a changed blob is
-    discarded from the store."""
+    """Why the blob linked as ``item`` may have changed (then it is discarded from the
+    store), or why the input at its path is not the blob any more, or None."""
     pre = item.stat
     for _attempt in range(3):  # another action's link or unlink may move the ctime
-        st = _inode_stat(item)
-        if st is None:
+        found = _inode_stat(item)
+        if found is None:
             return "it was moved and its blob replaced meanwhile"
+        path, st = found
         if (st.st_size, st.st_mtime_ns, st.st_mode) != (pre.st_size, pre.st_mtime_ns,
                                                         pre.st_mode):
             why = "it was written to" if st.st_mode == pre.st_mode else "its mode changed"
             break
         if (st.st_ctime_ns == pre.st_ctime_ns or store.trusts(item.digest, st)) and \
                 _later_tick(pre):
-            return None
+            return _REPLACED if _replaced(item) else None
         try:
-            same = hash_file(item.dest if item.dest.exists() else item.blob) == item.digest
+            same = hash_file(path) == item.digest
             now = _inode_stat(item)
         except OSError:
             continue
         if not same:
             why = "its bytes changed"
             break
-        if _fields(now) == _fields(st):
+        if now is not None and _fields(now[1]) == _fields(st):
             store.vouch(item.digest, st)
-            return None
+            return _REPLACED if _replaced(item) else None
     else:
         why = "it kept changing while it was checked"
     store.discard_blob(item.digest, (pre.st_dev, pre.st_ino))

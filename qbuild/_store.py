@@ -102,12 +102,16 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
                     if not os.path.exists(value.path):
                         raise
                     os.makedirs(os.path.dirname(full_path), exist_ok=True)
+                    self.new_folder(os.path.dirname(full_path))
                     os.rename(value.path, full_path)
                 return os.path.getsize(full_path), diskcache.core.MODE_BINARY, filename, None
             except OSError:
                 with open(value.path, "rb") as handle:  # another filesystem: copy
                     return super().store(handle, read, key=key)
         return super().store(value, read, key=key)
+
+    def new_folder(self, path: str) -> None:
+        """``path`` was just made to hold a blob."""
 
 
 class _DurableDisk(_AdoptingDisk):
@@ -121,6 +125,13 @@ class _DurableDisk(_AdoptingDisk):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.stored = threading.local()
+
+    def new_folder(self, path: str) -> None:
+        # Its entry in cas/ must be on disk too before an entry relies on a blob in it.
+        if self.pending is not None:
+            self.pending.append(path)  # made durable with its parent, like a blob file
+        else:
+            _fsync(os.path.dirname(path))
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)

@@ -136,3 +136,23 @@ def test_a_reader_of_the_same_blob_never_commits_what_a_vandal_wrote(linking, tm
     clean = ws.build("//p:reader")
     assert clean.ok, clean.failed
     assert clean.output("//p:reader").read_text() == "alpha\n"
+
+
+def test_a_command_replacing_its_linked_input_fails_and_the_blob_stays(linking):
+    ws = linking
+    ws.write("p/a.txt", "alpha\n")
+    ws.write("p/BUILD.toml", textwrap.dedent("""
+        [a]
+        rule = "filegroup"
+        srcs = ["a.txt"]
+
+        [r]
+        rule = "command"
+        srcs = [":a"]
+        cmd = "rm -f $(SRCS) && echo other > $(SRCS) && cat $(SRCS) > $(OUT)"
+        outs = ["r.txt"]
+    """))
+    result = ws.build("//p:r")
+    error = result.failed["//p:r"]
+    assert "another file was put in its place" in error and "discarded" not in error
+    assert _blobs_holding(ws.cache_dir, b"alpha\n")  # the blob itself was not touched
