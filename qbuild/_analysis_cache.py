@@ -50,9 +50,18 @@ def _stat(path: str) -> str | None:
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
-def _label(text: str) -> Label:
+def _label(text: str, labels: dict[str, Label] | None = None) -> Label:
+    """``text`` as a Label; ``labels`` memoises them (a label is named once as a target
+    and again by each dependent: one object for all)."""
+    if labels is not None:
+        found = labels.get(text)
+        if found is not None:
+            return found
     package, name = text[2:].split(":", 1)
-    return Label(package, name)
+    label = Label(package, name)
+    if labels is not None:
+        labels[text] = label
+    return label
 
 
 def _path(output_dir: Path, patterns: list[str], package: str | None) -> Path:
@@ -83,29 +92,44 @@ _STORED = {"label", "kind", "build_file", "entry", "rule", "attrs", "deps", "sou
            "outputs", "tags", "inactive", "actions"}
 
 
-def _storable(target: Target) -> bool:
+def _unstored_defaults() -> list[tuple[str, Any]]:
+    """(name, default) of every ``Target`` field not stored here."""
+    out = []
+    for item in dataclasses.fields(Target):
+        if item.name not in _STORED:
+            out.append((item.name, item.default_factory() if item.default_factory is not
+                        dataclasses.MISSING else item.default))
+    return out
+
+
+def _storable(target: Target, unstored: list[tuple[str, Any]]) -> bool:
     """Every field of ``target`` that is not stored here holds its default (a field
     added to ``Target`` later is never silently dropped: such targets are not cached)."""
-    for item in dataclasses.fields(target):
-        if item.name in _STORED:
-            continue
-        default = item.default_factory() if item.default_factory is not \
-            dataclasses.MISSING else item.default
-        if getattr(target, item.name) != default:
+    return all(getattr(target, name) == default for name, default in unstored)
+
+
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+def _plain(value: Any) -> bool:
+    """Only dicts with string keys, lists, strings, numbers, booleans and None, of
+    exactly those types, all the way down: what JSON gives back exactly as it was (1.0
+    stays a float, NaN stays NaN), where a tuple would come back a list and a str
+    subclass a str. (A walk of the value alone, not a comparison with it decoded.)"""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is dict:
+            for key in item:
+                if type(key) is not str:
+                    return False
+            stack.extend(item.values())
+        elif kind is list:
+            stack.extend(item)
+        elif kind not in _PLAIN:
             return False
     return True
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Equal and of the same types all the way down (JSON keeps 1.0 and 1 apart, but
-    would turn a tuple into a list)."""
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(_same(v, b[k]) for k, v in a.items())
-    if isinstance(a, list):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-    return bool(a == b) or a != a  # NaN stays NaN
 
 
 def save(graph: Graph, patterns: list[str], package: str | None, labels: list[Label],
@@ -126,8 +150,9 @@ def save(graph: Graph, patterns: list[str], package: str | None, labels: list[La
     targets = []
     sources: set[str] = set()
     links: list[str] = []
+    unstored = _unstored_defaults()
     for target in graph.targets.values():
-        if not _storable(target):
+        if not _storable(target, unstored):
             return
         targets.append([str(target.label), target.kind, target.build_file, target.attrs,
                         [str(d) for d in target.deps], target.sources, target.outputs,
@@ -147,10 +172,10 @@ def save(graph: Graph, patterns: list[str], package: str | None, labels: list[La
     record = {"version": _VERSION, "code": _code(graph), "modules": modules,
               "reads": stats, "dirs": dirs, "links": sorted(links),
               "labels": [str(label) for label in labels], "targets": targets}
+    if not _plain(targets):
+        return  # a value JSON cannot hold as is: analyse every time
     try:
         text = json.dumps(record, allow_nan=True)
-        if not _same(json.loads(text)["targets"], targets):
-            return  # a value JSON cannot hold as is: analyse every time
         path = _path(workspace.output_dir, patterns, package)
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -184,10 +209,11 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
         targets: dict[Label, Target] = {}
         checked: set[str] = set()
         kinds: dict[str, Any] = {}
+        known: dict[str, Label] = {}
         for label_text, kind, build_file, attrs, deps, sources, outputs, tags, inactive, \
                 actions in record["targets"]:
-            label = _label(label_text)
-            dep_labels = [_label(d) for d in deps]
+            label = _label(label_text, known)
+            dep_labels = [_label(d, known) for d in deps]
             if kind == MATRIX_KIND:
                 targets[label] = Target(label, kind, build_file, deps=dep_labels,
                                         tags=tuple(tags))
@@ -216,7 +242,7 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
                                                    a.get("layout", {}),
                                                    bool(a.get("link_inputs", False)))
                                         for a in actions])
-        labels = [_label(text) for text in record["labels"]]
+        labels = [_label(text, known) for text in record["labels"]]
     except Exception:  # noqa: BLE001 - absent, damaged or stale: analyse as usual
         return None
     graph.targets.update(targets)

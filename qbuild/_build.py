@@ -209,8 +209,10 @@ class Build:
         if self.remote_executor is not None:
             result.remote_execution = self.remote_executor.summary()
         result.seconds = time.monotonic() - started
-        result.infos = {str(label): dict(r.info) for label, r in self.results.items()}
-        result.providers = {str(label): dict(r.providers) for label, r in self.results.items()}
+        for label, r in self.results.items():
+            name = str(label)
+            result.infos[name] = dict(r.info)
+            result.providers[name] = dict(r.providers)
         summary = BuildSummary(
             ok=result.ok, targets=len(requested), actions_run=len(result.ran),
             cache_hits=len(result.cached), failed=len(result.failed),

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ._digest import key_is_racy, stat_key
-from ._keys import dep_part
+from ._keys import dep_part, sorted_json
 from ._label import Label
 from ._records import ActionResult
 
@@ -64,7 +64,7 @@ def _code_files(code_files: Iterable[str]) -> dict[str, str | None]:
 
 def result_text(result: ActionResult) -> str:
     """A result as the action cache stores it (``LocalStore.put_action``)."""
-    return json.dumps(result.to_json(), sort_keys=True)
+    return sorted_json(result.to_json())
 
 
 class Reuse:

@@ -46,8 +46,9 @@ class Materializer:
         if self.state.in_place(self.output_dir, base_rel,
                                [(e.path, e.digest, e.executable) for e in result.outputs]):
             self.placed.update(f"{base_rel}/{e.path}" for e in result.outputs)
-            base = self.output_dir / base_rel
-            return [base / name.rstrip("/") for name in result.declared]
+            # (one Path each, from text: joining Paths is most of a no-op's placing)
+            base_text = f"{self.output_dir}/{base_rel}/"
+            return [Path(base_text + name.rstrip("/")) for name in result.declared]
         base, fresh = _real_dir(self.output_dir, base_rel)
         for attempt in range(2):
             result = self.result(label)

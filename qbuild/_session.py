@@ -242,15 +242,18 @@ class Session:
                     "provides": sorted(provider_name(p) for p in rule.provides)},
                 step_code=tuple(self.step_code(target, spec.function)
                                 for spec in target.actions))
-        action = Action(**fields)
         if single:
             # One action making every output: the target's key is the action's own
             # (label-free) key, so it costs one lookup and one entry, as a v1 target.
+            # (Its parts read the fields only: the record is made once, with the key.)
+            from types import SimpleNamespace
+
             from ._steps import step_components, step_key
 
-            key = step_key(step_components(action, 0, {}))
-            action = Action(**{**fields, "key": key, "keyed_by_step": True})
-        return parts, key, action
+            key = step_key(step_components(SimpleNamespace(**fields),  # type: ignore[arg-type]
+                                           0, {}))
+            fields.update(key=key, keyed_by_step=True)
+        return parts, key, Action(**fields)
 
     def parts_of(self, target: Target, action: Action) -> KeyParts:
         """The components of a target keyed by ``keyed(..., with_parts=False)``."""
@@ -267,9 +270,19 @@ class Session:
         return types
 
 
+_provider_memo: dict[type, list[str]] = {}
+
+
 def _provider_refs(target: Target) -> list[str]:
-    """Modules of the providers a target gives and asks its dependencies for."""
+    """Modules of the providers a target gives and asks its dependencies for (both are
+    declared by the rule's class)."""
     assert target.rule is not None
-    classes = [*target.rule.provides,
-               *(p for schema in target.rule.attrs.values() for p in schema.providers)]
-    return sorted({cls.__module__ for cls in classes})
+    cls = type(target.rule)
+    refs = _provider_memo.get(cls)
+    if refs is None or cls.provides is not target.rule.provides:
+        classes = [*target.rule.provides,
+                   *(p for schema in target.rule.attrs.values() for p in schema.providers)]
+        refs = sorted({provider.__module__ for provider in classes})
+        if target.rule.provides is cls.provides and target.rule.attrs is cls.attrs:
+            _provider_memo[cls] = refs
+    return list(refs)

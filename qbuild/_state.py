@@ -54,17 +54,16 @@ class WorkspaceState:
         folder = self.folders.get(base_rel)
         if folder is None or folder[1] != names or any("/" in name for name in names):
             return False
-        top = str(output_dir)
+        top = f"{output_dir}/"
         parts = base_rel.split("/")
         try:
             for depth in range(1, len(parts)):
                 rel = "/".join(parts[:depth])
                 if rel not in self._real_dirs:
-                    if not stat.S_ISDIR(os.lstat(os.path.join(top, rel)).st_mode):
+                    if not stat.S_ISDIR(os.lstat(top + rel).st_mode):
                         return False
                     self._real_dirs.add(rel)
-            base = os.path.join(top, base_rel)
-            st = os.lstat(base)
+            st = os.lstat(top + base_rel)
             if not stat.S_ISDIR(st.st_mode) or stat_key(st) != folder[0]:
                 return False
             for path, digest, executable in entries:
@@ -72,7 +71,7 @@ class WorkspaceState:
                 record = self.materialized.get(rel)
                 if record is None or record[0] != digest or record[2] != executable:
                     return False
-                st = os.lstat(os.path.join(top, rel))
+                st = os.lstat(top + rel)
                 if not stat.S_ISREG(st.st_mode) or stat_key(st) != record[1] or \
                         bool(st.st_mode & stat.S_IXUSR) != executable or st.st_mode & 0o222:
                     return False

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ._actions import ActionSpec, RunContext, resolve_function
 from ._digest import stat_key
 from ._errors import QbuildError, RuleError
+from ._keys import canonical_json
 from ._keys import dep_part as _dep_part
 from ._linked import Linked, release, stage_link
 from ._providers import returned_providers
@@ -80,8 +81,7 @@ def step_components(action: Action, index: int, made: Made) -> dict[str, Any]:
 
 
 def step_key(parts: dict[str, Any]) -> str:
-    blob = json.dumps(parts, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical_json(parts).encode("utf-8")).hexdigest()
 
 
 def _entries_of(name: str, entries: tuple[OutputEntry, ...]) -> list[OutputEntry]:

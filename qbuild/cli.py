@@ -208,8 +208,11 @@ def _session(args: argparse.Namespace) -> tuple[Session, str | None]:
     return Session.open(Path.cwd(), remote_flags=remote_flags, blocked=_blocked(args))
 
 
-def _rel(path: Path) -> str:
-    text, cwd = str(path), os.getcwd()
+def _rel(path: Path, cwd: str | None = None) -> str:
+    """``path`` relative to ``cwd`` (default: the current directory's, asked now)."""
+    text = str(path)
+    if cwd is None:
+        cwd = os.getcwd()
     if text.startswith(cwd + os.sep):  # the common case, without relpath's cost
         return text[len(cwd) + 1:]
     try:
@@ -218,10 +221,10 @@ def _rel(path: Path) -> str:
         return text
 
 
-def _shown(path: Path) -> str:
+def _shown(path: Path, cwd: str | None = None) -> str:
     """An output path as ``qbuild build`` prints it: quoted for the shell when needed
     (matrix variants' folders hold ``@``, ``=`` and ``,``)."""
-    return shlex.quote(_rel(path))
+    return shlex.quote(_rel(path, cwd))
 
 
 def _info(args: argparse.Namespace, text: str) -> None:
@@ -263,7 +266,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                             _noop_package(workspace), _options_digest(args))
         if snapshot is not None:
             if snapshot["lines"]:
-                sys.stdout.write("\n".join(_shown(workspace.root / line)
+                cwd = os.getcwd()
+                sys.stdout.write("\n".join(_shown(workspace.root / line, cwd)
                                            for line in snapshot["lines"]) + "\n")
             summary = snapshot["summary"]
             line = (f"Build OK: {summary['targets']} targets, 0 actions run, "
@@ -365,9 +369,10 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         save_known(known_file, session.digests, started)
         lines, shown = [], []
         root_prefix = len(str(session.workspace.root)) + 1
+        cwd = os.getcwd()
         for label in result.requested:
             for path in result.outputs.get(label, []):
-                shown.append(_shown(path))
+                shown.append(_shown(path, cwd))
                 lines.append(str(path)[root_prefix:].replace(os.sep, "/"))
         if shown:
             sys.stdout.write("\n".join(shown) + "\n")
@@ -577,6 +582,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qbuild {__version__}")
         return EXIT_OK
     verbose = "--verbose" in argv or "-v" in argv
+    _tune_gc()
     try:
         args = _parser().parse_args(_bool_flags(argv))
         if getattr(args, "quiet", False) and getattr(args, "verbose", False):
@@ -609,6 +615,19 @@ def main(argv: list[str] | None = None) -> int:
               "and report it)", file=sys.stderr)
         return EXIT_BUILD_FAILED
     return EXIT_OK
+
+
+def _tune_gc() -> None:
+    """Collect cycles less often in this short-lived process. A build holds a few
+    long-lived objects per target (analysed targets, results, state records), and with
+    the default thresholds (700, 10, 10) the collector walks all of them again and
+    again: 1.5 s of a 3 s no-op build at 10,000 targets (and an older generation holds
+    a million survivors after 20 young collections: each of its walks costs 0.2 s).
+    What is garbage here is almost all freed by reference counting; cycles among young
+    objects are still collected as often, older ones later."""
+    import gc
+
+    gc.set_threshold(50_000, 1000, 100)
 
 
 def _interrupted() -> None:
