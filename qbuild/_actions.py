@@ -36,6 +36,9 @@ class ActionSpec:
     heavy: bool = False
     # file/files input -> where each item is staged, relative to ``RunContext.root``
     layout: dict[str, list[str]] = field(default_factory=dict)
+    # dependency inputs may be hard links to the cache's blobs (``_linked``); not keyed:
+    # staging never changes an input's bytes
+    link_inputs: bool = False
 
     def describe(self) -> dict[str, Any]:
         described = {"mnemonic": self.mnemonic, "function": self.function,
@@ -43,6 +46,8 @@ class ActionSpec:
                      "params": self.params, "heavy": self.heavy}
         if self.layout:
             described["layout"] = self.layout
+        if getattr(self, "link_inputs", False):
+            described["link_inputs"] = True
         return described
 
 
@@ -97,7 +102,8 @@ class AnalysisContext:
     def action(self, function: Callable[[RunContext], Any], *, outputs: Sequence[str],
                inputs: Sequence[str] = (), params: Mapping[str, Any] | None = None,
                mnemonic: str | None = None, heavy: bool | None = None,
-               layout: Mapping[str, Sequence[str]] | None = None) -> ActionSpec:
+               layout: Mapping[str, Sequence[str]] | None = None,
+               link_inputs: bool = False) -> ActionSpec:
         """Declare an action.
 
         Args:
@@ -114,6 +120,13 @@ class AnalysisContext:
                 attribute (in order), relative to ``ctx.root``: a source at that path,
                 a dependency's outputs in that folder (part of the key). Without it,
                 inputs are staged under the engine's own folders (``ctx.inputs``).
+            link_inputs: the function only reads its inputs and accepts hard-linked
+                files: dependency inputs may then be staged as hard links to the
+                cache's read-only blobs where the filesystem has no reflinks (no data
+                copied). Writing to one, even as root, is detected after the action:
+                the action fails and the blob is dropped from the cache. Leave it off
+                for tools that refuse hard-linked files (onnx refuses hard-linked
+                external data); sources are always private copies.
         """
         ref = function_ref(function)
         mnemonic = mnemonic or function.__name__
@@ -143,7 +156,7 @@ class AnalysisContext:
             raise ConfigError(f"action {mnemonic}: params must be JSON values ({exc})") from None
         spec = ActionSpec(mnemonic, ref, tuple(names), outs, json.loads(text),
                           self._heavy if heavy is None else bool(heavy),
-                          self._layout(mnemonic, names, layout or {}))
+                          self._layout(mnemonic, names, layout or {}), bool(link_inputs))
         for out in outs:
             self._made[out] = mnemonic
         self.actions.append(spec)
@@ -214,12 +227,22 @@ class RunContext:
         path in the dependency's folder, or the source's path in its package)."""
         self.params = params
         self._outputs = outputs
-        self.scratch = scratch
+        self._scratch = scratch
+        self._scratch_made = False
         self.workdir = workdir
         self.threads = threads
         """Cores this action was granted (give onnxruntime sessions this many threads)."""
         self.log_path = log_path
         self.warnings: list[str] = []
+
+    @property
+    def scratch(self) -> Path:
+        """A private empty folder for temporary files (made on first use: most actions
+        need none, and every folder costs a ``mkdir`` and an ``rmdir``)."""
+        if not self._scratch_made:
+            self._scratch.mkdir(parents=True, exist_ok=True)
+            self._scratch_made = True
+        return self._scratch
 
     @property
     def hooks(self) -> Any:

@@ -239,7 +239,8 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
                                         ActionSpec(a["mnemonic"], a["function"],
                                                    tuple(a["inputs"]), tuple(a["outputs"]),
                                                    a["params"], a["heavy"],
-                                                   a.get("layout", {}))
+                                                   a.get("layout", {}),
+                                                   bool(a.get("link_inputs", False)))
                                         for a in actions])
         labels = [_label(text, known) for text in record["labels"]]
     except Exception:  # noqa: BLE001 - absent, damaged or stale: analyse as usual

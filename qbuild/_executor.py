@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._digest import SourceDigests, clone_or_copy, hash_file, stat_key
+from ._digest import SourceDigests, copy_new, hash_file, stat_key
 from ._errors import QbuildError, RuleError
 from ._label import OUT_PREFIX, output_folder
 from ._protocols import Store
@@ -92,7 +92,7 @@ def _tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text.rstrip("\n").splitlines()[-lines:])
 
 
-_STALE_UNLOCKED_AGE = 86400.0  # seconds; sandboxes without a lock file (older versions)
+_YOUNG = 60.0  # seconds: a sandbox folder this new may not be locked yet (mkdir, then flock)
 
 
 def _try_lock(path: Path) -> int | None:
@@ -111,10 +111,43 @@ def _try_lock(path: Path) -> int | None:
     return fd
 
 
+def _lock_folder(path: Path) -> int | None:
+    """An fd holding an exclusive lock on the folder ``path`` itself, or None (held by
+    someone else, or a filesystem that cannot lock folders)."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def new_sandbox(tmp: Path) -> tuple[Path, int | None, bool]:
+    """A new sandbox folder under ``tmp``, locked while it lives: (folder, lock fd, whether
+    the lock is a ``<folder>.lock`` file). The folder itself is locked (no file to make
+    and delete per action) where the filesystem allows it, else a lock file next to it,
+    taken before the folder exists."""
+    name = f"{os.getpid()}-{os.urandom(6).hex()}"
+    sandbox = tmp / name
+    sandbox.mkdir(parents=True)
+    lock = _lock_folder(sandbox)
+    if lock is not None:
+        return sandbox, lock, False
+    return sandbox, _try_lock(tmp / f"{name}.lock"), True
+
+
 def clean_stale_sandboxes(tmp: Path) -> None:
-    """Remove sandboxes left by killed qbuild processes: a live sandbox's lock file is
-    held by its process (an flock, which works across PID namespaces sharing a cache,
-    unlike a PID check), so a lock we can take belongs to a dead process."""
+    """Remove sandboxes left by killed qbuild processes: a live sandbox is locked by its
+    process (an flock on the folder, or on its ``.lock`` file; flocks work across PID
+    namespaces sharing a cache, unlike a PID check), so a lock we can take belongs to a
+    dead process. A folder is locked right after it is made, so only folders older than
+    a minute are tried."""
     try:
         entries = list(tmp.iterdir())
     except OSError:
@@ -133,10 +166,17 @@ def clean_stale_sandboxes(tmp: Path) -> None:
                 os.close(fd)
         elif f"{entry.name}.lock" not in names:
             try:
-                if now - entry.stat().st_mtime > _STALE_UNLOCKED_AGE:
-                    shutil.rmtree(entry, ignore_errors=True)
+                if now - entry.stat().st_mtime < _YOUNG:
+                    continue
             except OSError:
-                pass
+                continue
+            fd = _lock_folder(entry)
+            if fd is None:
+                continue
+            try:
+                shutil.rmtree(entry, ignore_errors=True)
+            finally:
+                os.close(fd)
 
 
 def _worker_init(parent: int) -> None:
@@ -299,12 +339,8 @@ class LocalExecutor:
 
             return execute_steps(self, action)
         started = time.monotonic()
-        name = f"{os.getpid()}-{os.urandom(6).hex()}"
-        lock = _try_lock(self.store.tmp / f"{name}.lock")  # held while the sandbox lives
-        sandbox = self.store.tmp / name
-        sandbox.mkdir(parents=True)
-        log_path = sandbox / "_action.log"
-        log_path.touch()
+        sandbox, lock, lock_file = new_sandbox(self.store.tmp)  # locked while it lives
+        log_path = sandbox / "_action.log"  # made by the first log line (opened "a")
         try:
             ctx, staged = self._stage(action, sandbox, log_path)
             try:
@@ -327,7 +363,7 @@ class LocalExecutor:
                                   providers=providers)
             return Outcome(result, time.monotonic() - started)
         finally:
-            self._trash.put(sandbox, lock)
+            self._trash.put(sandbox, lock, lock_file)
 
     def _collect(self, action: Action, out_root: Path, log_path: Path,
                  names: tuple[str, ...] | None = None,
@@ -349,17 +385,21 @@ class LocalExecutor:
                                        _tail(log_path))
                 files = sorted(p for p in path.rglob("*") if p.is_file() or p.is_symlink())
             else:
-                if not path.is_file():
-                    raise ActionFailed(RuleError(f"the rule did not write declared output "
-                                                 f"'{name}'", target=str(action.label)),
-                                       _tail(log_path))
                 files = [path]
             for file in files:
-                if file.is_symlink():
+                try:
+                    st = os.lstat(file)
+                except OSError:
+                    st = None
+                if st is not None and stat.S_ISLNK(st.st_mode) and (
+                        name.endswith("/") or file.is_file()):
                     raise ActionFailed(RuleError(f"output {file.relative_to(out_root)} is a "
                                                  "symlink; write real files",
                                                  target=str(action.label)))
-                st = file.stat()
+                if st is None or not stat.S_ISREG(st.st_mode):
+                    raise ActionFailed(RuleError(f"the rule did not write declared output "
+                                                 f"'{name}'", target=str(action.label)),
+                                       _tail(log_path))
                 seen = known.get((st.st_dev, st.st_ino))
                 if seen is not None and seen[1:] == (st.st_size, st.st_mtime_ns) and \
                         not st.st_mode & 0o222:
@@ -371,6 +411,24 @@ class LocalExecutor:
                 entries.append(OutputEntry(file.relative_to(out_root).as_posix(), digest,
                                            st.st_size, bool(st.st_mode & stat.S_IXUSR)))
         return entries
+
+    def _check_linked(self, action: Action, sandbox: Path, linked: list[Any]) -> None:
+        """Fail an action that wrote to an input linked to a cache blob (``_linked``);
+        the blob is discarded, so neither this nor any other build is served it."""
+        from ._linked import modified
+
+        bad = modified(self.store, linked)
+        if bad:
+            item, why, discarded = bad[0]
+            base = sandbox / "ws"  # where a layout stages inputs (as the rule sees them)
+            where = item.dest.relative_to(base if item.dest.is_relative_to(base)
+                                          else sandbox).as_posix()
+            dropped = (f" and the cache's copy of that input ({item.digest[:12]}) was "
+                       "discarded (it is rebuilt when needed)") if discarded else ""
+            raise ActionFailed(RuleError(
+                f"input {where} was modified while the action ran ({why}); its result "
+                f"was not cached{dropped}. Inputs are read-only: write outputs instead",
+                target=str(action.label)))
 
     def _check_inputs(self, action: Action, sandbox: Path,
                       staged: dict[Path, tuple[str, str]]) -> None:
@@ -428,32 +486,40 @@ class LocalExecutor:
         file whose digest the key holds (same stat before and after the copy)."""
         path = self.root / rel
         try:
-            before = stat_key(os.stat(path))
-            clone_or_copy(path, dest)
-            st = os.stat(path)
+            before, after, copied = copy_new(path, dest)
         except OSError as exc:
             raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",
                                          target=str(action.label))) from None
-        if before != key or stat_key(st) != key:
+        if stat_key(before) != key or stat_key(after) != key:
             raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
                                          "result was not cached. Run the build again.",
                                          target=str(action.label)))
-        os.chmod(dest, 0o555 if st.st_mode & stat.S_IXUSR else 0o444)
-        return stat_key(os.lstat(dest))
+        return stat_key(copied)
 
 
 class _Trash:
     """Deletes finished sandboxes in one background thread, off the actions' critical
     path (deleting a sandbox's folders costs more than setting them up). A sandbox keeps
     its lock until it is gone, so no other process's sweep touches it meanwhile; one left
-    by a process that died is swept by the next build (``clean_stale_sandboxes``)."""
+    by a process that died is swept by the next build (``clean_stale_sandboxes``).
+
+    A sandbox handed over with the folders its action used (``kept``) is emptied instead
+    and, if every one of those folders is still a plain folder with its original mode,
+    kept (locked) for the next action, which then makes only the folders it lacks and
+    removes those it does not use (``take``): a build of many actions of one shape makes
+    and deletes no folder per action. What is left at the end of the build is deleted."""
+
+    LIMIT = 16  # sandboxes kept for reuse
 
     def __init__(self) -> None:
         self._queue: Any = None
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
+        self._pool: list[tuple[Path, int, set[Path], int]] = []
+        self._pool_lock = threading.Lock()
 
-    def put(self, sandbox: Path, lock: int | None) -> None:
+    def put(self, sandbox: Path, lock: int | None, lock_file: bool = True,
+            kept: set[Path] | None = None, mode: int = 0) -> None:
         import queue
 
         with self._start:
@@ -462,28 +528,77 @@ class _Trash:
                 self._thread = threading.Thread(target=self._run, args=(self._queue,),
                                                 name="qbuild-trash", daemon=True)
                 self._thread.start()
-            self._queue.put((sandbox, lock))
+            self._queue.put((sandbox, lock, lock_file, kept, mode))
+
+    def take(self) -> tuple[Path, int, set[Path], int] | None:
+        """An emptied, locked sandbox (folder, lock fd, its folders, their mode), if any."""
+        with self._pool_lock:
+            return self._pool.pop() if self._pool else None
+
+    def _run(self, items: Any) -> None:
+        while (item := items.get()) is not None:
+            sandbox, lock, lock_file, kept, mode = item
+            if kept is not None and lock is not None and not lock_file:
+                try:
+                    left = _empty(sandbox, kept, mode)
+                except Exception:  # noqa: BLE001 - deleted instead
+                    left = None
+                if left is not None:
+                    with self._pool_lock:
+                        if len(self._pool) < self.LIMIT:
+                            self._pool.append((sandbox, lock, left, mode))
+                            continue
+            self._delete(sandbox, lock, lock_file)
 
     @staticmethod
-    def _run(items: Any) -> None:
-        while (item := items.get()) is not None:
-            sandbox, lock = item
-            try:
-                _remove_tree(sandbox)
-            except Exception:  # noqa: BLE001 - left for the next build's sweep
-                pass
-            if lock is not None:
+    def _delete(sandbox: Path, lock: int | None, lock_file: bool) -> None:
+        try:
+            _remove_tree(sandbox)
+        except Exception:  # noqa: BLE001 - left for the next build's sweep
+            pass
+        if lock is not None:
+            if lock_file:
                 sandbox.with_name(f"{sandbox.name}.lock").unlink(missing_ok=True)
-                os.close(lock)
+            os.close(lock)
 
     def drain(self) -> None:
-        """Wait until every sandbox handed over so far is deleted."""
+        """Wait until every sandbox handed over so far is deleted (or emptied), then
+        delete the ones kept for reuse."""
         with self._start:
             thread, items = self._thread, self._queue
             self._thread = self._queue = None
         if thread is not None:
             items.put(None)
             thread.join()
+        with self._pool_lock:
+            pool, self._pool = self._pool, []
+        for sandbox, lock, _kept, _mode in pool:
+            self._delete(sandbox, lock, False)
+
+
+def _empty(root: Path, kept: set[Path], mode: int) -> set[Path] | None:
+    """Delete everything in the sandbox ``root`` except the folders in ``kept`` that are
+    still plain folders of mode ``mode`` (each left empty); returns the folders left, or
+    None if the sandbox cannot be reused (its own mode changed)."""
+    if stat.S_IMODE(os.lstat(root).st_mode) != mode:
+        return None
+    left = {root}
+    stack = [root]
+    while stack:
+        folder = stack.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                path = Path(entry.path)
+                if entry.is_dir(follow_symlinks=False):
+                    if path in kept and stat.S_IMODE(
+                            entry.stat(follow_symlinks=False).st_mode) == mode:
+                        left.add(path)
+                        stack.append(path)
+                    else:
+                        _remove_tree(path)
+                else:
+                    os.unlink(path)
+    return left
 
 
 def _remove_tree(path: Path) -> None:

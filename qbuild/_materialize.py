@@ -49,7 +49,7 @@ class Materializer:
             # (one Path each, from text: joining Paths is most of a no-op's placing)
             base_text = f"{self.output_dir}/{base_rel}/"
             return [Path(base_text + name.rstrip("/")) for name in result.declared]
-        base = real_dir(self.output_dir, base_rel)
+        base, fresh = _real_dir(self.output_dir, base_rel)
         for attempt in range(2):
             result = self.result(label)
             # Each file is checked (no short cut), so every damaged blob is dropped
@@ -58,12 +58,15 @@ class Materializer:
             placed = [self._place(base, f"{base_rel}/{e.path}", e) for e in result.outputs]
             if all(placed):
                 break
+            fresh = False  # this attempt's files may not be the next one's
             if attempt == 1:
                 raise ActionFailed(f"the outputs of {label} could not be placed in "
                                    f"{self.output_dir.name}/{base_rel}")
             self.rebuild(label)
         wanted = {e.path for e in result.outputs}
-        for directory, subdirs, files in os.walk(base, topdown=False):
+        # A folder made just now holds only what was placed (another process placing
+        # the same target places the same files).
+        for directory, subdirs, files in () if fresh else os.walk(base, topdown=False):
             for name in files + [d for d in subdirs if os.path.islink(os.path.join(directory, d))]:
                 path = Path(directory) / name
                 rel = path.relative_to(base).as_posix()
@@ -80,7 +83,8 @@ class Materializer:
     def _place(self, base: Path, rel: str, entry: OutputEntry) -> bool:
         path = self.output_dir / rel
         digest, executable = entry.digest, entry.executable
-        real_dir(base, str(Path(entry.path).parent))
+        if "/" in entry.path:
+            real_dir(base, str(Path(entry.path).parent))
         record = self.state.materialized.get(rel)
         try:
             st: os.stat_result | None = os.lstat(path)
@@ -106,8 +110,15 @@ def real_dir(top: Path, rel: str) -> Path:
     """``top/rel`` as a real directory, made so without following any symlink below
     ``top``: a symlink or file in the way is removed (it is in qbuild's own folder), so
     qbuild never writes or deletes through a link out of it."""
+    return _real_dir(top, rel)[0]
+
+
+def _real_dir(top: Path, rel: str) -> tuple[Path, bool]:
+    """``real_dir``, and whether its last folder was made now (so holds nothing else)."""
     here = top
-    here.mkdir(parents=True, exist_ok=True)
+    made = False
+    if not top.is_dir():
+        top.mkdir(parents=True, exist_ok=True)
     for part in Path(rel).parts:
         if part in ("", "."):
             continue
@@ -115,21 +126,25 @@ def real_dir(top: Path, rel: str) -> Path:
         try:
             st = os.lstat(here)
         except FileNotFoundError:
-            _mkdir_shared(here)
+            made = _mkdir_shared(here)
             continue
+        made = False
         if not stat.S_ISDIR(st.st_mode):
             here.unlink(missing_ok=True)
-            _mkdir_shared(here)
-    return here
+            made = _mkdir_shared(here)
+    return here, made
 
 
-def _mkdir_shared(path: Path) -> None:
-    """Make a folder another qbuild process may be making at the same moment."""
+def _mkdir_shared(path: Path) -> bool:
+    """Make a folder another qbuild process may be making at the same moment; True if
+    this call made it."""
     try:
         path.mkdir()
     except FileExistsError:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             raise
+        return False
+    return True
 
 
 def remove_owned(top: Path, rel: str) -> None:

@@ -4,8 +4,11 @@ A v2 target is scheduled as one unit (its target key, as for v1 rules, answers a
 build with one lookup). When that key misses, each declared action is keyed from its own
 parts only (function and code, params, output names, the content of its inputs, never
 the label) and looked up; only the actions whose key misses run, each in a sandbox of
-its own holding just its inputs (dependencies under ``in/<attribute>/``, sources under
-``in/<attribute>/<path in the package>``, earlier outputs under ``made/``).
+its own holding just its inputs (a dependency under ``<attribute>.dep`` or
+``<attribute>.dep<index>/``, sources under ``<attribute>.src/<path in the package>``,
+earlier outputs under ``made/``; a declared layout under ``ws/``): flat, because every
+folder costs a ``mkdir`` and an ``rmdir``; the text after the last dot tells the folders
+of one attribute, and of different attributes, apart.
 """
 
 from __future__ import annotations
@@ -13,14 +16,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._actions import ActionSpec, RunContext, resolve_function
+from ._digest import stat_key
 from ._errors import QbuildError, RuleError
 from ._keys import canonical_json
 from ._keys import dep_part as _dep_part
+from ._linked import Linked, release, stage_link
 from ._providers import returned_providers
 from ._records import Action, ActionResult, Outcome, OutputEntry
 from ._rule import Dep
@@ -126,90 +133,160 @@ def _invoke_step(rule_ref: str, function: str, ctx: RunContext, out_root: Path
 
 
 class _Sandbox:
-    """A private folder for one action, locked while it lives (see clean_stale_sandboxes)."""
+    """A private folder for one action, locked while it lives (see clean_stale_sandboxes):
+    an emptied one a finished action left (``_Trash.take``), else a new one."""
 
-    def __init__(self, tmp: Path) -> None:
-        from ._executor import _try_lock
+    def __init__(self, executor: LocalExecutor) -> None:
+        from ._executor import new_sandbox
 
-        self.tmp = tmp
-        self.name = f"{os.getpid()}-{os.urandom(6).hex()}"
-        self.lock = _try_lock(tmp / f"{self.name}.lock")
-        self.path = tmp / self.name
-        self.path.mkdir(parents=True)
+        self.lock: int | None
+        reused = executor._trash.take()
+        if reused is not None:
+            self.path, self.lock, kept, self.mode = reused
+            self.lock_file = False
+        else:
+            self.path, self.lock, self.lock_file = new_sandbox(executor.store.tmp)
+            kept = set()
+            self.mode = os.fstat(self.lock).st_mode if self.lock is not None and \
+                not self.lock_file else 0
+            self.mode = stat.S_IMODE(self.mode)
+        self.dirs = _Dirs(self.path, kept)
 
     def close(self, executor: LocalExecutor) -> None:
-        """Hand the sandbox to the executor's background deletion (off the action's
-        critical path: deleting folders costs more than making them)."""
-        executor._trash.put(self.path, self.lock)
+        """Hand the sandbox to the executor's background deletion, or emptying for the
+        next action (off the action's critical path: deleting folders costs more than
+        making them)."""
+        executor._trash.put(self.path, self.lock, self.lock_file, self.dirs.known,
+                            self.mode)
+
+
+def _place(executor: LocalExecutor, entry: OutputEntry, dest: Path,
+           staged: dict[Path, tuple[str, str]], linked: list[Linked] | None) -> bool:
+    """Stage one blob at ``dest``: a hard link if the action allows it (and the blob is
+    not executable: a link shares the blob's mode), else a verified private copy."""
+    if dest in staged or (linked and any(item.dest == dest for item in linked)):
+        return True  # the same output listed twice
+    if linked is not None and not entry.executable and \
+            stage_link(executor.store, entry.digest, dest, linked):
+        return True
+    if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+        return False
+    staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
+    return True
+
+
+class _Dirs:
+    """The folders of one sandbox made so far: each new one costs one ``mkdir``, with
+    no failed attempts (``Path.mkdir(parents=True)`` tries the deepest first). In a
+    reused sandbox, the (empty) folders the last action left are taken as they are, and
+    those this action does not use are removed (``prune``), so every action sees exactly
+    the folders a new sandbox would have."""
+
+    def __init__(self, root: Path, kept: set[Path] | None = None) -> None:
+        self.known = {root}
+        self.root = root
+        self.kept = (kept or set()) - {root}
+
+    def make(self, path: Path) -> Path:
+        if path not in self.known:
+            self.make(path.parent)
+            if path not in self.kept:
+                try:
+                    os.mkdir(path)
+                except FileExistsError:
+                    pass
+            self.known.add(path)
+        return path
+
+    def prune(self) -> None:
+        for path in sorted(self.kept - self.known, key=lambda p: len(p.parts),
+                           reverse=True):
+            try:
+                os.rmdir(path)
+            except OSError:
+                shutil.rmtree(path)
+        self.kept = set()
 
 
 def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Path,
-               staged: dict[Path, tuple[str, str]]) -> Dep:
-    from ._digest import stat_key
+               staged: dict[Path, tuple[str, str]], linked: list[Linked] | None = None,
+               dirs: _Dirs | None = None) -> Dep:
     from ._executor import MissingBlob
 
     for entry in dep.outputs:
         dest = base / entry.path
-        if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+        if dirs is not None:
+            dirs.make(dest.parent)
+        if not _place(executor, entry, dest, staged, linked):
             raise MissingBlob(label)
-        staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
-    base.mkdir(parents=True, exist_ok=True)
+    if dirs is not None:
+        dirs.make(base)
+    else:
+        base.mkdir(parents=True, exist_ok=True)
     files = [base / name.rstrip("/") for name in dep.declared]
     return Dep("", files, dict(dep.info), base, dep.digests(), dict(dep.providers))
 
 
 def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, index: int,
                 staged: dict[Path, tuple[str, str]], origins: list[tuple[int, str]],
-                at: Path | None = None) -> list[Path]:
+                at: Path | None = None, linked: list[Linked] | None = None,
+                dirs: _Dirs | None = None) -> list[Path]:
     """Stage one item of a file/files attribute (at ``at`` if the action's layout
     says where)."""
     if item.startswith("//"):
         dep = action.deps[item]
-        files = _stage_dep(executor, item, dep, at or base / f"dep{index}", staged).files
+        files = _stage_dep(executor, item, dep,
+                           at or base.with_name(f"{base.name}.dep{index}"), staged,
+                           linked, dirs).files
         origins.extend((index, name.rstrip("/")) for name in dep.declared)
         return files
     rel = _package_path(action, item)
-    dest = at or base / "src" / rel
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest = at or base.with_name(f"{base.name}.src") / rel
+    if dirs is not None:
+        dirs.make(dest.parent)
+    else:
+        dest.parent.mkdir(parents=True, exist_ok=True)
     digest, key = action.sources[item]
-    staged[dest] = (digest, executor._stage_source(action, item, key, dest))
+    if dest not in staged:  # (an item listed twice is staged once)
+        staged[dest] = (digest, executor._stage_source(action, item, key, dest))
     origins.append((index, rel))
     return [dest]
 
 
 def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: Path,
-           made: Made, log_path: Path
+           made: Made, log_path: Path, linked: list[Linked], dirs: _Dirs
            ) -> tuple[RunContext, dict[Path, tuple[str, str]]]:
-    from ._digest import stat_key
-
+    links = linked if getattr(spec, "link_inputs", False) else None
     staged: dict[Path, tuple[str, str]] = {}
     inputs: dict[str, Any] = {}
     origins: dict[str, list[tuple[int, str]]] = {}
     root = sandbox / "ws"  # RunContext.root: inputs staged where the layout says
     for name in spec.inputs:
         kind = action.attr_types.get(name)
-        base = sandbox / "in" / name
+        base = sandbox / name  # inputs go to <name>.dep... and <name>.src/
         layout = spec.layout.get(name)
         if kind is None:
             for entry in made[name]:
-                dest = sandbox / "made" / entry.path
-                if not executor.store.restore_blob(entry.digest, dest, entry.executable):
+                dest = dirs.make(sandbox / "made") / entry.path
+                dirs.make(dest.parent)
+                if not _place(executor, entry, dest, staged, links):
                     raise _MadeMissing(name)
-                staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
             inputs[name] = sandbox / "made" / name.rstrip("/")
             continue
         value = action.attrs[name]
         if value is None:
             inputs[name] = None
         elif kind == "label":
-            inputs[name] = _stage_dep(executor, value, action.deps[value], base, staged)
+            inputs[name] = _stage_dep(executor, value, action.deps[value],
+                                      base.with_name(f"{name}.dep"), staged, links, dirs)
         elif kind == "label_list":
-            inputs[name] = [_stage_dep(executor, v, action.deps[v], base / str(i), staged)
+            inputs[name] = [_stage_dep(executor, v, action.deps[v],
+                                       base.with_name(f"{name}.dep{i}"), staged, links, dirs)
                             for i, v in enumerate(value)]
         elif kind == "file":
             origins[name] = []
             files = _stage_item(executor, action, value, base, 0, staged, origins[name],
-                                root / layout[0] if layout else None)
+                                root / layout[0] if layout else None, links, dirs)
             if len(files) != 1:  # as Dep.file: a file attribute names one file
                 raise RuleError(f"the target given as '{name}' has {len(files)} outputs; "
                                 "expected exactly one", attr=name)
@@ -219,19 +296,17 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
             inputs[name] = [path for i, item in enumerate(value)
                             for path in _stage_item(executor, action, item, base, i, staged,
                                                     origins[name],
-                                                    root / layout[i] if layout else None)]
+                                                    root / layout[i] if layout else None,
+                                                    links, dirs)]
     out_root = sandbox / "out"
     outputs = {}
     for name in spec.outputs:
         path = out_root / name.rstrip("/")
-        if name.endswith("/"):
-            path.mkdir(parents=True, exist_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        dirs.make(path if name.endswith("/") else path.parent)
         outputs[name] = path
-    out_root.mkdir(exist_ok=True)
-    scratch = sandbox / "_scratch"
-    scratch.mkdir()
+    dirs.make(out_root)
+    dirs.prune()
+    scratch = sandbox / "_scratch"  # made when the action first asks for it
     ctx = RunContext(inputs=inputs, params=json.loads(json.dumps(spec.params)),
                      outputs=outputs, scratch=scratch, log_path=log_path, workdir=sandbox,
                      threads=action.threads, origins=origins, hooks=action.hooks,
@@ -243,12 +318,15 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
               made: Made) -> ActionResult:
     from ._executor import ActionFailed, _tail
 
-    box = _Sandbox(executor.store.tmp)
-    log_path = box.path / "_action.log"
-    log_path.touch()
+    box = _Sandbox(executor)
+    log_path = box.path / "_action.log"  # made by the first log line (opened "a")
+    linked: list[Linked] = []
+    intact = False
     try:
-        ctx, staged = _stage(executor, action, spec, box.path, made, log_path)
+        ctx, staged = _stage(executor, action, spec, box.path, made, log_path, linked,
+                             box.dirs)
         out_root = box.path / "out"
+        failed: ActionFailed | None = None
         try:
             if spec.heavy:
                 providers, warnings = executor._run_in_worker(
@@ -261,8 +339,15 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
             located = exc.located(file=action.build_file, target=str(action.label))
             if len(action.steps) > 1:  # say which one
                 located.message = f"action {spec.mnemonic}: {located.message}"
-            raise ActionFailed(located, _tail(log_path)) from None
+            failed = ActionFailed(located, _tail(log_path))
+        # Failed or not: a linked input written to is the cache's blob, discarded here.
+        executor._check_linked(action, box.path, linked)
+        intact = True
+        if failed is not None:
+            raise failed
         executor._check_inputs(action, box.path, staged)
+        for item in linked:
+            staged.setdefault(item.dest, (item.digest, stat_key(item.stat)))
         entries = executor._collect(action, out_root, log_path, tuple(spec.outputs),
                                     staged=staged)
         for path, (digest, key) in action.sources.items():
@@ -273,6 +358,7 @@ def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
         return ActionResult(tuple(entries), tuple(spec.outputs), {}, tuple(warnings),
                             providers=providers)
     finally:
+        release(executor.store, linked, intact)
         box.close(executor)
 
 

@@ -3,15 +3,18 @@
 Layout under the cache directory::
 
     cas/    digest -> blob, always kept as a file by diskcache (streamed, never whole
-            in memory); blobs are read-only and only ever copied out, never linked
+            in memory); blobs are read-only and copied (or cloned) out, or hard-linked
+            into the sandbox of an action that declared ``link_inputs`` (``_linked``:
+            an edit of such a link is detected after the action, the blob discarded)
     ac/     action key -> JSON action result (output digests, info, warnings);
             "components:<key>" -> the key's parts, for ``qbuild explain``;
             "code:<digest>" -> a code unit's per-file digests (to name a changed file)
     memo/   stat key -> digest of a source file; "verified:<digest>" -> the blob's stat
             when it last matched its digest
-    tmp/    sandboxes of running actions (each holds a lock while it is in use)
-    locks/  one lock file per action key being run, so two processes never run the
-            same action at once: the second waits and takes the first's result
+    tmp/    sandboxes of running actions (each holds a lock on its folder while in use)
+    locks/  4,096 lock files, one per first three hex digits of an action key, so two
+            processes never run the same action at once: the second waits and takes
+            the first's result
 
 Durability: a blob file is made read-only and fsync'ed (with its directory) before its
 index row commits, or, in a build (``defer_sync``), fsync'ed together with the other
@@ -49,7 +52,7 @@ from typing import Any, Literal, TypeVar
 
 import diskcache
 
-from ._digest import clone_or_copy, copy_hashing, hash_file, stat_key
+from ._digest import copy_hashing, copy_new, has_reflinks, hash_file, stat_key
 from ._errors import CacheError
 from ._records import ActionResult, KeyParts
 
@@ -80,31 +83,65 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
     """diskcache's file storage, plus adoption: a blob written in the cache's own tmp/
     (an action's sandbox) is moved in, so storing an output costs no second copy."""
 
+    def filename(self, key: Any = diskcache.core.UNKNOWN,
+                 value: Any = diskcache.core.UNKNOWN) -> tuple[str, str]:
+        # One level of 256 folders instead of diskcache's two levels of 65,536: a new
+        # blob almost never needs a new folder, and blobs made durable together share
+        # few folders to fsync. (Files of the old layout are read where they are.)
+        hex_name = os.urandom(16).hex()
+        filename = os.path.join(hex_name[:2], hex_name[2:] + ".val")
+        return filename, os.path.join(self._directory, filename)
+
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         if isinstance(value, _Adopt):
             filename, full_path = self.filename(key, value)
             try:
-                os.makedirs(os.path.dirname(full_path), exist_ok=True)
-                os.rename(value.path, full_path)
+                try:
+                    os.rename(value.path, full_path)
+                except FileNotFoundError:
+                    if not os.path.exists(value.path):
+                        raise
+                    os.makedirs(os.path.dirname(full_path), exist_ok=True)
+                    self.new_folder(os.path.dirname(full_path))
+                    os.rename(value.path, full_path)
                 return os.path.getsize(full_path), diskcache.core.MODE_BINARY, filename, None
             except OSError:
                 with open(value.path, "rb") as handle:  # another filesystem: copy
                     return super().store(handle, read, key=key)
         return super().store(value, read, key=key)
 
+    def new_folder(self, path: str) -> None:
+        """``path`` was just made to hold a blob."""
+
 
 class _DurableDisk(_AdoptingDisk):
     """Blob files (copied or adopted) are read-only, and on disk before diskcache commits
     their row, unless the store defers that (``LocalStore.defer_sync``): then they are
-    listed in ``pending`` and made durable before any action entry commits."""
+    listed in ``pending`` and made durable before any action entry commits. The path and
+    stat of the last file each thread stored are kept in ``stored`` (no lookup needed)."""
 
     pending: list[str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.stored = threading.local()
+
+    def new_folder(self, path: str) -> None:
+        # Its entry in cas/ must be on disk too before an entry relies on a blob in it.
+        if self.pending is not None:
+            self.pending.append(path)  # made durable with its parent, like a blob file
+        else:
+            _fsync(os.path.dirname(path))
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
         if filename:
             full = os.path.join(self._directory, filename)
-            os.chmod(full, _READ_ONLY)
+            st = os.stat(full)
+            if stat.S_IMODE(st.st_mode) & ~_READ_ONLY:
+                os.chmod(full, _READ_ONLY)
+                st = os.stat(full)
+            self.stored.last = (full, st)
             if self.pending is not None:
                 self.pending.append(full)
             else:
@@ -161,8 +198,11 @@ class LocalStore:
             raise CacheError(f"cannot use the cache directory {directory}: "
                              f"{exc.strerror or exc} (set cache_dir in qbuild.toml or "
                              "QBUILD_CACHE_DIR)") from None
-        # digest -> stat key of blobs this process stored from files it hashed itself
-        self._trusted: dict[str, str] = {}
+        # digest -> stat keys its blob file had when this process last knew it intact:
+        # stored from a file it hashed itself, verified, or linked/unlinked by this
+        # process (a link or unlink moves the inode's ctime, a write its mtime)
+        self._trusted: dict[str, set[str]] = {}
+        self._trusted_lock = threading.Lock()
         self._code_saved: set[str] = set()
         self._pending: list[str] | None = None  # blob files not yet fsync'ed
         self._prefetched: dict[str, str] = {}  # action entries read ahead (by key)
@@ -398,7 +438,10 @@ class LocalStore:
         import fcntl
 
         try:
-            fd = os.open(self.locks / key, os.O_RDWR | os.O_CREAT, 0o644)
+            # 4,096 lock files shared by all keys (by their first three hex digits), not
+            # one new file per action: a key waits for another only if they share one
+            # and run at the same moment.
+            fd = os.open(self.locks / key[:3], os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
             return None
         try:
@@ -424,12 +467,17 @@ class LocalStore:
         return self._read("cas", lambda c: digest in c, False)
 
     def _blob_path(self, digest: str) -> Path | None:
+        """The blob file of ``digest``, if the index has it and the file exists."""
+        path = self._blob_row(digest)
+        return path if path is not None and os.path.exists(path) else None
+
+    def _blob_row(self, digest: str) -> Path | None:
+        """Where the index says the blob of ``digest`` is (one query; the file is not
+        opened: callers stat it and treat a missing file as a missing blob)."""
         def find(cache: diskcache.Cache) -> Path | None:
-            handle = cache.get(digest, read=True)
-            if handle is None:
-                return None
-            handle.close()
-            return Path(handle.name)
+            row = cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1",
+                             (digest,)).fetchone()
+            return Path(self.directory, "cas", row[0]) if row and row[0] else None
 
         return self._read("cas", find, None)
 
@@ -456,12 +504,14 @@ class LocalStore:
         ``hashed``: its stat when it was hashed; if the adopted blob still has that
         inode, size and mtime, this process trusts it without hashing it again.
         """
-        stored = self._blob_path(digest)
+        stored = self._blob_row(digest)
         if stored is not None:
             if self._verified(stored, digest) or self._intact(stored, digest):
                 return
+            self._distrust(digest)
             self._read("cas", lambda c: c.delete(digest), False)
         if adopt:
+            self._cas.disk.stored.last = None
             self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
             if hashed is not None:
                 self._trust_adopted(digest, hashed)
@@ -470,36 +520,56 @@ class LocalStore:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
 
     def _trust_adopted(self, digest: str, hashed: os.stat_result) -> None:
-        stored = self._blob_path(digest)
-        try:
-            st = os.stat(stored) if stored is not None else None
-        except OSError:
+        stored = getattr(self._cas.disk.stored, "last", None)
+        if stored is None:
             return
+        st = stored[1]
         # Renaming and chmod move the ctime; a write since the hash moves the mtime.
-        if st is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
                 hashed.st_dev, hashed.st_ino, hashed.st_size, hashed.st_mtime_ns):
-            self._trusted[digest] = stat_key(st)
+            self.vouch(digest, st)
+
+    def vouch(self, digest: str, st: os.stat_result) -> None:
+        """Remember that the blob of ``digest`` is intact with stat ``st`` (this process
+        hashed it, or saw it intact just before its own link or unlink moved its ctime)."""
+        with self._trusted_lock:
+            self._trusted.setdefault(digest, set()).add(stat_key(st))
+
+    def _distrust(self, digest: str) -> None:
+        with self._trusted_lock:
+            self._trusted.pop(digest, None)
+
+    def trusts(self, digest: str, st: os.stat_result) -> bool:
+        """Is the blob file with stat ``st`` known intact (by this process, or verified
+        by hashing with exactly this stat)? Any write moves the mtime and the ctime, a
+        chmod or a restored mtime the ctime: none of those stats match then."""
+        key = stat_key(st)
+        if key in self._trusted.get(digest, ()):
+            return True
+        return bool(self._read("memo", lambda c: c.get("verified:" + digest), None) == key)
 
     def _verified(self, path: Path, digest: str) -> bool:
         """The blob matched its digest when last checked and has not been touched since."""
         try:
-            seen = stat_key(os.stat(path))
+            st = os.stat(path)
         except OSError:
             return False
-        return bool(self._read("memo", lambda c: c.get("verified:" + digest), None) == seen)
+        return self.trusts(digest, st)
 
     def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
         """Place a verified private copy of the blob at ``dest`` (read-only; executable
         if asked); False if the blob is missing or corrupt (it is then deleted).
 
-        Never a link: whoever can write to ``dest`` (a rule, a user, root) cannot reach
-        the blob. A blob is hashed while it is copied unless this store verified it
-        before and its (inode, ctime, size, mtime) are unchanged since: any write to it
-        moves its ctime.
+        Never a link (``link_blob`` is the one way to a link, checked after use):
+        whoever can write to ``dest`` (a rule, a user, root) cannot reach the blob. A
+        blob is hashed while it is copied unless this store verified it before and its
+        (inode, ctime, size, mtime) are unchanged since, before and after the copy: any
+        write to it moves its ctime.
         """
         verified_key = "verified:" + digest
-        for _attempt in range(2):  # a concurrent put may replace the file under us
-            source = self._blob_path(digest)
+        hash_it = False
+        for _attempt in range(3):  # a concurrent put may replace the file under us
+            source = self._blob_row(digest)
             try:
                 st = os.stat(source) if source is not None else None
             except OSError:
@@ -507,31 +577,87 @@ class LocalStore:
             if source is None or st is None:
                 self._read("cas", lambda c: c.delete(digest), False)
                 return False
-            trusted = self._trusted.get(digest) == stat_key(st) or \
-                self._read("memo", lambda c: c.get(verified_key), None) == stat_key(st)
-            dest.parent.mkdir(parents=True, exist_ok=True)
+            trusted = not hash_it and self.trusts(digest, st)
             temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            placed = False
             try:
-                temp.unlink(missing_ok=True)
+                if not dest.parent.is_dir():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
                 if trusted:
-                    clone_or_copy(source, temp)
+                    _before, after, _copied = copy_new(source, temp, executable)
+                    if stat_key(after) != stat_key(st):
+                        hash_it = True  # touched while copied: copy again, hashing
+                        continue
                 elif copy_hashing(source, temp) != digest or \
                         stat_key(os.stat(source)) != stat_key(st):
-                    if self._blob_path(digest) != source:
+                    if self._blob_row(digest) != source:
                         continue  # replaced meanwhile: look again
                     self._read("cas", lambda c: c.delete(digest), False)
                     self._read("memo", lambda c: c.delete(verified_key), False)
+                    self._distrust(digest)
                     return False
                 else:
                     self._memo_set(verified_key, stat_key(st))
-                os.chmod(temp, _MODE_X if executable else _MODE_R)
+                    os.chmod(temp, _MODE_X if executable else _MODE_R)
                 os.replace(temp, dest)
+                placed = True
+            except FileExistsError:
+                temp.unlink(missing_ok=True)  # left by a process that died (same pid)
+                continue
             except FileNotFoundError:
                 continue
             finally:
-                temp.unlink(missing_ok=True)
+                if not placed:
+                    temp.unlink(missing_ok=True)
             return True
         return False
+
+    def link_blob(self, digest: str, dest: Path) -> tuple[Path, os.stat_result] | None:
+        """Make ``dest`` a hard link to the verified, read-only blob of ``digest`` (no
+        data read or written); returns the blob's path and the link's stat, or None
+        (missing, unverifiable, or not linkable: the caller copies instead). The
+        caller must check the link after use (``_linked``): it is the blob itself."""
+        if has_reflinks(self.tmp):
+            return None  # a clone is private and costs no I/O either
+        source = self._blob_row(digest)
+        try:
+            if source is None:
+                return None
+            before = os.stat(source)
+            if before.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+                return None
+            if not self.trusts(digest, before):
+                if hash_file(source) != digest or \
+                        stat_key(os.stat(source)) != stat_key(before):
+                    return None  # restore_blob copies, hashing, and deletes it if bad
+                self._memo_set("verified:" + digest, stat_key(before))
+                self.vouch(digest, before)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.link(source, dest)
+            after = os.stat(dest)
+        except OSError:
+            return None
+        if (after.st_ino, after.st_size, after.st_mtime_ns, after.st_mode) != (
+                before.st_ino, before.st_size, before.st_mtime_ns, before.st_mode):
+            dest.unlink(missing_ok=True)  # written between the check and the link
+            return None
+        self.vouch(digest, after)
+        return source, after
+
+    def discard_blob(self, digest: str, inode: tuple[int, int]) -> None:
+        """Drop the blob of ``digest`` if its file is still ``inode`` (dev, ino): it was
+        found modified, so no build may be served it again (its actions rerun)."""
+        self._distrust(digest)
+        self._read("memo", lambda c: c.delete("verified:" + digest), False)
+        source = self._blob_row(digest)
+        try:
+            st = os.stat(source) if source is not None else None
+        except OSError:
+            st = None
+        if st is not None and (st.st_dev, st.st_ino) == inode:
+            self._read("cas", lambda c: c.delete(digest), False)
+            with contextlib.suppress(OSError):
+                os.unlink(source)  # type: ignore[arg-type]  # if the row was already gone
 
     # -- stat memo ----------------------------------------------------------------------
     def memo_get(self, key: str) -> str | None:

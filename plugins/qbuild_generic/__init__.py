@@ -120,8 +120,11 @@ class Command(Rule):
         # The command sees the workspace layout (sources at their paths, dependencies'
         # outputs under qbuild-out/<pkg>/@<name>/): the engine stages the inputs there
         # once (the layout), and it is declared, as params, so it is part of the
-        # action's key like everything else it reads.
+        # action's key like everything else it reads. Dependencies' outputs may be hard
+        # links to the cache (no copy on filesystems without reflinks): a command that
+        # writes to one fails and the cache drops that blob.
         ctx.action(run_command, inputs=["srcs"], outputs=ctx.outputs, mnemonic="Command",
+                   link_inputs=True,
                    params={"cmd": ctx.attrs["cmd"], "outs": ctx.outputs,
                            "srcs": srcs, "package": package,
                            "out_dir": f"qbuild-out/{output_folder(ctx.label)}",

@@ -169,6 +169,39 @@ def test_stale_sandbox_sweep_spares_a_live_sandbox_of_another_pid_namespace(ws):
     assert not live.exists()
 
 
+def test_stale_sandbox_sweep_spares_a_folder_locked_sandbox(ws):
+    """Sandboxes lock their own folder (no lock file per action): the sweep spares one
+    whose folder lock is held, however old, and removes it once its owner is gone."""
+    from qbuild._executor import clean_stale_sandboxes, new_sandbox
+
+    store = LocalStore(ws.cache_dir)
+    store.close()
+    mine, lock, lock_file = new_sandbox(store.tmp)
+    assert lock is not None and not lock_file
+    assert [p.name for p in store.tmp.iterdir()] == [mine.name]  # no lock file
+    os.close(lock)
+    live = store.tmp / "999999999-fedcba"
+    live.mkdir()
+    (live / "input").write_text("in use")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(live)!r}, os.O_RDONLY | os.O_DIRECTORY)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('locked', flush=True)\ntime.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        for folder in (live, mine):
+            os.utime(folder, (time.time() - 3600, time.time() - 3600))
+        clean_stale_sandboxes(store.tmp)
+        assert (live / "input").exists()
+        assert not mine.exists()  # its lock was released: a dead process's sandbox
+    finally:
+        holder.kill()
+        holder.wait()
+    clean_stale_sandboxes(store.tmp)
+    assert not live.exists()
+
+
 def test_a_chain_of_1100_targets_is_analysed(ws):
     lines = ['[t0]\nrule = "command"\nouts = ["o"]\ncmd = "echo 0 > $(OUT)"\n']
     lines += [f'[t{i}]\nrule = "command"\nsrcs = [":t{i - 1}"]\nouts = ["o"]\n'

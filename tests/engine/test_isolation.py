@@ -210,3 +210,49 @@ def test_a_command_sees_each_input_once_at_its_workspace_path(ws):
     assert result.ok, result.failed
     files = result.output("//p:t").read_text().split()
     assert files == ["./ws/p/a.txt", f"./ws/qbuild-out/{_folder('//p:dep')}/d.txt"]
+
+
+LOOKER = """
+[junk]
+rule = "command"
+srcs = ["a.txt"]
+outs = ["j.txt"]
+cmd = \"\"\"echo j > $(OUT) && touch ../left && mkdir -p ../deep/er ws-extra && \\
+    touch ../deep/er/f && chmod 700 ../out\"\"\"
+
+[slow]
+rule = "command"
+srcs = [":junk"]
+outs = ["s.txt"]
+cmd = "sleep 1 && cp $(SRCS) $(OUT)"
+
+[look]
+rule = "command"
+srcs = ["a.txt", ":slow"]
+outs = ["seen.txt"]
+cmd = \"\"\"cd .. && find . -path ./_action.log -prune -o -path './ws/$(OUT)' -prune -o \\
+    -print | sort > ws/$(OUT) && ls -l -d . | cut -c1-10 >> ws/$(OUT)\"\"\"
+"""
+
+
+def test_a_reused_sandbox_looks_exactly_like_a_new_one(qbuild_workspace, tmp_path):
+    """Sandboxes are emptied and reused within a build: whatever an action left (files,
+    folders, a folder's mode) never reaches the next action, which sees what a new
+    sandbox holds."""
+    ws = qbuild_workspace
+    ws.write("p/a.txt", "alpha\n")
+    ws.write("p/BUILD.toml", LOOKER)
+    # junk, slow (while junk's sandbox is emptied), then look in what junk left
+    reused = ws.build("//p:look", jobs=1)
+    assert reused.ok, reused.failed
+    from qbuild.testing import Workspace
+
+    fresh_ws = Workspace(tmp_path / "ws2", tmp_path / "cache2")
+    fresh_ws.write("p/a.txt", "alpha\n")
+    fresh_ws.write("p/BUILD.toml", LOOKER)
+    assert fresh_ws.build("//p:slow", jobs=1).ok  # another build: its sandboxes are gone
+    fresh = fresh_ws.build("//p:look", jobs=1)
+    assert fresh.ok, fresh.failed
+    seen = reused.output("//p:look").read_text()
+    assert "left" not in seen and "deep" not in seen and "ws-extra" not in seen
+    assert seen == fresh.output("//p:look").read_text()
