@@ -5,6 +5,14 @@ warm-ups; prints median ns per element, minimum and relative spread (IQR / media
 each run's CPU time (one thread: onnxruntime computes on the calling thread, and CPU time
 leaves out the time spent waiting for a core on a loaded machine).
 These figures are the ``COSTS`` in plugins/qbuild_lower/fuse.py.
+
+The second table (``kernels``) times single onnxruntime 8-bit element-wise kernels on
+their own: each model chains the same op ``CHAIN`` times, so the graph's input/output
+copies (about 0.15-0.2 ns per element in the first table) are shared by all of them, and
+prints ns per element per op: QLinearMul in its variants (uint8/int8, same shape or
+broadcast, output scale equal to the input's), QLinearAdd, the lookup kernels
+(QLinearSigmoid, QLinearLeakyRelu), a copy (QLinearConcat of inputs sharing the output's
+scale and zero point) against a requantizing QLinearConcat, and float Mul / QuickGelu.
 Run from the repository root: python bench/bench_tables.py [rounds]
 """
 
@@ -80,6 +88,120 @@ def models():
     }
 
 
+CHAIN = 8
+
+
+def kernels():
+    """{label: model}: one 8-bit element-wise kernel chained ``CHAIN`` times."""
+    import numpy as np
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    def consts(signed):
+        z = np.int8 if signed else np.uint8
+        vals = {"sx": (0.0407, np.float32), "zx": (12 if signed else 140, z),
+                "ss": (0.00388, np.float32), "zs": (-128 if signed else 0, z),
+                "sy": (0.01928, np.float32), "zy": (-114 if signed else 14, z),
+                "b": (np.arange(SHAPE[-1]) % 256 - (128 if signed else 0), z),
+                "one": (1 if signed else 129, z)}
+        return [nh.from_array(np.array(v, dt), n) for n, (v, dt) in vals.items()]
+
+    def chain(make, signed=False, itype=None, length=CHAIN):
+        nodes, cur = [], "x"
+        for i in range(length):
+            out = "y" if i == length - 1 else f"t{i}"
+            nodes.append(make(cur, out))
+            cur = out
+        t = itype or (T.INT8 if signed else T.UINT8)
+        g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", t, SHAPE)],
+                         [h.make_tensor_value_info("y", t, None)],
+                         [] if itype == T.FLOAT else consts(signed))
+        return h.make_model(g, opset_imports=[h.make_opsetid("", 17),
+                                              h.make_opsetid("com.microsoft", 1)],
+                            ir_version=8)
+
+    def ms(op, ins, out, **kw):
+        return h.make_node(op, ins, [out], domain="com.microsoft", **kw)
+
+    out = {}
+    for signed, tag in ((False, "uint8"), (True, "int8")):
+        out[f"QLinearMul {tag}, same shape"] = chain(lambda i, o: ms(
+            "QLinearMul", [i, "sx", "zx", i, "ss", "zs", "sx", "zx"], o), signed)
+        out[f"QLinearSigmoid {tag} (lookup)"] = chain(lambda i, o: ms(
+            "QLinearSigmoid", [i, "sx", "zx", "sy", "zy"], o), signed)
+    out["QLinearMul uint8, output scale != input scale"] = chain(lambda i, o: ms(
+        "QLinearMul", [i, "sx", "zx", i, "ss", "zs", "sy", "zy"], o))
+    out["QLinearMul uint8, broadcast scalar B"] = chain(lambda i, o: ms(
+        "QLinearMul", [i, "sx", "zx", "one", "ss", "zs", "sx", "zx"], o))
+    out["QLinearMul uint8, broadcast per-channel B (NHWC, last axis)"] = chain(
+        lambda i, o: ms("QLinearMul", [i, "sx", "zx", "b", "ss", "zs", "sx", "zx"], o))
+    out["QLinearAdd uint8, same shape"] = chain(lambda i, o: ms(
+        "QLinearAdd", [i, "sx", "zx", i, "ss", "zs", "sx", "zx"], o))
+    out["QLinearLeakyRelu uint8 (lookup)"] = chain(lambda i, o: ms(
+        "QLinearLeakyRelu", [i, "sx", "zx", "sy", "zy"], o, alpha=0.1))
+    # a Concat doubles its input: not chained (one op, its graph I/O included; the
+    # figure is per output element and comparable only among the Concats)
+    out["concat: QLinearConcat uint8 on channels (NHWC), inputs requantized (lookup)"] = chain(
+        lambda i, o: ms("QLinearConcat", ["sy", "zy", i, "sx", "zx", i, "ss", "zs"], o,
+                        axis=-1), length=1)
+    out["concat: QLinearConcat uint8 on channels (NHWC), inputs sharing the output's "
+        "scale (copy)"] = chain(lambda i, o: ms(
+            "QLinearConcat", ["sx", "zx", i, "sx", "zx", i, "sx", "zx"], o, axis=-1),
+            length=1)
+    out["concat: Concat uint8 on channels (NHWC, plain)"] = chain(
+        lambda i, o: h.make_node("Concat", [i, i], [o], axis=-1), length=1)
+    out["float Mul"] = chain(lambda i, o: h.make_node("Mul", [i, i], [o]), itype=T.FLOAT)
+    out["float QuickGelu (SiLU)"] = chain(lambda i, o: ms("QuickGelu", [i], o, alpha=1.0),
+                                          itype=T.FLOAT)
+    return out
+
+
+def _time(models, feeds, rounds):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = {k: ort.InferenceSession(m.SerializeToString(), so,
+                                    providers=["CPUExecutionProvider"])
+            for k, m in models.items()}
+    names = list(sess)
+    times = {k: [] for k in names}
+    for r in range(rounds + 5):
+        k0 = r % len(names)
+        for k in names[k0:] + names[:k0]:
+            t = time.thread_time()
+            sess[k].run(None, {"x": feeds(k)})
+            if r >= 5:
+                times[k].append(time.thread_time() - t)
+    return times
+
+
+def _kernel_table(rounds):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    u8 = rng.integers(0, 256, SHAPE).astype(np.uint8)
+    s8 = (u8.astype(np.int16) - 128).astype(np.int8)
+    f32 = (u8.astype(np.float32) - 128) * 0.05
+
+    def feed(k):
+        return f32 if k.startswith("float") else (s8 if " int8" in k else u8)
+
+    models = kernels()
+    times = _time(models, feed, rounds)
+    print(f"\n### Kernels (each op chained {CHAIN} times, ns per element per op; CPU "
+          "time)\n")
+    print("| kernel | median ns/element/op | min | spread |\n|---|---|---|---|")
+    for k, v in times.items():
+        n = int(np.prod(SHAPE)) * (2 if k.startswith("concat") else CHAIN)
+        med = statistics.median(v)
+        q = statistics.quantiles(v, n=4)
+        print(f"| {k} | {med / n * 1e9:.3f} | {min(v) / n * 1e9:.3f} | "
+              f"{(q[2] - q[0]) / med:.0%} |")
+
+
 def main(rounds: int = 60) -> None:
     import numpy as np
     import onnxruntime as ort
@@ -111,6 +233,8 @@ def main(rounds: int = 60) -> None:
         q = statistics.quantiles(v, n=4)
         print(f"| {k} | {med / n * 1e9:.2f} | {min(v) / n * 1e9:.2f} | "
               f"{(q[2] - q[0]) / med:.0%} |")
+    _kernel_table(rounds)
+    print(f"\nload average after: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

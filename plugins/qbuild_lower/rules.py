@@ -304,6 +304,7 @@ class Profile(OnnxRule):
 def profile(ctx: RunContext) -> None:
     """The action of ``profile``: interleaved latency and per-op profiles."""
     import onnx
+    from qbuild_onnx_common.latency import slower_verdict
 
     from .profiling import conditions, interleaved_latency, macs, op_profiles, render
 
@@ -331,8 +332,10 @@ def profile(ctx: RunContext) -> None:
     ctx.output("report.md").write_text(render(report))
     for label, m in lat["models"].items():
         if m.get("slower_than_reference"):
-            ctx.warn(f"{label} is slower than {ref_label}: {m['median_ms']} vs "
-                     f"{lat['models'][ref_label]['median_ms']} ms ({p['threads']} thread(s))")
+            v = slower_verdict(m, lat["models"][ref_label])
+            ctx.warn(f"{label} is slower than {ref_label}: {v['ms']} vs {v['reference_ms']} "
+                     f"ms {'CPU' if v['basis'] == 'cpu' else 'wall'} time, median "
+                     f"({p['threads']} thread(s))")
     if lat["noisy"]:
         ctx.warn("noisy measurement: an interquartile range exceeds 10 % of its median")
 

@@ -60,6 +60,17 @@ def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
     return out
 
 
+def slower_verdict(model: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
+    """Is a model slower than its reference? Two ``interleaved_latency_ms`` entries are
+    compared on their CPU-time medians when both have ``cpu`` (one intra-op thread: the
+    run's whole cost, steady under load from other processes), else on wall time.
+    Returns {"slower", "basis" ("cpu" or "wall"), "ms", "reference_ms"}."""
+    basis = "cpu" if model.get("cpu") and reference.get("cpu") else "wall"
+    m, r = (model["cpu"], reference["cpu"]) if basis == "cpu" else (model, reference)
+    return {"slower": m["median_ms"] > r["median_ms"], "basis": basis,
+            "ms": m["median_ms"], "reference_ms": r["median_ms"]}
+
+
 def _median_ratio(times: list[float], ref: list[float]) -> float | None:
     # a burst of load hits both sessions of a round alike, so the median per-round ratio
     # is steadier than the ratio of the medians

@@ -23,9 +23,11 @@ def test_interleaved_latency_and_profile(cnn_qdq, tmp_path):  # noqa: F811
     for name, m in lat["models"].items():
         assert m["runs"] == 5 and m["q1_ms"] <= m["median_ms"] <= m["q3_ms"]
         assert isinstance(m["noisy"], bool)
+        # one thread: "slower" is decided on CPU time, steady under load (wall is not)
+        assert m["slower_basis"] == "cpu"
         assert m["slower_than_reference"] == (name != "float"
-                                              and m["median_ms"] > lat["models"]["float"]
-                                              ["median_ms"])
+                                              and m["cpu"]["median_ms"] > lat["models"]
+                                              ["float"]["cpu"]["median_ms"])
         # one thread: each run's CPU time is recorded beside its wall time, and a run
         # cannot use more CPU on one thread than the wall time it took
         c = m["cpu"]
@@ -35,8 +37,11 @@ def test_interleaved_latency_and_profile(cnn_qdq, tmp_path):  # noqa: F811
                                      / c["median_ms"], 3)
         assert c["slower_than_reference"] == (name != "float" and c["median_ms"] >
                                               lat["models"]["float"]["cpu"]["median_ms"])
-    two = interleaved_latency(models, feed, threads=2, runs=2, warmup=0)
+    two = interleaved_latency(models, feed, threads=2, runs=2, warmup=0, reference="float")
     assert all("cpu" not in m for m in two["models"].values())  # not the run's whole cost
+    assert two["models"]["qdq"]["slower_basis"] == "wall"
+    assert two["models"]["qdq"]["slower_than_reference"] == (
+        two["models"]["qdq"]["median_ms"] > two["models"]["float"]["median_ms"])
     prof = op_profile(cnn_qdq, feed, threads=1, runs=3, warmup=1, top=5)
     assert prof["runs"] == 3 and "QLinearConv" in prof["op_types"]
     assert len(prof["top_nodes"]) == 5
@@ -126,6 +131,28 @@ def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  #
     assert q["latency_ms"] == q["latency"]["median_ms"]
     assert q["latency"]["ratio_to_reference"] > 0  # per-round ratio to the reference
     assert q["latency"]["cpu"]["ratio_to_reference"] > 0 and q["latency"]["cpu"]["runs"] == 4
-    slower = q["latency_ms"] > report["reference_latency_ms"]
+    slower = q["latency"]["cpu"]["median_ms"] > lat["reference"]["cpu"]["median_ms"]
+    assert q["latency"]["slower_basis"] == "cpu"
     assert q["latency"]["slower_than_reference"] == slower
     assert lat["slower_than_reference"] == (["//q"] if slower else [])
+    # the HTML report says it too, on the same basis
+    from qbuild_onnx.report.html import evaluate_html
+
+    report.update(reference="//ref", samples=1, task="sqnr")
+    q.update(outputs={}, bytes=1)
+    note = "slower than the reference" if slower else "faster (CPU time)"
+    assert note in evaluate_html(report)
+
+
+def test_slower_verdict_uses_cpu_time_when_both_have_it():
+    from qbuild_onnx_common.latency import slower_verdict
+
+    # wall time says slower (a burst of load), CPU time says faster: CPU decides
+    q = {"median_ms": 12.0, "cpu": {"median_ms": 8.0}}
+    ref = {"median_ms": 10.0, "cpu": {"median_ms": 9.0}}
+    assert slower_verdict(q, ref) == {"slower": False, "basis": "cpu", "ms": 8.0,
+                                      "reference_ms": 9.0}
+    assert slower_verdict(ref, q)["slower"] is True
+    # without CPU time on both sides (several threads): wall time
+    assert slower_verdict({"median_ms": 12.0}, ref) == {"slower": True, "basis": "wall",
+                                                        "ms": 12.0, "reference_ms": 10.0}

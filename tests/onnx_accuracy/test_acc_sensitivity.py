@@ -100,3 +100,17 @@ def test_weight_sites_found_when_the_float_model_has_unnamed_nodes(mnist_sensiti
     rep = analyze(mnist_sensitive_qdq, fm, mnist_feeds[:4], mode="only",
                   kinds=("activation",))
     assert rep["ranking"][0]["site"] == SENSITIVE
+
+
+@pytest.mark.parametrize("mode", ["only", "leave_out"])
+def test_a_coarse_task_metric_ties_are_ranked_by_output_sqnr(mode, mnist_sensitive_qdq,
+                                                            mnist_pre, mnist_feeds):
+    """A task score that ties every site (F1 on a few samples often does) leaves the order
+    to the worst output SQNR, never to site names: the region and top-k trials of
+    auto_quantize read this order past its first entries."""
+    rep = analyze(mnist_sensitive_qdq, mnist_pre, mnist_feeds, mode=mode,
+                  kinds=("activation",), metric=lambda ref, outs: 1.0)
+    worst = [min(r["per_output_sqnr_db"].values()) for r in rep["ranking"]]
+    assert worst == sorted(worst, reverse=mode == "leave_out")
+    assert rep["ranking"][0]["site"] == SENSITIVE
+    assert "_per" not in rep["ranking"][0]

@@ -41,8 +41,9 @@ task = "classification"
 bar = {{ {bar} }}
 objective = "size"
 latency_runs = 0
-steps = ["per_channel", "bias_correction", "float_top_k"]
+steps = ["per_channel", "bias_correction", "percentile_region", "float_top_k"]
 top_k = [1]
+region_counts = [1]
 sensitivity_samples = 3
 """
 
@@ -85,13 +86,24 @@ def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
     outs = {p.name: p for p in r.outputs("//m:auto")}
     rep = json.loads(outs["report.json"].read_text())
     names = [t["name"] for t in rep["trials"]]
-    assert names == ["u8", "u8_per_tensor", "u8_bc", "float_k1"]
+    assert names == ["u8", "u8_per_tensor", "u8_bc", "pct_region_k1", "pct_region_k1_bc",
+                     "float_k1"]
     for trial in names:  # every trial and its evaluation ran as its own target
         assert f"//m:auto.{trial}" in r.ran and f"//m:auto.ev_{trial}" in r.ran
     assert rep["chosen"] in names and rep["trials"][names.index(rep["chosen"])]["passes"]
     passing = [t for t in rep["trials"] if t["passes"]]
     assert rep["chosen"] == min(passing, key=lambda t: (t["bytes"], t["order"]))["name"]
     assert outs["auto.onnx"].stat().st_size < rep["float"]["bytes"]
+    # the percentile branch: one 99.99th-percentile calibration, the region as selectors
+    assert "//m:auto.calib_percentile" in r.ran
+    sub = ws.build("//m:auto.calib_percentile", "//m:auto.region_k1_overrides")
+    assert sub.ok and sub.ran == []
+    cal = json.loads(next(p for p in sub.outputs("//m:auto.calib_percentile")
+                          if p.name == "calibration.json").read_text())
+    assert cal["method"] == "percentile" and cal["options"]["percentile"] == 99.99
+    region = json.loads(sub.output("//m:auto.region_k1_overrides").read_text())
+    assert region["nodes_to_exclude"] and all(
+        s.startswith(("upto:", "after:")) for s in region["nodes_to_exclude"])
     html = outs["report.html"].read_text()
     assert all(n in html for n in names) and "<svg" in html and "<script" not in html
 
@@ -99,10 +111,20 @@ def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
     again = ws.build("//m:auto")
     assert again.ok, again.error
     assert again.ran == ["//m:auto"]  # only the selection
+    # only the selection's actions ran in the whole build: Select (JSON only) and, as the
+    # choice changed, Copy; no trial, calibration or evaluate action (their keys do not
+    # hold the bar), and not Trials (what each candidate kept float)
+    assert again.steps == {"//m:auto": {"Trials": "cached", "Select": "ran", "Copy": "ran"}}
     rep2 = json.loads(next(p for p in again.outputs("//m:auto")
                            if p.name == "report.json").read_text())
     assert rep2["chosen"] == "float" and "no quantized trial meets the bar" in rep2["note"]
     assert not any(t["passes"] for t in rep2["trials"])
+
+    # a bar change that keeps the choice: one action in the whole build
+    ws.write("m/BUILD.toml", BUILD.format(bar="min_sqnr_db = 300"))
+    third = ws.build("//m:auto")
+    assert third.ok and third.ran == ["//m:auto"]
+    assert third.steps == {"//m:auto": {"Trials": "cached", "Select": "ran", "Copy": "cached"}}
 
 
 def test_bad_bar_and_generated_attributes_are_config_errors(ws):

@@ -23,10 +23,17 @@ def test_stem_region_runs_from_the_start_to_the_consumers():
     assert where == "stem" and region == nodes[: nodes.index("stage1/Conv") + 1]
 
 
-def test_overrides_carry_a_stable_selector():
+def test_overrides_are_stable_selectors_never_node_names():
     doc = region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]})
-    assert doc["selectors"] == ["region:stem:stem.out"]
-    assert doc["nodes_to_exclude"][0] == "stem/Conv" and doc["region"]["nodes"] == 4
+    # the stem: everything the consumer of stem.out depends on, named by its output tensor
+    assert doc["nodes_to_exclude"] == doc["selectors"] == ["upto:stage1.y"]
+    names = {n.name for n in onnx.load(Y8).graph.node}
+    assert not names & set(doc["nodes_to_exclude"])
+    assert doc["promoted"][0] == "stem/Conv" and doc["region"]["nodes"] == 4
+    # quantize resolves them to the same region on the model it receives
+    from qbuild_onnx.quantization.selectors import resolve_nodes
+    assert resolve_nodes(doc["nodes_to_exclude"], onnx.load(Y8), "x") == \
+        region_for(Y8, "stem.out")[1]
     with pytest.raises(OnnxError, match="no rank 1"):
         region_overrides(Y8, {"ranking": [{"site": "stem.out", "kind": "activation"}]}, 1)
 
@@ -36,10 +43,10 @@ def test_union_of_several_regions():
                            {"site": "output0", "kind": "activation"}]}
     doc = region_overrides(Y8, ranking, count=2)
     nodes = [n.name for n in onnx.load(Y8).graph.node]
-    assert doc["nodes_to_exclude"] == [n for n in nodes if n in set(doc["nodes_to_exclude"])]
-    assert "stem/Conv" in doc["nodes_to_exclude"] and "/model.22/Concat_out" in \
-        doc["nodes_to_exclude"]
-    assert doc["selectors"] == ["region:stem:stem.out", "region:head:output0"]
+    assert doc["promoted"] == [n for n in nodes if n in set(doc["promoted"])]
+    assert "stem/Conv" in doc["promoted"] and "/model.22/Concat_out" in doc["promoted"]
+    assert doc["selectors"][0] == "upto:stage1.y"
+    assert doc["selectors"][1].startswith("upto:output0 & after:")  # the head's producer
     assert doc["region"]["where"] == "stem+head"
 
 
@@ -48,7 +55,7 @@ def test_region_with_the_next_ranked_activations_at_uint16():
                            for s in ("stem.out", "stage1.out", "head0.out", "stage2.out")]}
     doc = region_overrides(Y8, ranking, promote=2)
     # tensors produced inside the float region are skipped: they are float already
-    inside = set(doc["nodes_to_exclude"])
+    inside = set(doc["promoted"])
     producers = {t: n.name for n in onnx.load(Y8).graph.node for t in n.output}
     assert list(doc["tensors"]) == [t for t in ("stage1.out", "head0.out", "stage2.out")
                                     if producers[t] not in inside][:2]

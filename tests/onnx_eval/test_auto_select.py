@@ -70,3 +70,17 @@ def test_cpu_time_ratio_is_preferred_over_wall_time():
     trial = rep["trials"][0]
     assert trial["relative_latency"] == 0.7 and trial["latency_basis"] == "cpu"
     assert rep["chosen"] == "a"
+
+
+def test_the_selection_reads_json_only():
+    """The selection actions (rerun on every bar change) import no onnx, onnxruntime or
+    numpy: what they need is in the evaluate reports and the providers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import qbuild_onnx.rules.auto, qbuild_onnx.auto.select, "
+            "qbuild_onnx.report.html; "
+            "print([m for m in ('onnx', 'onnxruntime', 'numpy') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"

@@ -14,8 +14,6 @@ dataset is the figure of the concatenated tensors (not a mean of per-sample figu
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -147,15 +145,3 @@ def compare_outputs(
                 raise OnnxError(f"output '{name}' is missing from the candidate model")
             acc.setdefault(name, ErrorAccumulator()).add(ref[name], cand[name], f"output '{name}'")
     return {name: acc[name].summary() for name in sorted(acc)}
-
-
-def median_latency_ms(session, feed: Mapping[str, Any], runs: int = 20, warmup: int = 3) -> float:
-    """Median wall time of ``session.run`` on one feed, in milliseconds."""
-    for _ in range(warmup):
-        session.run(None, dict(feed))
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        session.run(None, dict(feed))
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times)

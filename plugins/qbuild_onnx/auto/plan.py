@@ -3,7 +3,8 @@
 For ``[aq] rule = "auto_quantize"`` the package gains, in this order (cheapest ideas
 first), every one an ordinary cached target:
 
-* ``aq.calib_<method>``: ``calibrate`` of the model on the calibration data, per method;
+* ``aq.calib_<method>``: ``calibrate`` of the model on the calibration data, one per
+  method, shared by every trial that uses the method;
 * trials (``quantize`` unless noted), each with an ``evaluate`` target ``aq.ev_<trial>``
   on the evaluation data with the task and latency measurement:
   ``u8`` (uint8 activations, per-channel weights, first calibration method), ``i8``
@@ -16,6 +17,9 @@ first), every one an ordinary cached target:
   around the most sensitive activation kept float, from ``aq.sens`` (task-aware
   ``sensitivity`` of ``u8``) and ``aq.region_overrides`` (``sensitive_region``)),
   ``region3`` / ``region3_bc`` (the union of the three most sensitive ones' regions),
+  ``pct_region_k<k>`` / ``pct_region_k<k>_bc`` (percentile ranges, ``aq.calib_percentile``
+  at ``percentile``, default 99.99, with the union of the regions of the k most sensitive
+  activations float, ``aq.region_k<k>_overrides``; k from ``region_counts``),
   ``float_k<k>``
   (the k most sensitive activations float), ``u16_k<k>`` (16-bit), ``region_u16_k<k>`` /
   ``region_u16_k<k>_bc`` (the stem or head region float and the next k ranked activations
@@ -34,7 +38,8 @@ from typing import Any
 from qbuild import ConfigError
 
 STEPS = ("activation_type", "per_channel", "calibration", "cle", "bias_correction",
-         "adaround", "region", "float_top_k", "uint16_top_k", "region_uint16", "lower")
+         "adaround", "region", "percentile_region", "float_top_k", "uint16_top_k",
+         "region_uint16", "lower")
 _GENERATED = ("candidates", "reports", "trial_names", "sensitivity")
 
 
@@ -62,6 +67,9 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     if bad:
         raise ConfigError(f"unknown step '{bad[0]}' (known: {', '.join(STEPS)})", attr="steps")
     top_k = _list(raw, "top_k", [2, 8], int)
+    region_counts = _list(raw, "region_counts", [2, 4, 8, 16], int)
+    if any(k < 1 for k in region_counts):
+        raise ConfigError("counts must be at least 1", attr="region_counts")
     if not isinstance(raw.get("adaround_options", {}), dict):
         raise ConfigError("must be a table of adaround attributes", attr="adaround_options")
     model = raw["model"]
@@ -69,9 +77,12 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     tables: dict[str, dict[str, Any]] = {}
     trials: list[str] = []
 
-    for m in methods:
+    pct = "percentile_region" in steps
+    for m in [*methods, *(["percentile"] if pct and "percentile" not in methods else [])]:
         tables[f"{name}.calib_{m}"] = {"rule": "calibrate", "model": model,
                                        "dataset": raw["calibration_data"], "method": m}
+        if m == "percentile":  # one calibration, shared by every trial that uses it
+            tables[f"{name}.calib_{m}"]["percentile"] = raw.get("percentile", 99.99)
 
     def quantize(trial: str, **attrs: Any) -> None:
         tables[f"{name}.{trial}"] = {"rule": "quantize", "model": model,
@@ -109,7 +120,8 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
                                         **raw.get("adaround_options", {})}
             trials.append("cle_ar")
     task_attrs = {k: raw[k] for k in ("task", "task_options", "metric_srcs") if k in raw}
-    if any(s in steps for s in ("region", "float_top_k", "uint16_top_k", "region_uint16")):
+    if any(s in steps for s in ("region", "percentile_region", "float_top_k", "uint16_top_k",
+                                "region_uint16")):
         tables[f"{name}.sens"] = {"rule": "sensitivity", "model": f"{me}.u8",
                                   "reference": model, "dataset": raw["calibration_data"],
                                   "kinds": ["activation"],
@@ -130,6 +142,21 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
                                         "reference": model,
                                         "dataset": raw["calibration_data"]}
         trials.append("region3_bc")
+    if pct:
+        # percentile ranges (outliers clipped: resolution where the values are) with the
+        # union of the stem/head regions of the k most sensitive activations float; the
+        # regions are selectors resolved by quantize, the calibration is shared
+        for k in region_counts:
+            tables[f"{name}.region_k{k}_overrides"] = {
+                "rule": "sensitive_region", "model": model, "sensitivity": f"{me}.sens",
+                "count": k}
+            trial = f"pct_region_k{k}"
+            quantize(trial, calibration=f"{me}.calib_percentile", activation_type="uint8",
+                     per_channel=True, overrides=f"{me}.region_k{k}_overrides")
+            tables[f"{name}.{trial}_bc"] = {"rule": "bias_correction",
+                                            "model": f"{me}.{trial}", "reference": model,
+                                            "dataset": raw["calibration_data"]}
+            trials.append(f"{trial}_bc")
     for step, action, prefix in (("float_top_k", "float", "float"),
                                  ("uint16_top_k", "uint16", "u16")):
         if step not in steps:

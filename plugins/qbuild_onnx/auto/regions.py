@@ -2,14 +2,16 @@
 
 Keeping single tensors float scatters float islands through the graph (each one costs a
 DequantizeLinear/QuantizeLinear pair and breaks fusion). Keeping a contiguous region float
-costs one boundary. Given the most sensitive activation, the region is every node from
-the graph's start to that tensor's consumers when it sits in the first half of the graph
-(the stem), else every node from its producer to the end (the head).
+costs one boundary. Given a sensitive activation, its region is the stem when the tensor
+sits in the first half of the graph (every node the tensor's consumers depend on, back to
+the graph inputs: ``upto:<each consumer output>``), else the head (its producer and every
+node that depends on it: ``after:<tensor>`` plus ``upto:<tensor> & after:<producer
+input>``). The tensor itself is then never quantized.
 
-The region is written as an override document (``nodes_to_exclude``, computed from the
-model being quantized, so names are always current) plus ``selectors``: the same region as
-a stable string (``region:stem:<tensor>`` / ``region:head:<tensor>``) for the selector
-support being added to ``quantize``.
+The region is written as stable selectors (docs/selectors.md) in the override document's
+``nodes_to_exclude``: ``quantize`` resolves them on the model it receives, so no node name
+is ever written down. ``promoted`` lists the node names they resolve to here (a count for
+the report, not an input to anything).
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from qbuild_onnx_common.errors import OnnxError
 
 from ..accuracy.mixed_precision import ranked_tensors
 from ..accuracy.stats import load_model
+from ..quantization.selectors import resolve_nodes
 
 
-def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
-    """('stem' | 'head', node names in graph order) kept float for ``tensor``."""
+def region_selectors(model: Any, tensor: str) -> tuple[str, list[str]]:
+    """('stem' | 'head', the stable selectors of the region kept float for ``tensor``)."""
     m = load_model(model)
     nodes = list(m.graph.node)
     producer = next((i for i, n in enumerate(nodes) if tensor in n.output), None)
@@ -35,14 +38,24 @@ def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
         raise OnnxError("the model has unnamed nodes; pre-process it (quant_preprocess "
                             "names every node) before excluding regions")
     first = producer if producer is not None else min(users)
-    if first < len(nodes) / 2:
-        last = max(users) if users else first
-        chosen = nodes[: last + 1]
-        where = "stem"
-    else:
-        chosen = nodes[first:]
-        where = "head"
-    return where, [n.name for n in chosen]
+    if first < len(nodes) / 2 and users:
+        outs = dict.fromkeys(o for i in users for o in nodes[i].output if o)
+        return "stem", [f"upto:{o}" for o in outs]
+    if first < len(nodes) / 2:  # a graph output in the first half: up to it
+        return "stem", [f"upto:{tensor}"]
+    selectors = [f"after:{tensor}"] if users else []
+    if producer is not None:
+        inits = {i.name for i in m.graph.initializer}
+        feeds = [t for t in nodes[producer].input if t and t not in inits]
+        selectors += ([f"upto:{tensor} & after:{feeds[0]}"] if feeds
+                      else [f"upto:{tensor}"])
+    return "head", selectors
+
+
+def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
+    """('stem' | 'head', node names in graph order) kept float for ``tensor``."""
+    where, selectors = region_selectors(model, tensor)
+    return where, resolve_nodes(selectors, load_model(model), "sensitivity")
 
 
 def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0,
@@ -55,21 +68,22 @@ def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0,
     if len(ranked) <= rank:
         raise OnnxError(f"the sensitivity report ranks {len(ranked)} activation(s); "
                             f"no rank {rank}")
-    order = {n.name: i for i, n in enumerate(load_model(model).graph.node)}
-    chosen: set[str] = set()
-    selectors, wheres = [], []
+    m = load_model(model)
+    selectors, wheres, tensors_ = [], [], []
     for tensor in ranked[rank: rank + max(1, count)]:
-        where, nodes = region_for(model, tensor)
-        chosen.update(nodes)
-        selectors.append(f"region:{where}:{tensor}")
+        where, sel = region_selectors(m, tensor)
+        selectors += [x for x in sel if x not in selectors]
         wheres.append(where)
-    nodes = sorted(chosen, key=order.__getitem__)
-    graph = load_model(model).graph
+        tensors_.append(tensor)
+    nodes = resolve_nodes(selectors, m, "sensitivity")
+    chosen = set(nodes)
+    graph = m.graph
     inside = {t for n in graph.node if n.name in chosen for t in n.output}
     producers = {t for n in graph.node for t in n.output}
     wide = [t for t in ranked[rank + max(1, count):] if t in producers and t not in inside]
     tensors = {t: {"quant_type": "uint16"} for t in wide[:promote]}
-    return {"tensors": tensors, "nodes_to_exclude": nodes, "promoted": nodes + list(tensors),
+    return {"tensors": tensors, "nodes_to_exclude": selectors,
+            "promoted": nodes + list(tensors),
             "region": {"where": "+".join(dict.fromkeys(wheres)), "tensor": ranked[rank],
-                       "nodes": len(nodes)},
+                       "tensors": tensors_, "nodes": len(nodes)},
             "selectors": selectors}

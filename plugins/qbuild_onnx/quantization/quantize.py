@@ -449,7 +449,8 @@ def quantize_dynamic_model(
             Path(report_path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n",
                                          encoding="utf-8")
         warn(f"the dynamically quantized model is slower than the float model on this "
-             f"machine ({slower['quantized_ms']} ms vs {slower['float_ms']} ms, 1 thread): "
+             f"machine ({slower['quantized_ms']} ms vs {slower['float_ms']} ms "
+             f"{'CPU' if slower['basis'] == 'cpu' else 'wall'} time, 1 thread): "
              "use static quantization or keep the float model")
     return info
 
@@ -460,15 +461,14 @@ _SLOWER_RATIO = 1.25  # below this, run-to-run noise on a shared CPU could flip 
 
 def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
                        ) -> dict[str, float] | None:
-    """Latency of both models on one synthetic input (1 thread, median of 15 runs); a dict
-    when the quantized model is clearly slower, else None. Uses evaluate's latency
-    measurement (issue 16 replaces it with interleaved runs)."""
+    """Latency of both models on one synthetic input, timed interleaved (1 thread, 3
+    warm-up rounds, median of 15): a dict when the quantized model is clearly slower in
+    CPU time (steady under load from other processes, unlike wall time), else None."""
     import numpy as np
     from onnx import helper
     from qbuild_onnx_common.errors import OnnxError
+    from qbuild_onnx_common.latency import interleaved_latency_ms, slower_verdict
     from qbuild_onnx_common.ort import session
-
-    from ..accuracy.metrics import median_latency_ms
 
     try:
         fs, qs = session(float_path), session(quantized_path)
@@ -488,13 +488,15 @@ def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
                 getattr(onnx.TensorProto, name.upper(), onnx.TensorProto.INT64))
             feed[i.name] = np.zeros(shape, dtype)
     try:
-        f_ms = median_latency_ms(fs, feed, 15)
-        q_ms = median_latency_ms(qs, feed, 15)
+        lat = interleaved_latency_ms({"float": fs, "quantized": qs}, feed, runs=15, warmup=3)
     except Exception as exc:  # onnxruntime raises several unrelated types on bad feeds
         log(f"latency check skipped: {type(exc).__name__}: {exc}")
         return None
-    log(f"latency (1 thread, median of 15): float {f_ms:.3f} ms, quantized {q_ms:.3f} ms")
+    v = slower_verdict(lat["quantized"], lat["float"])
+    f_ms, q_ms = v["reference_ms"], v["ms"]
+    log(f"latency (1 thread, interleaved, median of 15, {v['basis']} time): float "
+        f"{f_ms:.3f} ms, quantized {q_ms:.3f} ms")
     if q_ms < f_ms * _SLOWER_RATIO:
         return None
     return {"float_ms": round(f_ms, 3), "quantized_ms": round(q_ms, 3),
-            "ratio": round(q_ms / f_ms, 2)}
+            "ratio": round(q_ms / f_ms, 2), "basis": v["basis"]}

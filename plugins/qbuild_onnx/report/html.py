@@ -147,17 +147,36 @@ def evaluate_html(report: Mapping[str, Any]) -> str:
         sq = [_num(m["sqnr_db"]) for m in e["outputs"].values()]
         rows.append({"name": label, "bytes": e.get("bytes"), "latency_ms": e.get("latency_ms"),
                      "score": (e.get("task") or {}).get("score"),
-                     "sqnr": min(sq) if sq else None})
+                     "sqnr": min(sq) if sq else None, "note": _speed_note(report, e)})
     y_key = "score" if report.get("task", "sqnr") != "sqnr" else "sqnr"
     x_key = "latency_ms" if any(r.get("latency_ms") is not None for r in rows) else "bytes"
     cols = [("name", "model"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
             ("sqnr", "worst SQNR (dB)"), ("score", f"{report.get('task', 'sqnr')} score")]
+    if any(r.get("note") for r in rows):
+        cols.append(("note", "speed vs reference"))
     return page(f"evaluate: {len(report['models'])} model(s) vs {report['reference']}", [
         f"<p>{report['samples']} sample(s), task <b>{escape(str(report.get('task', 'sqnr')))}"
         "</b>.</p>",
         _table(rows, cols, None),
         scatter_svg(rows, x_key, y_key, x_key, y_key),
     ])
+
+
+def _speed_note(report: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
+    """'1.21x faster' / '0.85x: slower than the reference', on the basis the evaluation
+    decided it (CPU time with one thread)."""
+    lat, ref = entry.get("latency"), (report.get("latency") or {}).get("reference")
+    if not lat or not ref:
+        return ""
+    cpu = lat.get("slower_basis") == "cpu" and lat.get("cpu") and ref.get("cpu")
+    m, r = (lat["cpu"], ref["cpu"]) if cpu else (lat, ref)
+    if not m.get("median_ms"):
+        return ""
+    x = r["median_ms"] / m["median_ms"]
+    basis = "CPU" if cpu else "wall"
+    if lat.get("slower_than_reference"):
+        return f"{x:.2f}x ({basis} time): slower than the reference"
+    return f"{x:.2f}x faster ({basis} time)"
 
 
 def auto_html(label: str, result: Mapping[str, Any],

@@ -1,10 +1,11 @@
 """``auto_quantize`` (a macro: its trials are ordinary cached targets, see ``auto_plan``;
 the target itself selects, see ``auto_select``) and ``sensitive_region`` (the stem or
 head region around the most sensitive activation, as quantize overrides). Registered by
-``rules.accuracy``'s hook. Rule API v2: one action each; the selection names trials and
-the float model by label (report.json, report.html), so ``analyze`` passes those labels,
-and the target's own for the page title, as params. Heavy imports happen inside the
-actions.
+``rules.accuracy``'s hook. Rule API v2: ``sensitive_region`` is one action,
+``auto_quantize`` three (Trials, Select, Copy: see ``AutoQuantize.analyze``); the
+selection names trials and the float model by label (report.json, report.html), so
+``analyze`` passes those labels, and the target's own for the page title, as params.
+Heavy imports happen inside the actions; the selection's imports none.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import math
 from typing import Any
 
-from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo, onnx_model_info
+from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo
 from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, RunContext, attr
@@ -38,11 +39,12 @@ class SensitiveRegion(OnnxRule):
     kind = "sensitive_region"
     version = 2
     heavy = True
-    doc = ("Writes overrides.json keeping a whole region float: the nodes from the graph's "
-           "start to the consumers of the `rank`-th most sensitive activation of a "
-           "`sensitivity` report (the stem) when it sits in the first half of the graph, "
-           "else from its producer to the end (the head). Also lists the region as a "
-           "stable selector string. Use it as quantize's `overrides`.")
+    doc = ("Writes overrides.json keeping a whole region float: everything the consumers "
+           "of the `rank`-th most sensitive activation of a `sensitivity` report depend on "
+           "(the stem) when it sits in the first half of the graph, else its producer and "
+           "everything that depends on it (the head). The region is written as stable "
+           "selectors (upto:/after:, docs/selectors.md), never node names. Use it as "
+           "quantize's `overrides`.")
     attrs = {
         "model": attr.label(doc="The float model the quantize target quantizes.",
                             required=True, providers=[OnnxModelInfo]),
@@ -92,8 +94,10 @@ class AutoQuantize(OnnxRule):
            "with an evaluate target (named <name>.<trial>, <name>.ev_<trial>), all ordinary "
            "cached targets; this target picks the cheapest trial (objective: measured "
            "latency or size) that meets every `bar`, or keeps the float model when none is "
-           "cheaper, and writes {name}.onnx, report.json and report.html. Changing the bar "
-           "or objective reruns only this selection.")
+           "cheaper, and writes {name}.onnx, report.json and report.html (and trials.json, "
+           "chosen.json between its three actions). Changing the bar or objective reruns "
+           "only the selection, which reads JSON only (and the copy of the chosen model "
+           "when the choice changes).")
     attrs = {
         "model": attr.label(doc="The float model (pre-processed).", required=True,
                             providers=[OnnxModelInfo]),
@@ -117,10 +121,16 @@ class AutoQuantize(OnnxRule):
         "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate."),
         "calibration_methods": attr.string_list(default=["minmax", "percentile"],
                                                 doc="Calibration methods tried."),
+        "percentile": attr.float(default=99.99, doc="The percentile calibration's kept "
+                                 "percentage (one calibration, shared by every trial "
+                                 "that uses it)."),
+        "region_counts": attr.int_list(default=[2, 4, 8, 16], doc="percentile_region: trials "
+                                       "keeping float the union of the regions of this "
+                                       "many most sensitive activations."),
         "steps": attr.string_list(default=["activation_type", "per_channel", "calibration",
                                            "cle", "bias_correction", "region",
-                                           "float_top_k", "uint16_top_k", "region_uint16",
-                                           "lower"],
+                                           "percentile_region", "float_top_k",
+                                           "uint16_top_k", "region_uint16", "lower"],
                                   doc="Which trial families (cle: cross-layer equalization; "
                                       "\"adaround\", learned weight rounding, is not in the "
                                       "default: it costs minutes and kept no layer on "
@@ -138,7 +148,7 @@ class AutoQuantize(OnnxRule):
         "sensitivity": attr.label(doc="(filled in by the expansion)",
                                   providers=[SensitivityInfo]),
     }
-    outputs = ["{name}.onnx", "report.json", "report.html"]
+    outputs = ["{name}.onnx", "report.json", "report.html", "trials.json", "chosen.json"]
     provides = (OnnxModelInfo,)
 
     @staticmethod
@@ -158,19 +168,39 @@ class AutoQuantize(OnnxRule):
                               attr="bar")
 
     def analyze(self, ctx: AnalysisContext) -> None:
+        # Three actions, so that a bar or objective change reruns only JSON work: Trials
+        # (what each candidate kept float; no bar in its key), Select (the reports against
+        # the bar: reads JSON only, stages no model) and Copy (the chosen model; its key is
+        # chosen.json, so it is a cache hit when the choice does not change).
         a = ctx.attrs
-        deps = ("model", "candidates", "reports", "sensitivity")
+        labels = {k: a[k] for k in ("model", "candidates")}
+        ctx.action(trial_info, inputs=["candidates"], outputs=["trials.json"],
+                   mnemonic="Trials", heavy=False,
+                   params={"trial_names": a["trial_names"], "labels": labels})
         params = {k: a[k] for k in ("trial_names", "bar", "objective", "min_speedup")}
-        ctx.action(auto_select, inputs=list(deps), outputs=ctx.outputs, mnemonic="Select",
-                   params={**params, "labels": {k: a[k] for k in ("model", "candidates")},
-                           "label": ctx.label, "out": ctx.output("{name}.onnx")})
+        ctx.action(auto_select, inputs=["reports", "sensitivity", "trials.json"],
+                   outputs=["report.json", "report.html", "chosen.json"], mnemonic="Select",
+                   heavy=False, params={**params, "labels": labels, "label": ctx.label})
+        ctx.action(copy_chosen, inputs=["model", "candidates", "chosen.json"],
+                   outputs=[ctx.output("{name}.onnx")], mnemonic="Copy", heavy=False,
+                   params={"trial_names": a["trial_names"],
+                           "out": ctx.output("{name}.onnx")})
 
 
-def auto_select(ctx: RunContext) -> OnnxModelInfo:
-    """``auto_quantize``'s action: the cheapest trial that meets the bar (or the float
-    model), its report.json and report.html."""
-    import shutil
+def trial_info(ctx: RunContext) -> None:
+    """``auto_quantize``'s first action: per trial, the nodes it kept float or promoted
+    and the joins it kept float (from the candidates' providers)."""
+    rows = {}
+    for name, dep in zip(ctx.params["trial_names"], ctx.inputs["candidates"], strict=True):
+        model = dep[OnnxModelInfo]
+        rows[name] = {"float_nodes": len(model.promoted),
+                      "float_joins": list(model.float_joins)}
+    ctx.output("trials.json").write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
 
+
+def auto_select(ctx: RunContext) -> None:
+    """``auto_quantize``'s selection: the cheapest trial that meets the bar (or the float
+    model); report.json, report.html and chosen.json. Reads JSON only."""
     from ..auto.select import select
     from ..report.html import auto_html
 
@@ -182,25 +212,35 @@ def auto_select(ctx: RunContext) -> OnnxModelInfo:
         entries.append(rep["models"][label])
     result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
                     labels["model"], a["min_speedup"])
-    for row, cand, label in zip(result["trials"], deps["candidates"], labels["candidates"]):
-        model = cand[OnnxModelInfo]
+    trials = json.loads(ctx.inputs["trials.json"].read_text())
+    for row, label in zip(result["trials"], labels["candidates"], strict=True):
         row["model"] = label
-        row["float_nodes"] = len(model.promoted)
-        if model.float_joins:
-            row["float_joins"] = list(model.float_joins)
+        row["float_nodes"] = trials[row["name"]]["float_nodes"]
+        if trials[row["name"]]["float_joins"]:
+            row["float_joins"] = trials[row["name"]]["float_joins"]
     result = _clean(result)
-    if result["chosen"] == "float":
-        src = deps["model"][OnnxModelInfo].model
-    else:
-        index = a["trial_names"].index(result["chosen"])
-        src = deps["candidates"][index][OnnxModelInfo].model
-    out = ctx.output(a["out"])
-    shutil.copyfile(src, out)
     sens = None
     if deps["sensitivity"] is not None:
         sens = json.loads(deps["sensitivity"][SensitivityInfo].ranking.read_text())
     ctx.output("report.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     ctx.output("report.html").write_text(auto_html(a["label"], result, sens),
                                          encoding="utf-8")
+    ctx.output("chosen.json").write_text(json.dumps({"chosen": result["chosen"]}) + "\n")
     ctx.log(f"chose {result['chosen']}: {result['note']}")
-    return onnx_model_info(out)
+
+
+def copy_chosen(ctx: RunContext) -> OnnxModelInfo:
+    """``auto_quantize``'s last action: the chosen model as {name}.onnx (its provider
+    from the chosen dependency's: no model is parsed)."""
+    import shutil
+
+    chosen = json.loads(ctx.inputs["chosen.json"].read_text())["chosen"]
+    deps = ctx.inputs
+    if chosen == "float":
+        src = deps["model"][OnnxModelInfo]
+    else:
+        src = deps["candidates"][ctx.params["trial_names"].index(chosen)][OnnxModelInfo]
+    out = ctx.output(ctx.params["out"])
+    shutil.copyfile(src.model, out)
+    return OnnxModelInfo(model=out, opset=src.opset, ir_version=src.ir_version,
+                         inputs=src.inputs, outputs=src.outputs)

@@ -219,9 +219,10 @@ class QuantizeDynamic(OnnxRule):
         "weight_type": attr.enum(list(DYNAMIC_WEIGHT_TYPES), default="int8",
                                  doc="Weight type."),
         "latency_check": attr.bool(default=False, doc="Record in report.json when the result "
-                                   "is slower than the float model (1 thread, synthetic "
-                                   "input; makes the report machine-dependent). A warning "
-                                   "says so in any case."),
+                                   "is clearly slower than the float model (1 thread, "
+                                   "synthetic input, both timed interleaved, CPU time; makes "
+                                   "the report machine-dependent). A warning says so in any "
+                                   "case."),
     }
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo, QuantizedModelInfo)
