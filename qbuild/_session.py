@@ -270,19 +270,20 @@ class Session:
         return types
 
 
-_provider_memo: dict[type, list[str]] = {}
+# rule class -> (its provides, its attrs, the modules of their providers)
+_provider_memo: dict[type, tuple[Any, Any, list[str]]] = {}
 
 
 def _provider_refs(target: Target) -> list[str]:
-    """Modules of the providers a target gives and asks its dependencies for (both are
-    declared by the rule's class)."""
-    assert target.rule is not None
-    cls = type(target.rule)
-    refs = _provider_memo.get(cls)
-    if refs is None or cls.provides is not target.rule.provides:
-        classes = [*target.rule.provides,
-                   *(p for schema in target.rule.attrs.values() for p in schema.providers)]
-        refs = sorted({provider.__module__ for provider in classes})
-        if target.rule.provides is cls.provides and target.rule.attrs is cls.attrs:
-            _provider_memo[cls] = refs
+    """Modules of the providers a target gives and asks its dependencies for (declared
+    by the rule: memoised per class while the rule's ``provides`` and ``attrs`` are the
+    very objects they were)."""
+    rule = target.rule
+    assert rule is not None
+    known = _provider_memo.get(type(rule))
+    if known is not None and known[0] is rule.provides and known[1] is rule.attrs:
+        return list(known[2])
+    classes = [*rule.provides, *(p for schema in rule.attrs.values() for p in schema.providers)]
+    refs = sorted({provider.__module__ for provider in classes})
+    _provider_memo[type(rule)] = (rule.provides, rule.attrs, refs)
     return list(refs)
