@@ -206,24 +206,11 @@ def main(rounds: int = 60) -> None:
     import numpy as np
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    sess = {k: ort.InferenceSession(m.SerializeToString(), so,
-                                    providers=["CPUExecutionProvider"])
-            for k, m in models().items()}
     x = np.random.default_rng(0).integers(0, 256, SHAPE).astype(np.uint8)
     xf = (x.astype(np.float32) - 128) * 0.05
     n = x.size
-    names = list(sess)
-    times = {k: [] for k in names}
-    for r in range(rounds + 5):
-        k0 = r % len(names)
-        for k in names[k0:] + names[:k0]:
-            t = time.thread_time()
-            sess[k].run(None, {"x": xf if k.startswith("float") else x})
-            if r >= 5:
-                times[k].append(time.thread_time() - t)
+    times = _time(models(), lambda k: xf if k.startswith("float") else x, rounds)
+    names = list(times)
     print(f"onnxruntime {ort.__version__}, 1 thread, {rounds} interleaved rounds, "
           f"{SHAPE} uint8, CPU time; load average {os.getloadavg()}\n")
     print("| form | median ns/element | min | spread |\n|---|---|---|---|")

@@ -46,7 +46,7 @@ class ActionSpec:
                      "params": self.params, "heavy": self.heavy}
         if self.layout:
             described["layout"] = self.layout
-        if getattr(self, "link_inputs", False):
+        if self.link_inputs:
             described["link_inputs"] = True
         return described
 

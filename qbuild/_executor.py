@@ -95,12 +95,13 @@ def _tail(path: Path, lines: int = 20) -> str:
 _YOUNG = 60.0  # seconds: a sandbox folder this new may not be locked yet (mkdir, then flock)
 
 
-def _try_lock(path: Path) -> int | None:
-    """An fd holding an exclusive lock on ``path``, or None if someone else holds it."""
+def _flock(path: Path, flags: int) -> int | None:
+    """An fd, opened with ``flags``, holding an exclusive lock on ``path``; None if
+    someone else holds it (or it cannot be opened or locked)."""
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, flags, 0o644)  # (the mode only matters when O_CREAT makes it)
     except OSError:
         return None
     try:
@@ -109,23 +110,16 @@ def _try_lock(path: Path) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+def _try_lock(path: Path) -> int | None:
+    """A lock on the file ``path`` (made if missing)."""
+    return _flock(path, os.O_RDWR | os.O_CREAT)
 
 
 def _lock_folder(path: Path) -> int | None:
-    """An fd holding an exclusive lock on the folder ``path`` itself, or None (held by
-    someone else, or a filesystem that cannot lock folders)."""
-    import fcntl
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
+    """A lock on the folder ``path`` itself (None also where folders cannot be locked)."""
+    return _flock(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
 def new_sandbox(tmp: Path) -> tuple[Path, int | None, bool]:

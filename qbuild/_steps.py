@@ -256,7 +256,7 @@ def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, 
 def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: Path,
            made: Made, log_path: Path, linked: list[Linked], dirs: _Dirs
            ) -> tuple[RunContext, dict[Path, tuple[str, str]]]:
-    links = linked if getattr(spec, "link_inputs", False) else None
+    links = linked if spec.link_inputs else None
     staged: dict[Path, tuple[str, str]] = {}
     inputs: dict[str, Any] = {}
     origins: dict[str, list[tuple[int, str]]] = {}

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from qbuild import _incremental, cli
+from qbuild import cli
 
 BUILD = """
 [a]
@@ -38,21 +38,6 @@ outs = ["top.txt"]
 cmd = "cat $(SRCS) > $(OUT)"
 """
 
-
-@pytest.fixture
-def reused(monkeypatch):
-    """Labels the incremental path reused in the last build (a spy on the real code)."""
-    seen: list[str] = []
-    take = _incremental.Reuse.take
-
-    def spy(self, label, deps, results):
-        found = take(self, label, deps, results)
-        if found is not None:
-            seen.append(str(label))
-        return found
-
-    monkeypatch.setattr(_incremental.Reuse, "take", spy)
-    return seen
 
 
 def _build(*args):

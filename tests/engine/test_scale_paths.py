@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from qbuild import _analysis_cache, _incremental, cli
+from qbuild import _analysis_cache, cli
 from qbuild._keys import _dep_part, dep_part
 from qbuild._records import ActionResult, OutputEntry
 
@@ -69,20 +69,6 @@ def _fan(count):
                f'cmd = "cat $(SRCS) > $(OUT); echo {i} >> $(OUT)"\n' for i in range(count)]
     return "\n".join(blocks)
 
-
-@pytest.fixture
-def reused(monkeypatch):
-    seen: list[str] = []
-    take = _incremental.Reuse.take
-
-    def spy(self, label, deps, results):
-        found = take(self, label, deps, results)
-        if found is not None:
-            seen.append(str(label))
-        return found
-
-    monkeypatch.setattr(_incremental.Reuse, "take", spy)
-    return seen
 
 
 @pytest.fixture
