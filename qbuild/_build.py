@@ -15,7 +15,6 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._analysis import Graph
@@ -75,7 +74,7 @@ class BuildResult:
     skipped: list[str] = field(default_factory=list)
     failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
     skip_reasons: dict[str, str] = field(default_factory=dict)
-    outputs: dict[str, list[Path]] = field(default_factory=dict)
+    outputs: dict[str, list[str]] = field(default_factory=dict)  # absolute paths
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     steps: dict[str, dict[str, str]] = field(default_factory=dict)  # v2: action -> ran/cached
@@ -169,6 +168,8 @@ class Build:
             prefetch([last[str(label)] for label in actionable if str(label) in last])
         interrupted = False
         try:
+            if self.reuse is not None:
+                order = self._reuse_untouched(order)
             self.scheduler(order).run()
             for label in requested:
                 if label in self.results:
@@ -189,10 +190,28 @@ class Build:
             self._finish(requested, started, interrupted)
         return self.result
 
+    def _reuse_untouched(self, order: list[Label]) -> list[Label]:
+        """Give every target the incremental path reuses along with all its dependencies
+        its last result at once (``Reuse.untouched``: the answer ``_prepare`` would give
+        it, without planning it); return the rest of ``order``, for the plan."""
+        assert self.reuse is not None
+        untouched = self.reuse.untouched(order, self.graph.targets)
+        if not untouched:
+            return order
+        reuse, cached, event = self.rebuilder.reuse, self.result.cached, self._event
+        for label, (key, result, sources) in untouched.items():
+            reuse(label, key, result, sources)
+            cached.append(str(label))
+            event(ActionEvent(str(label), "cached", key=key, origin="local_cache"))
+        return [label for label in order if label not in untouched]
+
     def scheduler(self, order: list[Label]) -> Scheduler:
-        """The scheduler of this build's plan (analysis order, dependencies first)."""
+        """The scheduler of this build's plan (analysis order, dependencies first; a
+        dependency outside ``order`` is done already)."""
         targets = self.graph.targets
-        plan = Plan(order, {label: targets[label].deps for label in order},
+        planned = set(order)
+        plan = Plan(order, {label: [dep for dep in targets[label].deps if dep in planned]
+                            for label in order},
                     weight=lambda label: 0 if targets[label].is_group else 1)
         return Scheduler(
             plan, self.rebuilder, jobs=self.options.jobs, cpu=self.cpu_budget,

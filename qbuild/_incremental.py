@@ -38,6 +38,7 @@ from ._label import Label
 from ._records import ActionResult
 
 _VERSION = 1
+_UNSEEN: Any = object()
 
 
 def record_path(output_dir: Path, patterns: list[str], package: str | None) -> Path:
@@ -63,8 +64,10 @@ def _code_files(code_files: Iterable[str]) -> dict[str, str | None]:
 
 
 def result_text(result: ActionResult) -> str:
-    """A result as the action cache stores it (``LocalStore.put_action``)."""
-    return sorted_json(result.to_json())
+    """A result as the action cache stores it (``LocalStore.put_action``): the very
+    text it was read from, when the store kept it."""
+    text = result.__dict__.get("_text")
+    return text if isinstance(text, str) else sorted_json(result.to_json())
 
 
 class Reuse:
@@ -120,6 +123,45 @@ class Reuse:
         if self._results.get(label) is result:
             return str(self._targets[label][1])
         return result_text(result)
+
+    def untouched(self, order: Iterable[Label], targets: Mapping[Label, Any]
+                  ) -> dict[Label, tuple[str, ActionResult, dict[str, tuple[str, str]]]]:
+        """(key, result, sources) of every target ``take`` would reuse whose
+        dependencies are all reused unchanged too (so each gets the very result object
+        ``take`` compares with): its own entry and source stats are all that decide it.
+        ``order`` lists dependencies first. Each source file is stat'ed once. The build
+        gives these targets their results without planning or keying them; the others
+        (an edited source, a group, a dependency that may come back different) go
+        through the plan and ``take`` as usual."""
+        found: dict[Label, tuple[str, ActionResult, dict[str, tuple[str, str]]]] = {}
+        stats: dict[str, str | None] = {}
+        root = str(self.root) + os.sep
+        for label in order:
+            target = targets[label]
+            if target.is_group:
+                continue  # (``take`` never reuses a target depending on a group)
+            entry = self._targets.get(str(label))
+            if entry is None or entry[2] is None or entry[0] not in self._present:
+                continue
+            if not all(dep in found for dep in target.deps):
+                continue
+            try:
+                sources: dict[str, tuple[str, str]] = {}
+                for rel, (digest, key) in entry[2].items():
+                    now = stats.get(rel, _UNSEEN)
+                    if now is _UNSEEN:
+                        now = stats[rel] = _stat(root + rel)
+                    if now != key:
+                        break
+                    sources[rel] = (digest, key)
+                else:
+                    result = self._result(str(label))
+                    if result is not None:
+                        found[label] = (entry[0], result, sources)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue
+        self.reused += len(found)
+        return found
 
     def take(self, label: Label, deps: list[Label], results: Mapping[Label, ActionResult]
              ) -> tuple[str, ActionResult, dict[str, tuple[str, str]]] | None:

@@ -338,7 +338,11 @@ class LocalStore:
         if result is None:
             return None
         if valid_result(result):
-            return ActionResult.from_json(result)
+            found = ActionResult.from_json(result)
+            # The entry's text, for a record of this result (``_incremental``) without
+            # encoding it again: what ``put_action`` wrote for it.
+            object.__setattr__(found, "_text", raw)
+            return found
         self.drop_action(key)  # written by something else: a miss
         return None
 
