@@ -108,6 +108,7 @@ class Build:
         claim_output_dir(session.workspace.output_dir)
         self.state = WorkspaceState(session.workspace.output_dir)
         self.result = BuildResult()
+        self._action_hook = session.registry.pm.hook.qbuild_action_finished
         # The remote layer, when configured (imported only then: it pulls in http.client).
         self.remote: LayeredStore | None = None
         if session.remote is not None:
@@ -326,7 +327,8 @@ class Build:
 
     def _event(self, event: ActionEvent) -> None:
         self.reporter.action_finished(event.to_json())
-        self.session.registry.pm.hook.qbuild_action_finished(event=event)
+        if self._action_hook.get_hookimpls():  # (none in most builds: no call at all)
+            self._action_hook(event=event)
 
     def _scrub(self, text: str) -> str:
         """Error text with sandbox paths written as the workspace-relative paths they
@@ -377,10 +379,15 @@ class Build:
 
     def code_files(self) -> set[str]:
         """Every rule code file the keys of this build rest on (hashed now, or by the
-        build whose keys were reused)."""
+        build whose keys were reused), and the files plugins name as what their
+        environment facts rest on (``qbuild_key_files``)."""
         files = set(self.session.code.files_read) if self.session.code_used else set()
         if self.reuse is not None:
             files.update(self.reuse.code_files)
+        # What plugins' environment facts rest on (the tools a command runs): stat'ed
+        # like code by the paths that skip keying (and carried forward as code is).
+        for found in self.session.registry.pm.hook.qbuild_key_files():
+            files.update(str(path) for path in found or ())
         return files
 
     def reusable(self) -> dict[str, tuple[str, ActionResult, Mapping[str, tuple[str, str]]]]:

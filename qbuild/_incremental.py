@@ -133,7 +133,7 @@ class Reuse:
         gives these targets their results without planning or keying them; the others
         (an edited source, a group, a dependency that may come back different) go
         through the plan and ``take`` as usual."""
-        found: dict[Label, tuple[str, ActionResult, dict[str, tuple[str, str]]]] = {}
+        chosen: dict[Label, tuple[str, dict[str, tuple[str, str]]]] = {}
         stats: dict[str, str | None] = {}
         root = str(self.root) + os.sep
         for label in order:
@@ -143,7 +143,7 @@ class Reuse:
             entry = self._targets.get(str(label))
             if entry is None or entry[2] is None or entry[0] not in self._present:
                 continue
-            if not all(dep in found for dep in target.deps):
+            if not all(dep in chosen for dep in target.deps):
                 continue
             try:
                 sources: dict[str, tuple[str, str]] = {}
@@ -155,13 +155,32 @@ class Reuse:
                         break
                     sources[rel] = (digest, key)
                 else:
-                    result = self._result(str(label))
-                    if result is not None:
-                        found[label] = (entry[0], result, sources)
+                    chosen[label] = (entry[0], sources)
             except (ValueError, TypeError, KeyError, AttributeError):
                 continue
+        if not self._decode([str(label) for label in chosen]):
+            return {}  # a damaged result: ``take`` decides target by target
+        found = {label: (key, self._results[str(label)], sources)
+                 for label, (key, sources) in chosen.items()}
         self.reused += len(found)
         return found
+
+    def _decode(self, labels: list[str]) -> bool:
+        """Decode the recorded results of ``labels`` (in one pass: one JSON array);
+        False if one of them cannot be."""
+        names = [name for name in labels if name not in self._results]
+        try:
+            texts = [self._targets[name][1] for name in names]
+            if not all(isinstance(text, str) for text in texts):
+                return False
+            values = json.loads("[" + ",".join(texts) + "]")
+            if not isinstance(values, list) or len(values) != len(names):
+                return False
+            made = [ActionResult.from_json(value) for value in values]
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return False
+        self._results.update(zip(names, made))
+        return True
 
     def take(self, label: Label, deps: list[Label], results: Mapping[Label, ActionResult]
              ) -> tuple[str, ActionResult, dict[str, tuple[str, str]]] | None:

@@ -122,13 +122,16 @@ class ConsoleReporter(Reporter):
             self.done += 1
             status = event["status"]
             self._clear()
+            wrote = self.tty  # (the status line)
             for warning in event.get("warnings", []):
                 if self.verbose:
+                    wrote = True
                     self.stream.write(f"WARNING: {label}: {warning}\n")
                 elif not self.quiet:
                     key = (event.get("rule", ""), warning.replace(label, "this target"))
                     self.warnings.setdefault(key, []).append((label, warning))
             if status == "failed":
+                wrote = True
                 self.stream.write(f"FAILED: {label}: {event.get('error', '')}\n")
                 tail = event.get("log_tail")
                 if tail:
@@ -139,10 +142,12 @@ class ConsoleReporter(Reporter):
                                      or status != "ran" and self.verbose):
                 word = "built" if status == "ran" else status
                 where = f" on {event['worker']}" if event.get("worker") else ""
+                wrote = True
                 self.stream.write(f"[{self.done}/{self.total}] {word} {label} "
                                   f"({event['seconds']:.2f}s{where})\n")
             self._status()
-            self.stream.flush()
+            if wrote:  # (a flush per cached target is most of a large no-op's reporting)
+                self.stream.flush()
 
     def message(self, text: str) -> None:
         if self.quiet:

@@ -216,9 +216,19 @@ _state_ids: dict[tuple[str, Any], int] = {}
 _programs: dict[str, tuple[tuple[int, ...] | None, str | None, int]] = {}
 
 
+# Every PATH folder listed and program file stat'ed for a key in this process: the
+# paths that skip keying vouch for the keys by their stats (``qbuild_key_files``).
+_key_files: set[str] = set()
+
+
 @hookimpl
 def qbuild_build_finished(summary: dict[str, Any]) -> None:
     _generation[0] += 1
+
+
+@hookimpl
+def qbuild_key_files() -> list[str]:
+    return sorted(_key_files)
 
 
 _UNSEEN = object()
@@ -246,7 +256,9 @@ def _path_state(path: str) -> int:
     known = _states.get(path)
     if known is not None and known[0] == _generation[0]:
         return known[1]
-    state = (path, tuple(_stat(d) for d in path.split(os.pathsep) if d))
+    folders = [d for d in path.split(os.pathsep) if d]
+    _key_files.update(os.path.abspath(d) for d in folders)
+    state = (path, tuple(_stat(d) for d in folders))
     state_id = _state_ids.setdefault(state, len(_state_ids))
     _states[path] = (_generation[0], state_id)
     _paths[state_id] = path
@@ -261,6 +273,7 @@ def _program(path: str) -> str | None:
     if known is not None and known[2] == generation:
         return known[1]
     st = _stat(path)
+    _key_files.add(os.path.abspath(path))
     if known is not None and known[0] == st:
         _programs[path] = (st, known[1], generation)
         return known[1]
