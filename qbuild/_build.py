@@ -210,10 +210,13 @@ class Build:
         """The scheduler of this build's plan (analysis order, dependencies first; a
         dependency outside ``order`` is done already)."""
         targets = self.graph.targets
-        planned = set(order)
-        plan = Plan(order, {label: [dep for dep in targets[label].deps if dep in planned]
-                            for label in order},
-                    weight=lambda label: 0 if targets[label].is_group else 1)
+        if self.reuse is None:  # (every dependency is in the plan)
+            deps = {label: targets[label].deps for label in order}
+        else:
+            planned = set(order)
+            deps = {label: [dep for dep in targets[label].deps if dep in planned]
+                    for label in order}
+        plan = Plan(order, deps, weight=lambda label: 0 if targets[label].entry is None else 1)
         return Scheduler(
             plan, self.rebuilder, jobs=self.options.jobs, cpu=self.cpu_budget,
             memory=self.memory_budget, keep_going=self.options.keep_going,
