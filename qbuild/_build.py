@@ -83,6 +83,13 @@ class BuildResult:
     seconds: float = 0.0
 
 
+def cached_record(label: str, key: str) -> dict[str, Any]:
+    """``ActionEvent(label, "cached", key=key, origin="local_cache").to_json()``, made
+    directly (a test holds them equal)."""
+    return {"label": label, "status": "cached", "seconds": 0.0, "key": key,
+            "origin": "local_cache"}
+
+
 def _expand_groups(graph: Graph, labels: list[Label]) -> list[Label]:
     out: list[Label] = []
     for label in labels:
@@ -200,10 +207,16 @@ class Build:
         if not untouched:
             return order
         reuse, cached, event = self.rebuilder.reuse, self.result.cached, self._event
+        report = self.reporter.action_finished
+        hooked = bool(self._action_hook.get_hookimpls())
         for label, (key, result, sources) in untouched.items():
             reuse(label, key, result, sources)
-            cached.append(str(label))
-            event(ActionEvent(str(label), "cached", key=key, origin="local_cache"))
+            name = str(label)
+            cached.append(name)
+            if hooked:
+                event(ActionEvent(name, "cached", key=key, origin="local_cache"))
+            else:  # (no hook to hand the event to: only its record)
+                report(cached_record(name, key))
         return [label for label in order if label not in untouched]
 
     def scheduler(self, order: list[Label]) -> Scheduler:

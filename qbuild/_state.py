@@ -62,11 +62,10 @@ class WorkspaceState:
         if len(names) != len(outputs):
             return False
         if len(outputs) == 1:
-            if names[0] != outputs[0].path:
+            if names[0] != outputs[0].path or "/" in names[0]:
                 return False
-        elif names != sorted(entry.path for entry in outputs):
-            return False
-        if any("/" in name for name in names):
+        elif names != sorted(entry.path for entry in outputs) or \
+                any("/" in name for name in names):
             return False
         top = f"{output_dir}/"
         materialized = self.materialized

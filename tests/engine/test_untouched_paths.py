@@ -183,3 +183,59 @@ def test_a_tool_added_earlier_on_path_is_seen(ws, tmp_path, monkeypatch):
     _, stderr = _build("//...")
     assert "nothing changed" not in stderr
     assert (ws.root / "qbuild-out/p/@tool/t.txt").read_text() == "shadow\n"
+
+
+def test_an_untouched_target_s_event_record_is_the_event_s_own():
+    from qbuild._build import cached_record
+    from qbuild.events import ActionEvent
+
+    made = ActionEvent("//p:a", "cached", key="k" * 64, origin="local_cache").to_json()
+    assert cached_record("//p:a", "k" * 64) == made
+
+
+def test_records_made_field_by_field_have_every_field():
+    """Restored action specs, decoded results and keyed action records are filled in
+    without their generated __init__: each must hold exactly the class's fields."""
+    import dataclasses
+
+    from qbuild._actions import ActionSpec
+    from qbuild._analysis_cache import _spec
+    from qbuild._records import ActionResult, OutputEntry
+    from qbuild._session import _ACTION_DEFAULTS
+
+    spec = ActionSpec("M", "m:f", ("srcs",), ("o",), {"x": 1}, True, {"srcs": ["a"]}, True)
+    assert _spec(spec.describe()) == spec
+    assert set(_spec(spec.describe()).__dict__) == {f.name for f in dataclasses.fields(spec)}
+    result = ActionResult((OutputEntry("a", "d" * 64, 3, True),), ("a",), {"i": 1}, ("w",),
+                          providers={"p": {}})
+    decoded = ActionResult.from_json(result.to_json())
+    assert decoded == result
+    assert set(decoded.__dict__) == {f.name for f in dataclasses.fields(result)}
+    assert set(decoded.outputs[0].__dict__) == {f.name for f in dataclasses.fields(OutputEntry)}
+    from qbuild._records import Action
+
+    required = {f.name for f in dataclasses.fields(Action)} - set(_ACTION_DEFAULTS)
+    assert required == {"label", "build_file", "rule_ref", "heavy", "attrs", "attr_types",
+                        "sources", "deps", "outputs", "key"}  # what keyed() sets itself
+
+
+def test_a_keyed_action_record_equals_one_made_by_its_init(ws):
+    import dataclasses
+
+    from qbuild._label import Label
+    from qbuild._records import Action
+    from qbuild._session import Session
+
+    session, _ = Session.open(ws.root)
+    try:
+        order = session.graph.analyze([Label("p", "a"), Label("p", "mid")])
+        results = {}
+        for label in order:
+            _parts, key, action = session.keyed(session.graph.targets[label], results)
+            assert set(action.__dict__) == {f.name for f in dataclasses.fields(Action)}
+            assert Action(**{f.name: getattr(action, f.name)
+                             for f in dataclasses.fields(Action)}) == action
+            results[label] = session.store.get_action(key)
+            assert results[label] is not None  # the same key the build used
+    finally:
+        session.close()
