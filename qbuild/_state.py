@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ._bulk import loads
 from ._digest import key_is_racy, stat_key
 from ._records import OutputEntry
 
@@ -24,7 +25,7 @@ class WorkspaceState:
     def __init__(self, output_dir: Path) -> None:
         self.path = output_dir / ".qbuild" / "state.json"
         try:
-            data = json.loads(self.path.read_text(encoding="utf-8"))
+            data = loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             data = {}
         if not isinstance(data, dict):
