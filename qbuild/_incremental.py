@@ -119,6 +119,17 @@ class Reuse:
             self._results[label] = result
         return result
 
+    def entry_of(self, label: str, key: str, result: ActionResult) -> list[Any] | None:
+        """The recorded entry of ``label`` if the build reused it as recorded (the same
+        key and the very result object decoded from it, with source stats): what
+        ``save`` would make of it again. Its stats were not too recent for the build
+        that recorded them, so neither for this later one."""
+        entry = self._targets.get(label)
+        if entry is None or entry[0] != key or entry[2] is None or \
+                self._results.get(label) is not result:
+            return None
+        return list(entry)
+
     def text(self, label: str, result: ActionResult) -> str:
         """``result_text(result)``, without encoding it again if it is the recorded one."""
         if self._results.get(label) is result:
@@ -231,6 +242,11 @@ def save(path: Path, *, analysis: str | None, env: Mapping[str, Any], store_dir:
         return
     entries = {}
     for label, (key, result, sources) in targets.items():
+        if reuse is not None:
+            same = reuse.entry_of(label, key, result)
+            if same is not None:  # reused as recorded: recorded as it was
+                entries[label] = same
+                continue
         stats: dict[str, list[str]] | None = {
             rel: [digest, stat] for rel, (digest, stat) in sources.items()}
         if any(key_is_racy(stat, started) for _digest, stat in sources.values()):

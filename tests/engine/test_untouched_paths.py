@@ -239,3 +239,28 @@ def test_a_keyed_action_record_equals_one_made_by_its_init(ws):
             assert results[label] is not None  # the same key the build used
     finally:
         session.close()
+
+
+def test_a_source_edited_after_it_was_vouched_for_is_seen_next_time(ws, monkeypatch):
+    """An edit landing after the untouched targets were chosen (during the build) is
+    never recorded as seen: the next build keys that target again."""
+    from qbuild import _incremental
+
+    chosen = _incremental.Reuse.untouched
+
+    def edit_then(self, order, targets):
+        found = chosen(self, order, targets)
+        if any(str(label) == "//p:a" for label in found):
+            ws.write("p/a.txt", "edited during the build\n")
+        return found
+
+    ws.write("p/b.txt", "b5\n")
+    _settle()
+    monkeypatch.setattr(_incremental.Reuse, "untouched", edit_then)
+    _build("//...")
+    monkeypatch.setattr(_incremental.Reuse, "untouched", chosen)
+    _settle()
+    stdout, stderr = _build("//...")
+    assert "nothing changed" not in stderr
+    assert (ws.root / "qbuild-out/p/@a/a.out").read_text() == "edited during the build\n"
+    assert _outputs(ws.root, stdout) == _full(ws.root)
