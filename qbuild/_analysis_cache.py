@@ -34,7 +34,6 @@ from typing import Any
 
 from ._actions import ActionSpec
 from ._analysis import Graph, Target
-from ._bulk import collector_paused
 from ._digest import key_is_racy
 from ._label import Label
 from ._loader import MATRIX_KIND
@@ -208,11 +207,6 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
     """The labels the patterns expand to, with ``graph.targets`` filled in as the last
     analysis left them, if nothing that analysis read has changed; else None (and the
     graph is untouched)."""
-    with collector_paused():  # (hundreds of thousands of objects, no cycles)
-        return _restore(graph, patterns, package)
-
-
-def _restore(graph: Graph, patterns: list[str], package: str | None) -> list[Label] | None:
     workspace = graph.workspace
     root = workspace.root
     try:

@@ -32,7 +32,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._bulk import collector_paused, loads
 from ._digest import key_is_racy, stat_key
 from ._keys import dep_part, sorted_json
 from ._label import Label
@@ -91,7 +90,7 @@ class Reuse:
         if analysis is None or not hasattr(store, "action_texts"):
             return None
         try:
-            record = loads(path.read_text(encoding="utf-8"))
+            record = json.loads(path.read_text(encoding="utf-8"))
             if record.get("version") != _VERSION or record["analysis"] != analysis or \
                     record["env"] != env or record["store"] != str(store.directory):
                 return None
@@ -185,11 +184,10 @@ class Reuse:
             texts = [self._targets[name][1] for name in names]
             if not all(isinstance(text, str) for text in texts):
                 return False
-            with collector_paused():
-                values = json.loads("[" + ",".join(texts) + "]")
-                if not isinstance(values, list) or len(values) != len(names):
-                    return False
-                made = [ActionResult.from_json(value) for value in values]
+            values = json.loads("[" + ",".join(texts) + "]")
+            if not isinstance(values, list) or len(values) != len(names):
+                return False
+            made = [ActionResult.from_json(value) for value in values]
         except (ValueError, TypeError, KeyError, AttributeError, IndexError):
             return False
         self._results.update(zip(names, made))

@@ -31,7 +31,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ._bulk import loads
 from ._digest import key_is_racy
 from ._reads import folder_identities, same_folders
 
@@ -74,7 +73,7 @@ def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | N
     """The recorded result if nothing it depends on changed, else None."""
     path = snapshot_file(output_dir, patterns, package)
     try:
-        snapshot = loads(path.read_text(encoding="utf-8"))
+        snapshot = json.loads(path.read_text(encoding="utf-8"))
         if snapshot.get("environment") != environment(options):
             return None
         for name, key in snapshot["files"].items():

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ._bulk import loads
 from ._digest import key_is_racy, stat_key
 from ._records import OutputEntry
 
@@ -25,7 +24,7 @@ class WorkspaceState:
     def __init__(self, output_dir: Path) -> None:
         self.path = output_dir / ".qbuild" / "state.json"
         try:
-            data = loads(self.path.read_text(encoding="utf-8"))
+            data = json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError):
             data = {}
         if not isinstance(data, dict):
