@@ -338,11 +338,14 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         check_toolchain(dict(session.workspace.toolchain), args.toolchain_mismatch,
                         session.workspace.root / "qbuild.toml",
                         lambda line: print(line, file=sys.stderr))
-        from ._dask_executor import resolve_executor
+        executor: Any = None
+        if args.remote_executor is not None or session.workspace.has_remote or \
+                "QBUILD_REMOTE_EXECUTOR" in os.environ:  # (else nothing names one)
+            from ._dask_executor import resolve_executor
 
-        executor = resolve_executor(session.workspace.root, {
-            "executor": args.remote_executor, "local_fallback": args.remote_local_fallback,
-            "strategy": args.strategy})
+            executor = resolve_executor(session.workspace.root, {
+                "executor": args.remote_executor,
+                "local_fallback": args.remote_local_fallback, "strategy": args.strategy})
         if executor is not None and session.remote is None:
             raise UsageError("--remote_executor needs a remote cache (the workers' only way "
                              "to get inputs and return outputs): give --remote_cache=URL, "

@@ -264,3 +264,16 @@ def test_a_source_edited_after_it_was_vouched_for_is_seen_next_time(ws, monkeypa
     assert "nothing changed" not in stderr
     assert (ws.root / "qbuild-out/p/@a/a.out").read_text() == "edited during the build\n"
     assert _outputs(ws.root, stdout) == _full(ws.root)
+
+
+@pytest.mark.parametrize("dist", ["qbuild", "pluggy", "diskcache", "no-such-distribution"])
+def test_record_hashes_read_directly_are_importlib_metadata_s(dist, monkeypatch):
+    """Code units of installed rules are keyed by their RECORD hashes, read without
+    importing importlib.metadata; the table must be exactly what it would give."""
+    from qbuild import _code
+
+    monkeypatch.setattr(_code, "_records", {})
+    direct = _code._record_hashes(dist)
+    monkeypatch.setattr(_code, "_records", {})
+    monkeypatch.setattr(_code, "_read_record", lambda _name: False)
+    assert direct == _code._record_hashes(dist)
