@@ -390,7 +390,9 @@ class Build:
     def reads(self) -> dict[str, str | None] | None:
         """Every stat this build's result rests on, as taken when it was read (BUILD
         files, listed directories, sources as digested); None if one file was seen in
-        two states."""
+        two states, or when a failure was tolerated (the next build must try it again)."""
+        if self.result.tolerated:
+            return None
         loader_reads = self.graph.loader.reads
         if loader_reads.conflicting:
             return None

@@ -87,3 +87,24 @@ def test_every_candidate_failing_is_the_dependents_failure(tws):
     r = tws.build("//p:best")
     assert not r.ok and "every candidate failed" in r.failed["//p:best"]
     assert set(r.tolerated) == {"//p:a", "//p:b", "//p:c"}
+
+
+def test_a_tolerated_failure_leaves_no_shortcut_for_the_next_build(tws):
+    """Neither the no-op fast path nor the incremental path may answer the next build
+    from this one: that would skip trying the failed dependency again."""
+    from qbuild._build import BuildOptions
+    from qbuild._progress import ConsoleReporter
+    from qbuild._session import Session
+
+    tws.write("p/BUILD.toml", BUILD.format(fail_b="true", fail_c="false"))
+    session, package = Session.open(tws.root, plugins=tws.plugins, environ={},
+                                    entry_point_cache=False)
+    try:
+        import io
+
+        build = session.build(["//p:best"], package, BuildOptions(jobs=1),
+                              ConsoleReporter(io.StringIO(), tty=False))
+        assert build.result.ok and "//p:b" in build.result.tolerated
+        assert build.reads() is None and build.reusable() == {}
+    finally:
+        session.close()
