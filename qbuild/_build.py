@@ -87,10 +87,21 @@ class BuildResult:
     seconds: float = 0.0
 
 
+_TOLERANT: dict[type, bool] = {}  # rule class -> has an attribute tolerating failures
+
+
 def _tolerated(target: Target) -> set[Label]:
     """The dependencies of ``target`` named only by attributes declared
     ``tolerate_failures`` (one named by another attribute too is not tolerated)."""
-    schema = target.rule.attrs if target.rule is not None else {}
+    if target.rule is None:
+        return set()
+    schema = target.rule.attrs
+    any_soft = _TOLERANT.get(type(target.rule))
+    if any_soft is None:  # asked once per rule class: builds of 10,000 targets ask often
+        any_soft = _TOLERANT[type(target.rule)] = any(
+            spec.tolerate_failures for spec in schema.values())
+    if not any_soft:
+        return set()
     soft: set[str] = set()
     hard: set[str] = set()
     for name, spec in schema.items():
@@ -219,7 +230,7 @@ class Build:
         plan = self.plan = Plan(
             order, {label: targets[label].deps for label in order},
             weight=lambda label: 0 if targets[label].is_group else 1,
-            tolerant={label: _tolerated(targets[label]) for label in order},
+            tolerant={label: ds for label in order if (ds := _tolerated(targets[label]))},
             requested=order if requested is None else requested)
         return Scheduler(
             plan, self.rebuilder, jobs=self.options.jobs, cpu=self.cpu_budget,
