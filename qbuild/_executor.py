@@ -35,10 +35,13 @@ if TYPE_CHECKING:
 class ActionFailed(Exception):
     """The action failed; ``error`` is user-facing, ``log_tail`` the end of its log."""
 
-    def __init__(self, error: QbuildError | str, log_tail: str = "") -> None:
+    def __init__(self, error: QbuildError | str, log_tail: str = "", where: str = "") -> None:
         super().__init__(str(error))
         self.error = error
         self.log_tail = log_tail
+        # where it ran ("on worker tcp://..."): shown to the user, never part of the
+        # reason a tolerating dependent is given (that reason is in its key)
+        self.where = where
 
 
 class MissingBlob(Exception):
@@ -456,7 +459,7 @@ class LocalExecutor:
                 staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
             files = [base / name.rstrip("/") for name in dep.declared]
             dep_objects[dep_label] = Dep(dep_label, files, dict(dep.info), base, dep.digests(),
-                                         dict(dep.providers))
+                                         dict(dep.providers), dep.failed)
         out_root = sandbox / OUT_PREFIX / label_dir(action.label)
         outputs = {}
         for name in action.outputs:
