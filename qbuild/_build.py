@@ -86,11 +86,11 @@ class BuildResult:
     seconds: float = 0.0
 
 
-def cached_record(label: str, key: str) -> dict[str, Any]:
-    """``ActionEvent(label, "cached", key=key, origin="local_cache").to_json()``, made
+def cached_record(label: str, key: str, origin: str = "local_cache") -> dict[str, Any]:
+    """``ActionEvent(label, "cached", key=key, origin=origin).to_json()``, made
     directly (a test holds them equal)."""
     return {"label": label, "status": "cached", "seconds": 0.0, "key": key,
-            "origin": "local_cache"}
+            "origin": origin}
 
 
 _TOLERANT: dict[type, bool] = {}  # rule class -> has an attribute tolerating failures
@@ -388,10 +388,14 @@ class Build:
     # -- outcomes --------------------------------------------------------------------------
     def _cached(self, label: Label, key: str, result: ActionResult, origin: Origin) -> None:
         self.rebuilder.hit(label, key, result)
-        self.result.cached.append(str(label))
+        name = str(label)
+        self.result.cached.append(name)
         if origin == "remote":
-            self.result.remote_hits.append(str(label))
-        self._event(ActionEvent(str(label), "cached", key=key, origin=f"{origin}_cache"))
+            self.result.remote_hits.append(name)
+        if self._action_hook.get_hookimpls():
+            self._event(ActionEvent(name, "cached", key=key, origin=f"{origin}_cache"))
+        else:  # (no hook to hand the event to: only its record)
+            self.reporter.action_finished(cached_record(name, key, f"{origin}_cache"))
 
     def _failed(self, label: Label, error: str, log_tail: str, key: str | None = None,
                 where: str = "") -> None:

@@ -191,6 +191,8 @@ def test_an_untouched_target_s_event_record_is_the_event_s_own():
 
     made = ActionEvent("//p:a", "cached", key="k" * 64, origin="local_cache").to_json()
     assert cached_record("//p:a", "k" * 64) == made
+    made = ActionEvent("//p:a", "cached", key="k" * 64, origin="remote_cache").to_json()
+    assert cached_record("//p:a", "k" * 64, "remote_cache") == made
 
 
 def test_records_made_field_by_field_have_every_field():
