@@ -101,13 +101,16 @@ class Scheduler:
                 queue.clear()
                 if plan.has_ready():
                     continue
-            # With every slot taken nothing can start: no scan of a long queue.
-            for item in list(queue) if len(running) < self.jobs else ():
-                label, action = item
-                if running and (len(running) >= self.jobs or action.threads > free_cpu
+            # Scanned only while a slot is free (no walk of a long queue per finished
+            # action once every slot is taken again: that was quadratic).
+            index = 0
+            while index < len(queue) and len(running) < self.jobs:
+                label, action = queue[index]
+                if running and (action.threads > free_cpu
                                 or action.memory_mib > free_memory):
+                    index += 1
                     continue  # waits for resources; one action always may run
-                queue.remove(item)
+                del queue[index]
                 future = self.executor.submit(action)
                 running[future] = (started, label, action)
                 started += 1

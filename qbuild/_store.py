@@ -54,6 +54,7 @@ import diskcache
 
 from ._digest import copy_hashing, copy_new, has_reflinks, hash_file, stat_key
 from ._errors import CacheError
+from ._keylock import KeyLock, KeyLocks
 from ._records import ActionResult, KeyParts
 
 _SETTINGS = {
@@ -194,6 +195,7 @@ class LocalStore:
             self.tmp.mkdir(exist_ok=True)
             self.locks = directory / "locks"
             self.locks.mkdir(exist_ok=True)
+            self._key_locks = KeyLocks(self.locks)
         except OSError as exc:
             raise CacheError(f"cannot use the cache directory {directory}: "
                              f"{exc.strerror or exc} (set cache_dir in qbuild.toml or "
@@ -424,32 +426,18 @@ class LocalStore:
     @contextlib.contextmanager
     def action_lock(self, key: str) -> Iterator[None]:
         """Hold the lock of one action key (blocking) across processes."""
-        fd = self.lock_action(key)
+        lock = self.lock_action(key)
         try:
             yield
         finally:
-            if fd is not None:
-                os.close(fd)
+            if lock is not None:
+                lock.release()
 
-    def lock_action(self, key: str) -> int | None:
-        """Take the lock of one action key (blocking) across processes; closing the
-        returned descriptor releases it. None: no lock possible (read-only cache): two
+    def lock_action(self, key: str) -> KeyLock | None:
+        """Take the lock of one action key (blocking) across processes (``_keylock``);
+        ``release()`` the returned lock. None: no lock possible (read-only cache): two
         processes may both run the action, both correctly."""
-        import fcntl
-
-        try:
-            # 4,096 lock files shared by all keys (by their first three hex digits), not
-            # one new file per action: a key waits for another only if they share one
-            # and run at the same moment.
-            fd = os.open(self.locks / key[:3], os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return self._key_locks.acquire(key)
 
     def get_code(self, digest: str) -> dict[str, str] | None:
         raw = self._ac.get("code:" + digest)
