@@ -483,9 +483,10 @@ class LocalStore:
             return False
 
     def put_blob(self, path: Path, digest: str, adopt: bool = False,
-                 hashed: os.stat_result | None = None) -> None:
+                 hashed: os.stat_result | None = None) -> bool:
         """Store the file at ``path`` (already hashed to ``digest``); a stored copy that
-        is missing or damaged is replaced.
+        is missing or damaged is replaced. False if an intact copy was stored already
+        (an adopted file is then still the caller's).
 
         ``adopt``: the file is the caller's to give away (an action's output in its
         sandbox, on the cache's filesystem): it is renamed into the store, not copied.
@@ -495,7 +496,7 @@ class LocalStore:
         stored = self._blob_row(digest)
         if stored is not None:
             if self._verified(stored, digest) or self._intact(stored, digest):
-                return
+                return False
             self._distrust(digest)
             self._read("cas", lambda c: c.delete(digest), False)
         if adopt:
@@ -503,9 +504,10 @@ class LocalStore:
             self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
             if hashed is not None:
                 self._trust_adopted(digest, hashed)
-            return
+            return True  # (or copied in from another filesystem: the file is left)
         with open(path, "rb") as handle:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
+        return False
 
     def _trust_adopted(self, digest: str, hashed: os.stat_result) -> None:
         stored = getattr(self._cas.disk.stored, "last", None)
