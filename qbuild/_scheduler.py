@@ -143,6 +143,8 @@ class Scheduler:
                 free_memory -= action.memory_mib
             if not running:
                 break
+            if plan.has_ready() and not any(future.done() for future in running):
+                continue  # more to key while these run
             done, _ = self.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: running[f][0]):
                 _seq, label, action = running.pop(future)

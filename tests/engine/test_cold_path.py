@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from qbuild import _build
+from qbuild import _build, _rebuild
 from qbuild._digest import has_reflinks
 
 
@@ -46,32 +46,39 @@ outs = ["w.txt"]
 
 def test_outputs_are_placed_while_other_actions_run_and_keying_overlaps_them(
         ws, monkeypatch):
-    """Spies on the real code: the first action starts before the last target is keyed,
-    and outputs are placed in the actions' threads."""
+    """Spies on the real code: the first action is handed to a thread before the last
+    target is keyed (the scheduler's own order, in the main thread), and outputs are
+    placed in the actions' threads."""
     for i in range(20):
         ws.write(f"p/f{i}.txt", f"{i}\n")
     ws.write("p/BUILD.toml", "\n".join(
         f'[g{i}]\nrule = "filegroup"\nsrcs = ["f{i}.txt"]\n' for i in range(20)))
     events: list[tuple[str, str]] = []
-    prepare = _build.Build._prepare
+    prepare, submit = _build.Build._prepare, _rebuild.Rebuilder.submit
     place_early = _build.Build._place_early
 
     def spy_prepare(self, label):
         events.append(("keyed", str(label)))
         return prepare(self, label)
 
+    def spy_submit(self, action):
+        events.append(("submitted", str(action.label)))
+        return submit(self, action)
+
     def spy_place(self, label, result):
         events.append(("placed in " + threading.current_thread().name, str(label)))
         return place_early(self, label, result)
 
     monkeypatch.setattr(_build.Build, "_prepare", spy_prepare)
+    monkeypatch.setattr(_rebuild.Rebuilder, "submit", spy_submit)
     monkeypatch.setattr(_build.Build, "_place_early", spy_place)
     result = ws.build("//p:*", jobs=1)
     assert result.ok and len(result.ran) == 20, result.error
     keyed = [i for i, (what, _label) in enumerate(events) if what == "keyed"]
+    submitted = [i for i, (what, _label) in enumerate(events) if what == "submitted"]
     placed = [i for i, (what, _label) in enumerate(events) if what.startswith("placed")]
-    assert len(placed) == 20
-    assert placed[0] < keyed[-1]  # an action ran (and was placed) before the last keying
+    assert len(placed) == len(submitted) == 20
+    assert submitted[0] < keyed[1]  # started once one target was keyed
     assert all(events[i][0] != "placed in MainThread" for i in placed)
     for i in range(20):
         assert result.output(f"//p:g{i}").read_text() == f"{i}\n"
