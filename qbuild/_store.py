@@ -80,6 +80,17 @@ class _Adopt:
         self.path = path
 
 
+class _InPlace:
+    """A blob file already moved to its place under ``cas/`` (``filename`` relative to
+    it): its index row is written later, with others (``LocalStore.make_durable``)."""
+
+    __slots__ = ("filename", "size")
+
+    def __init__(self, filename: str, size: int) -> None:
+        self.filename = filename
+        self.size = size
+
+
 class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
     """diskcache's file storage, plus adoption: a blob written in the cache's own tmp/
     (an action's sandbox) is moved in, so storing an output costs no second copy."""
@@ -94,6 +105,8 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
         return filename, os.path.join(self._directory, filename)
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if isinstance(value, _InPlace):
+            return value.size, diskcache.core.MODE_BINARY, value.filename, None
         if isinstance(value, _Adopt):
             filename, full_path = self.filename(key, value)
             try:
@@ -136,7 +149,7 @@ class _DurableDisk(_AdoptingDisk):
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
-        if filename:
+        if filename and not isinstance(value, _InPlace):  # (in place: durable already)
             full = os.path.join(self._directory, filename)
             st = os.stat(full)
             if stat.S_IMODE(st.st_mode) & ~_READ_ONLY:
@@ -207,6 +220,10 @@ class LocalStore:
         self._trusted_lock = threading.Lock()
         self._code_saved: set[str] = set()
         self._pending: list[str] | None = None  # blob files not yet fsync'ed
+        # Blobs adopted in a build whose index rows are not written yet (digest -> file
+        # in cas/): ``make_durable`` writes them, after their files are on disk, in one
+        # transaction; until then this process finds them here.
+        self._fresh: dict[str, _InPlace] = {}
         self._prefetched: dict[str, str] = {}  # action entries read ahead (by key)
         self._sync_lock = threading.Lock()
         self._ac = self._open("ac")
@@ -298,18 +315,44 @@ class LocalStore:
                 self._cas.disk.pending = self._pending
 
     def make_durable(self) -> None:
-        """fsync every blob stored since the last call, and each folder holding one."""
+        """fsync every blob stored since the last call, and each folder holding one;
+        then write the index rows of the blobs adopted meanwhile (``_fresh``)."""
         with self._sync_lock:
+            # Rows first: a row listed now had its file listed before it (put_blob), so
+            # no row is written for a file that was not fsync'ed.
+            rows = list(self._fresh.items())
             pending = self._pending
-            if not pending:
-                return
-            files = list(pending)
-            del pending[:len(files)]
+            files = list(pending) if pending else []
+            if files:
+                assert pending is not None
+                del pending[:len(files)]
             for path in [*files, *dict.fromkeys(os.path.dirname(f) for f in files)]:
                 try:
                     _fsync(path)
                 except FileNotFoundError:
                     pass  # replaced since (its replacement is listed too) or dropped
+            if rows:
+                self._write_rows(rows)
+
+    def _write_rows(self, rows: list[tuple[str, _InPlace]]) -> None:
+        def write(cache: diskcache.Cache) -> None:
+            with cache.transact():
+                for digest, placed in rows:
+                    if self._fresh.get(digest) is placed:  # (not dropped meanwhile)
+                        cache.set(digest, placed, read=True)
+
+        self._write("cas", write)
+        for digest, placed in rows:
+            if self._fresh.get(digest) is placed:
+                del self._fresh[digest]
+
+    def _drop_blob(self, digest: str) -> None:
+        """Drop the blob of ``digest`` from the index (its row written or not)."""
+        placed = self._fresh.pop(digest, None)
+        if placed is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.directory, "cas", placed.filename))
+        self._read("cas", lambda c: c.delete(digest), False)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
@@ -452,7 +495,7 @@ class LocalStore:
 
     # -- blobs --------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
-        return self._read("cas", lambda c: digest in c, False)
+        return digest in self._fresh or self._read("cas", lambda c: digest in c, False)
 
     def _blob_path(self, digest: str) -> Path | None:
         """The blob file of ``digest``, if the index has it and the file exists."""
@@ -462,6 +505,10 @@ class LocalStore:
     def _blob_row(self, digest: str) -> Path | None:
         """Where the index says the blob of ``digest`` is (one query; the file is not
         opened: callers stat it and treat a missing file as a missing blob)."""
+        fresh = self._fresh.get(digest)
+        if fresh is not None:
+            return Path(self.directory, "cas", fresh.filename)
+
         def find(cache: diskcache.Cache) -> Path | None:
             row = cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1",
                              (digest,)).fetchone()
@@ -498,7 +545,11 @@ class LocalStore:
             if self._verified(stored, digest) or self._intact(stored, digest):
                 return False
             self._distrust(digest)
-            self._read("cas", lambda c: c.delete(digest), False)
+            self._drop_blob(digest)
+        if adopt and self._pending is not None:
+            placed = self._adopt_deferred(path, digest, hashed)
+            if placed:
+                return True
         if adopt:
             self._cas.disk.stored.last = None
             self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
@@ -508,6 +559,39 @@ class LocalStore:
         with open(path, "rb") as handle:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
         return False
+
+    def _adopt_deferred(self, path: Path, digest: str, hashed: os.stat_result | None
+                        ) -> bool:
+        """In a build (``defer_sync``): move ``path`` into ``cas/`` now and leave its
+        index row to ``make_durable`` (one transaction for many, off the action's path).
+        False if it cannot be moved (another filesystem): the caller stores it."""
+        disk = self._cas.disk
+        filename, full = disk.filename()
+        try:
+            try:
+                os.rename(path, full)
+            except FileNotFoundError:
+                if not os.path.exists(path):
+                    raise
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                disk.new_folder(os.path.dirname(full))
+                os.rename(path, full)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            return False
+        st = os.stat(full)
+        if stat.S_IMODE(st.st_mode) & ~_READ_ONLY:
+            os.chmod(full, _READ_ONLY)
+            st = os.stat(full)
+        assert self._pending is not None
+        self._pending.append(full)
+        self._fresh[digest] = _InPlace(filename, st.st_size)
+        # Renaming and chmod move the ctime; a write since the hash moves the mtime.
+        if hashed is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+                hashed.st_dev, hashed.st_ino, hashed.st_size, hashed.st_mtime_ns):
+            self.vouch(digest, st)
+        return True
 
     def _trust_adopted(self, digest: str, hashed: os.stat_result) -> None:
         stored = getattr(self._cas.disk.stored, "last", None)
@@ -565,7 +649,7 @@ class LocalStore:
             except OSError:
                 st = None
             if source is None or st is None:
-                self._read("cas", lambda c: c.delete(digest), False)
+                self._drop_blob(digest)
                 return False
             trusted = not hash_it and self.trusts(digest, st)
             temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -582,7 +666,7 @@ class LocalStore:
                         stat_key(os.stat(source)) != stat_key(st):
                     if self._blob_row(digest) != source:
                         continue  # replaced meanwhile: look again
-                    self._read("cas", lambda c: c.delete(digest), False)
+                    self._drop_blob(digest)
                     self._read("memo", lambda c: c.delete(verified_key), False)
                     self._distrust(digest)
                     return False
@@ -645,7 +729,7 @@ class LocalStore:
         except OSError:
             st = None
         if st is not None and (st.st_dev, st.st_ino) == inode:
-            self._read("cas", lambda c: c.delete(digest), False)
+            self._drop_blob(digest)
             with contextlib.suppress(OSError):
                 os.unlink(source)  # type: ignore[arg-type]  # if the row was already gone
 
