@@ -65,6 +65,7 @@ _SETTINGS = {
 }
 _READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_MEMO_BATCH = 256  # source digests remembered per memo transaction
 _ORPHAN_AGE = 600.0  # seconds: a blob file this old with no index row is an orphan
 T = TypeVar("T")
 
@@ -224,6 +225,8 @@ class LocalStore:
         # in cas/): ``make_durable`` writes them, after their files are on disk, in one
         # transaction; until then this process finds them here.
         self._fresh: dict[str, _InPlace] = {}
+        self._memo_unsaved: dict[str, str] = {}  # stat key -> digest (see memo_put)
+        self._memo_lock = threading.Lock()
         self._prefetched: dict[str, str] = {}  # action entries read ahead (by key)
         self._sync_lock = threading.Lock()
         self._ac = self._open("ac")
@@ -357,6 +360,7 @@ class LocalStore:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.make_durable()
+        self._save_memo()
         for cache in (self._ac, self._cas, self._memo):
             with contextlib.suppress(Exception):
                 cache.close()
@@ -735,12 +739,35 @@ class LocalStore:
 
     # -- stat memo ----------------------------------------------------------------------
     def memo_get(self, key: str) -> str | None:
-        value = self._read("memo", lambda c: c.get(key), None)
+        value = self._memo_unsaved.get(key)
+        if value is None:
+            value = self._read("memo", lambda c: c.get(key), None)
         return value if isinstance(value, str) and _DIGEST.match(value) else None
 
     def memo_put(self, key: str, digest: str) -> None:
-        with contextlib.suppress(CacheError):  # only an optimisation
-            self._write("memo", lambda c: c.set(key, digest))
+        """Remember a source's digest by its stat key; written in batches (one
+        transaction per ``_MEMO_BATCH``, the rest at ``close``): a cold build keys
+        thousands of sources, and losing a few to a kill costs only hashing them again."""
+        self._memo_unsaved[key] = digest
+        if len(self._memo_unsaved) >= _MEMO_BATCH:
+            self._save_memo()
+
+    def _save_memo(self) -> None:
+        with self._memo_lock:
+            items = list(self._memo_unsaved.items())
+            if not items:
+                return
+
+            def write(cache: diskcache.Cache) -> None:
+                with cache.transact():
+                    for key, digest in items:
+                        cache.set(key, digest)
+
+            with contextlib.suppress(CacheError):  # only an optimisation
+                self._write("memo", write)
+            for key, digest in items:
+                if self._memo_unsaved.get(key) == digest:
+                    del self._memo_unsaved[key]
 
     # -- maintenance ----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

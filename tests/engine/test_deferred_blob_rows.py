@@ -90,3 +90,19 @@ def test_a_damaged_fresh_blob_is_not_restored(tmp_path):
     store.make_durable()
     assert not LocalStore(tmp_path / "cache").has_blob(digest)
     store.close()
+
+
+def test_source_digests_are_remembered_in_batches_and_at_close(tmp_path):
+    digest = "ab" * 32
+    store = LocalStore(tmp_path / "cache")
+    store.memo_put("1:2:3:4:5", digest)
+    assert store.memo_get("1:2:3:4:5") == digest  # this process sees it at once
+    for i in range(_store._MEMO_BATCH):  # a full batch is written in one transaction
+        store.memo_put(f"9:{i}:3:4:5", digest)
+    other = LocalStore(tmp_path / "cache")
+    assert other.memo_get("9:0:3:4:5") == digest
+    store.memo_put("7:7:7:7:7", digest)
+    assert other.memo_get("7:7:7:7:7") is None
+    store.close()  # the rest at close
+    assert other.memo_get("7:7:7:7:7") == digest
+    other.close()
