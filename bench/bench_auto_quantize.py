@@ -271,7 +271,11 @@ def bench(name: str, tmp: Path) -> dict:
             # per-round ratios to float timed in the same run: the figure that survives load
             "plain_speedup": _speedup(p), "auto_speedup": _speedup(a),
             "trials": len(auto["trials"]),
-            "passing": sum(t["passes"] for t in auto["trials"]), "search_s": search_s,
+            "passing": sum(t["passes"] for t in auto["trials"]),
+            "failed": [t["name"] for t in auto["trials"] if t.get("status") == "failed"],
+            "nothing": [t["name"] for t in auto["trials"]
+                        if t.get("status") == "quantizes nothing"],
+            "search_s": search_s,
             "rebuild_s": rebuild_s, "note": auto["note"],
             "trial_rows": [(t["name"], t.get(list(auto["bar"])[0]), t.get("speedup"),
                             t["passes"]) for t in auto["trials"]]}
@@ -312,7 +316,13 @@ def main(names: list[str]) -> None:
     for r in rows:
         print(f"\n- {r['model']}: {r['note']}\n  trials (name, bar metric, speed-up "
               f"in its own interleaved run, passes): {r['trial_rows']}")
+        if r["failed"] or r["nothing"]:
+            print(f"  failed (left out): {r['failed'] or 'none'}; quantize nothing (left "
+                  f"out): {r['nothing'] or 'none'}")
 
 
 if __name__ == "__main__":
+    if {"-h", "--help"} & set(sys.argv[1:]) or not set(sys.argv[1:]) <= set(MODELS):
+        print(__doc__)
+        raise SystemExit(0 if {"-h", "--help"} & set(sys.argv[1:]) else 2)
     main(sys.argv[1:] or ["mobilenet", "silero", "superres", "ultraface", "gtcrn", "yolov8"])

@@ -80,6 +80,9 @@ class Attr:
     # For ``label``/``label_list``: provider classes every dependency must give,
     # checked at analysis against the dependency rule's ``provides``.
     providers: tuple[builtins.type, ...] = ()
+    # For ``label``/``label_list``: a dependency that fails (or is skipped) does not fail
+    # this target; its action gets the dependency with ``Dep.failed`` set (``_plan``).
+    tolerate_failures: builtins.bool = False
 
     def applies(self, values: Mapping[str, Any]) -> bool:
         """Whether this attribute applies given the target's other attribute values."""
@@ -184,18 +187,25 @@ class attr:  # noqa: N801 - a namespace, used as ``attr.int(...)`` like Bazel's 
 
     @staticmethod
     def label(*, doc: str = "", required: builtins.bool = False,
-              providers: Sequence[builtins.type] = ()) -> Attr:
+              providers: Sequence[builtins.type] = (),
+              tolerate_failures: builtins.bool = False) -> Attr:
         """Another target (``:name`` or ``//pkg:name``); the rule gets a ``Dep``. With
         ``providers``, a target whose rule does not declare each of them is refused at
-        analysis, before anything runs."""
-        return Attr("label", doc, None, required, providers=tuple(providers))
+        analysis, before anything runs. With ``tolerate_failures``, a dependency that
+        fails does not fail this target: the action gets a ``Dep`` whose ``failed`` is
+        the one-line reason (and no files or providers); the build does not stop for it
+        and, unless the user asked for the dependency itself, still succeeds."""
+        return Attr("label", doc, None, required, providers=tuple(providers),
+                    tolerate_failures=tolerate_failures)
 
     @staticmethod
     def label_list(*, doc: str = "", required: builtins.bool = False,
-                   providers: Sequence[builtins.type] = ()) -> Attr:
-        """A list of targets; the rule gets ``list[Dep]``. ``providers`` as for
-        ``label``, checked for every item."""
-        return Attr("label_list", doc, None, required, providers=tuple(providers))
+                   providers: Sequence[builtins.type] = (),
+                   tolerate_failures: builtins.bool = False) -> Attr:
+        """A list of targets; the rule gets ``list[Dep]``. ``providers`` and
+        ``tolerate_failures`` as for ``label``, for every item."""
+        return Attr("label_list", doc, None, required, providers=tuple(providers),
+                    tolerate_failures=tolerate_failures)
 
     @staticmethod
     def file(*, doc: str = "", required: builtins.bool = False) -> Attr:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._analysis import Graph
+from ._analysis import Graph, Target
 from ._errors import QbuildError
 from ._executor import ActionFailed, LocalExecutor
 from ._keys import diff
@@ -73,6 +73,9 @@ class BuildResult:
     remote_execution: dict[str, Any] | None = None
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    # failed or skipped targets only their tolerating dependents needed (``_plan``):
+    # label -> the reason their dependents were given; the build is still ok
+    tolerated: dict[str, str] = field(default_factory=dict)
     failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
     skip_reasons: dict[str, str] = field(default_factory=dict)
     outputs: dict[str, list[Path]] = field(default_factory=dict)
@@ -82,6 +85,35 @@ class BuildResult:
     explanations: dict[str, list[str]] = field(default_factory=dict)
     bytes_hashed: int = 0
     seconds: float = 0.0
+
+
+_TOLERANT: dict[type, bool] = {}  # rule class -> has an attribute tolerating failures
+
+
+def _tolerated(target: Target) -> set[Label]:
+    """The dependencies of ``target`` named only by attributes declared
+    ``tolerate_failures`` (one named by another attribute too is not tolerated)."""
+    if target.rule is None:
+        return set()
+    schema = target.rule.attrs
+    any_soft = _TOLERANT.get(type(target.rule))
+    if any_soft is None:  # asked once per rule class: builds of 10,000 targets ask often
+        any_soft = _TOLERANT[type(target.rule)] = any(
+            spec.tolerate_failures for spec in schema.values())
+    if not any_soft:
+        return set()
+    soft: set[str] = set()
+    hard: set[str] = set()
+    for name, spec in schema.items():
+        if not spec.is_dependency() or name not in target.attrs:
+            continue
+        value = target.attrs[name]
+        names = value if isinstance(value, list) else [value]
+        (soft if spec.tolerate_failures else hard).update(
+            v for v in names if isinstance(v, str))
+    if not soft:
+        return set()
+    return {dep for dep in target.deps if str(dep) in soft and str(dep) not in hard}
 
 
 def _expand_groups(graph: Graph, labels: list[Label]) -> list[Label]:
@@ -109,6 +141,8 @@ class Build:
         claim_output_dir(session.workspace.output_dir)
         self.state = WorkspaceState(session.workspace.output_dir)
         self.result = BuildResult()
+        self.plan = Plan([], {})  # (the build's own, from ``scheduler``)
+        self._soft_skips: set[str] = set()
         # The remote layer, when configured (imported only then: it pulls in http.client).
         self.remote: LayeredStore | None = None
         if session.remote is not None:
@@ -175,7 +209,7 @@ class Build:
             prefetch([last[str(label)] for label in actionable if str(label) in last])
         interrupted = False
         try:
-            self.scheduler(order).run()
+            self.scheduler(order, requested).run()
             for label in requested:
                 if label in self.results:
                     early = self._placed_early.get(label)
@@ -199,11 +233,15 @@ class Build:
             self._finish(requested, started, interrupted)
         return self.result
 
-    def scheduler(self, order: list[Label]) -> Scheduler:
+    def scheduler(self, order: list[Label], requested: list[Label] | None = None
+                  ) -> Scheduler:
         """The scheduler of this build's plan (analysis order, dependencies first)."""
         targets = self.graph.targets
-        plan = Plan(order, {label: targets[label].deps for label in order},
-                    weight=lambda label: 0 if targets[label].is_group else 1)
+        plan = self.plan = Plan(
+            order, {label: targets[label].deps for label in order},
+            weight=lambda label: 0 if targets[label].is_group else 1,
+            tolerant={label: ds for label in order if (ds := _tolerated(targets[label]))},
+            requested=order if requested is None else requested)
         return Scheduler(
             plan, self.rebuilder, jobs=self.options.jobs, cpu=self.cpu_budget,
             memory=self.memory_budget, keep_going=self.options.keep_going,
@@ -220,6 +258,8 @@ class Build:
             result.remote_execution = self.remote_executor.summary()
         result.seconds = time.monotonic() - started
         for label, r in self.results.items():
+            if r.failed is not None:
+                continue
             name = str(label)
             result.infos[name] = dict(r.info)
             result.providers[name] = dict(r.providers)
@@ -230,6 +270,7 @@ class Build:
             bytes_hashed=result.bytes_hashed, failed_ran=len(result.failed_ran),
             failures=tuple(Failure(label, error, label in result.failed_ran)
                            for label, error in result.failed.items()),
+            tolerated=dict(result.tolerated),
             skipped_reasons=dict(result.skip_reasons), cache_dir=str(self.store.directory),
             cache_bytes=self.store.volume(), interrupted=interrupted,
             remote_cache_hits=len(result.remote_hits) if result.remote is not None else None,
@@ -242,6 +283,13 @@ class Build:
         """Key a ready target and look it up: True for a hit, False when it cannot even
         be keyed (a source vanished), else the action to run with its grant."""
         target = self.graph.targets[label]
+        for dep in self.plan.tolerated_deps(label):
+            # the stand-in the action gets; its reason is part of the key, so a result
+            # made without the dependency is never served once the dependency builds
+            name = str(dep)
+            reason = (self.result.tolerated.get(name) or self.result.failed.get(name)
+                      or self.result.skip_reasons.get(name, "did not build"))
+            self.rebuilder.results.setdefault(dep, ActionResult.failure(reason))
         if self.reuse is not None:
             taken = self.reuse.take(label, target.deps, self.results)
             if taken is not None:
@@ -292,6 +340,15 @@ class Build:
         return True
 
     def _skipped(self, label: Label, failed_deps: list[Label]) -> None:
+        if label in self.plan.soft and failed_deps:
+            first = str(failed_deps[0])
+            reason = self.result.tolerated.get(first) or self.result.failed.get(first, "")
+            if first not in self._soft_skips:  # the failure itself: name it
+                reason = f"{first} failed: {reason}"
+            self._soft_skips.add(str(label))
+            self.result.tolerated[str(label)] = reason
+            self._event(ActionEvent(str(label), "skipped", tolerated=True))
+            return
         if not failed_deps:
             reason = "not started: the build stops at the first failure (see --keep_going)"
         else:
@@ -311,9 +368,13 @@ class Build:
         self._event(ActionEvent(str(label), "cached", key=key, origin=f"{origin}_cache"))
 
     def _failed(self, label: Label, error: str, log_tail: str, key: str | None = None) -> None:
-        self.result.failed[str(label)] = error
+        soft = label in self.plan.soft
+        if soft:
+            self.result.tolerated[str(label)] = error
+        else:
+            self.result.failed[str(label)] = error
         self._event(ActionEvent(str(label), "failed", key=key, error=error,
-                                log_tail=log_tail))
+                                log_tail=log_tail, tolerated=soft))
 
     def _event(self, event: ActionEvent) -> None:
         self.reporter.action_finished(event.to_json())
@@ -363,7 +424,9 @@ class Build:
     def reads(self) -> dict[str, str | None] | None:
         """Every stat this build's result rests on, as taken when it was read (BUILD
         files, listed directories, sources as digested); None if one file was seen in
-        two states."""
+        two states, or when a failure was tolerated (the next build must try it again)."""
+        if self.result.tolerated:
+            return None
         loader_reads = self.graph.loader.reads
         if loader_reads.conflicting:
             return None
@@ -390,8 +453,8 @@ class Build:
     def reusable(self) -> dict[str, tuple[str, ActionResult, Mapping[str, tuple[str, str]]]]:
         """Key, result and sources of every target, for the next build's incremental
         path; empty unless every target got its result the plain way."""
-        if not self.result.ok or self.rebuilder.rebuilt:
-            return {}
+        if not self.result.ok or self.rebuilder.rebuilt or self.result.tolerated:
+            return {}  # (a tolerated failure is retried by the next build's full path)
         last = self.state.last_keys
         out = {}
         for label, result in self.results.items():

@@ -460,7 +460,7 @@ class LocalExecutor:
                 staged[dest] = (entry.digest, stat_key(os.lstat(dest)))
             files = [base / name.rstrip("/") for name in dep.declared]
             dep_objects[dep_label] = Dep(dep_label, files, dict(dep.info), base, dep.digests(),
-                                         dict(dep.providers))
+                                         dict(dep.providers), dep.failed)
         out_root = sandbox / OUT_PREFIX / label_dir(action.label)
         outputs = {}
         for name in action.outputs:

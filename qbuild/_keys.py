@@ -100,6 +100,8 @@ def _dep_part(dep: ActionResult) -> dict[str, Any]:
     }
     if dep.providers:  # absent for v1 dependencies: their keys stay as they were
         part["providers"] = dep.providers
+    if dep.failed is not None:  # a tolerated failure: its reason is what the dependent saw
+        part["failed"] = dep.failed
     return part
 
 

@@ -7,6 +7,12 @@ behind it, so long chains start early and short branches fill the gaps (ties in
 analysis order, so a plan is deterministic). A failed target makes everything that
 depends on it skipped; after a failure without ``keep_going`` the plan stops and every
 action not yet started is skipped too.
+
+Except where a dependent tolerates it (``attr.label(tolerate_failures=True)``): the
+dependent is then not blocked by that dependency. A target is *soft* when the user did
+not ask for it and each of its dependents either tolerates it or is soft itself: its
+failure fails nothing anyone asked for, so the plan does not stop for it and the build
+still succeeds (``Build`` reports it as tolerated).
 """
 
 from __future__ import annotations
@@ -21,15 +27,27 @@ class Plan:
     """Waiting counts, a ready queue ordered critical path first, and the skip set."""
 
     def __init__(self, order: Sequence[Label], deps: Mapping[Label, Iterable[Label]],
-                 weight: Callable[[Label], int] = lambda _label: 1) -> None:
+                 weight: Callable[[Label], int] = lambda _label: 1,
+                 tolerant: Mapping[Label, Iterable[Label]] | None = None,
+                 requested: Iterable[Label] = ()) -> None:
         """``order``: every target, dependencies first (analysis order); ``weight``:
-        the cost of a target on the critical path (0 for groups, which run nothing)."""
+        the cost of a target on the critical path (0 for groups, which run nothing);
+        ``tolerant``: per target, the dependencies whose failure it accepts;
+        ``requested``: what the user asked for (never soft)."""
         self._index = {label: i for i, label in enumerate(order)}
         self.deps = {label: list(dict.fromkeys(deps[label])) for label in order}
+        self.tolerant = {label: frozenset(ds) for label, ds in (tolerant or {}).items()}
         self._dependents: dict[Label, list[Label]] = {label: [] for label in order}
         for label in order:
             for dep in self.deps[label]:
                 self._dependents[dep].append(label)
+        asked = set(requested)
+        self.soft: set[Label] = set()
+        for label in reversed(order):  # dependents before their dependencies
+            users = self._dependents[label]
+            if label not in asked and users and all(
+                    u in self.soft or label in self.tolerant.get(u, ()) for u in users):
+                self.soft.add(label)
         self._waiting = {label: len(self.deps[label]) for label in order}
         # Length of the longest chain from each target to the end of the build.
         self.priority: dict[Label, int] = {}
@@ -62,11 +80,18 @@ class Plan:
         return heapq.heappop(self._ready)[2]
 
     def blocked(self, label: Label) -> bool:
-        """Does ``label`` depend on a failed or skipped target?"""
-        return any(dep in self.bad for dep in self.deps[label])
+        """Does ``label`` depend on a failed or skipped target it does not tolerate?"""
+        return bool(self.failed_deps(label))
 
     def failed_deps(self, label: Label) -> list[Label]:
-        return [dep for dep in self.deps[label] if dep in self.bad]
+        """Failed or skipped dependencies of ``label`` it does not tolerate."""
+        ok = self.tolerant.get(label, frozenset())
+        return [dep for dep in self.deps[label] if dep in self.bad and dep not in ok]
+
+    def tolerated_deps(self, label: Label) -> list[Label]:
+        """Failed or skipped dependencies that ``label`` runs without."""
+        ok = self.tolerant.get(label, frozenset())
+        return [dep for dep in self.deps[label] if dep in self.bad and dep in ok]
 
     def finish(self, label: Label, ok: bool = True) -> None:
         """``label`` is done (``ok=False``: failed or skipped); release its dependents."""

@@ -141,7 +141,11 @@ class ConsoleReporter(Reporter):
                 elif not self.quiet:
                     key = (event.get("rule", ""), warning.replace(label, "this target"))
                     self.warnings.setdefault(key, []).append((label, warning))
-            if status == "failed":
+            if status == "failed" and event.get("tolerated"):
+                self._write_lines()
+                self.stream.write(f"failed (tolerated by its dependents): {label}: "
+                                  f"{event.get('error', '')}\n")
+            elif status == "failed":
                 self._write_lines()
                 self.stream.write(f"FAILED: {label}: {event.get('error', '')}\n")
                 tail = event.get("log_tail")
@@ -220,6 +224,8 @@ def summary_line(summary: dict[str, Any]) -> str:
         line += f", {not_run} failed before running"
     if summary["skipped"]:
         line += f", {summary['skipped']} skipped"
+    if summary.get("tolerated"):
+        line += f", {len(summary['tolerated'])} failed or skipped (tolerated)"
     line += f", {summary['seconds']:.2f}s"
     executed = summary.get("remote_execution")
     if executed and (executed["remote_actions"] or executed["fallback"]):
@@ -247,6 +253,12 @@ def failure_lines(summary: dict[str, Any]) -> list[str]:
         lines.append(f"skipped: {label} ({reason})")
     if len(skipped) > _SHOWN_LABELS:
         lines.append(f"skipped: ... and {len(skipped) - _SHOWN_LABELS} more")
+    tolerated = summary.get("tolerated", {})
+    for label, reason in list(tolerated.items())[:_SHOWN_LABELS]:
+        lines.append(f"tolerated: {label} (its dependents build without it; a failure is "
+                     f"never cached, so the next build tries it again): {reason}")
+    if len(tolerated) > _SHOWN_LABELS:
+        lines.append(f"tolerated: ... and {len(tolerated) - _SHOWN_LABELS} more")
     return lines
 
 

@@ -51,6 +51,14 @@ class ActionResult:
     origin: Literal["local", "remote"] = "local"
     providers: Mapping[str, Any] = field(default_factory=dict)
     """Provider data by provider name (``_providers``), as the actions returned it."""
+    failed: str | None = None
+    """Set only on the stand-in for a failed dependency that its dependent tolerates
+    (``attr.label(tolerate_failures=True)``): the one-line reason. Never stored."""
+
+    @classmethod
+    def failure(cls, reason: str) -> ActionResult:
+        """The stand-in a tolerating dependent gets for a failed or skipped dependency."""
+        return cls((), (), failed=reason)
 
     def digests(self) -> dict[str, str]:
         """Digest of each output file by its path."""
@@ -64,6 +72,8 @@ class ActionResult:
             record["origin"] = "remote"
         if self.providers:
             record["providers"] = dict(self.providers)
+        if self.failed is not None:
+            record["failed"] = self.failed
         return record
 
     @classmethod
@@ -73,7 +83,8 @@ class ActionResult:
                    tuple(record["declared"]), dict(record["info"]),
                    tuple(str(w) for w in record.get("warnings", [])),
                    "remote" if record.get("origin") == "remote" else "local",
-                   dict(record.get("providers") or {}))
+                   dict(record.get("providers") or {}),
+                   None if record.get("failed") is None else str(record["failed"]))
 
 
 @dataclass(frozen=True)

@@ -190,6 +190,9 @@ class Dep:
     no need to hash the files again)."""
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Stored provider data by provider name (read them typed: ``dep[Cls]``)."""
+    failed: str | None = None
+    """Only for an attribute declared ``tolerate_failures``: the one-line reason the
+    dependency failed (or was skipped); it then has no files and no providers."""
 
     def __contains__(self, cls: type[Provider]) -> bool:
         return cls is DefaultInfo or provider_name(cls) in self.providers
@@ -198,6 +201,8 @@ class Dep:
         if cls is DefaultInfo:
             return DefaultInfo(tuple(self.files))
         data = self.providers.get(provider_name(cls))
+        if data is None and self.failed is not None:
+            raise KeyError(f"{self.label or 'the dependency'} failed: {self.failed}")
         if data is None:
             has = ", ".join(["DefaultInfo", *(n.rsplit(".", 1)[-1] for n in self.providers)])
             raise KeyError(f"{self.label or 'the dependency'} gives no {cls.__qualname__} "

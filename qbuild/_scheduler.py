@@ -79,7 +79,7 @@ class Scheduler:
                 continue
             prepared = self.prepare(label)
             if isinstance(prepared, bool):
-                if not prepared and not self.keep_going:
+                if not prepared and not self.keep_going and label not in plan.soft:
                     plan.stop()
                 plan.finish(label, ok=prepared)
                 continue
@@ -151,6 +151,6 @@ class Scheduler:
                 free_cpu += action.threads
                 free_memory += action.memory_mib
                 ok = self.finished(label, future)
-                if not ok and not self.keep_going:
+                if not ok and not self.keep_going and label not in plan.soft:
                     plan.stop()
                 plan.finish(label, ok=ok)

@@ -226,7 +226,8 @@ def _stage_dep(executor: LocalExecutor, label: str, dep: ActionResult, base: Pat
     else:
         base.mkdir(parents=True, exist_ok=True)
     files = [base / name.rstrip("/") for name in dep.declared]
-    return Dep("", files, dict(dep.info), base, dep.digests(), dict(dep.providers))
+    return Dep("", files, dict(dep.info), base, dep.digests(), dict(dep.providers),
+               dep.failed)
 
 
 def _stage_item(executor: LocalExecutor, action: Action, item: str, base: Path, index: int,

@@ -185,6 +185,8 @@ def valid_result(value: Any) -> bool:
     """Is ``value`` an action result of the shape this version writes?"""
     if not isinstance(value, dict) or not isinstance(value.get("info"), dict):
         return False
+    if "failed" in value:  # a tolerated failure's stand-in is never a cached result
+        return False
     outputs, declared = value.get("outputs"), value.get("declared")
     if not isinstance(outputs, list) or not isinstance(declared, list):
         return False

@@ -40,7 +40,9 @@ class ActionEvent(_DictView):
 
     ``key`` is the action key (None when the action was skipped or failed before it
     could be keyed); ``origin`` says where a result came from ("ran", "local_cache",
-    "remote_cache"); ``error`` and ``log_tail`` are set for failures."""
+    "remote_cache"); ``error`` and ``log_tail`` are set for failures. ``tolerated``: a
+    failed or skipped target that only dependents tolerating its failure needed
+    (``attr.label(tolerate_failures=True)``): the build does not fail for it."""
 
     label: str
     status: Status
@@ -52,10 +54,13 @@ class ActionEvent(_DictView):
     log_tail: str | None = None
     warnings: tuple[str, ...] = ()
     worker: str | None = None  # the remote (Dask) worker that ran it
+    tolerated: bool = False
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {"label": self.label, "status": self.status,
                                   "seconds": round(self.seconds, 3), "key": self.key}
+        if self.tolerated:
+            record["tolerated"] = True
         if self.worker is not None:
             record["worker"] = self.worker
         if self.origin is not None:
@@ -102,6 +107,8 @@ class BuildSummary(_DictView):
     remote_cache_hits: int | None = None
     remote: Mapping[str, Any] | None = None
     remote_execution: Mapping[str, Any] | None = None  # _dask_executor's summary
+    tolerated: Mapping[str, str] = field(default_factory=dict)
+    """Failed or skipped targets whose dependents tolerate it: label -> reason."""
 
     def to_json(self) -> dict[str, Any]:
         record: dict[str, Any] = {
@@ -115,6 +122,8 @@ class BuildSummary(_DictView):
             "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes}
         if self.interrupted:
             record["interrupted"] = True
+        if self.tolerated:
+            record["tolerated"] = dict(self.tolerated)
         if self.remote is not None:
             record["remote_cache_hits"] = self.remote_cache_hits
             record["remote"] = dict(self.remote)

@@ -58,6 +58,8 @@ class BuildOutcome:
     remote_execution: dict[str, Any] | None = None  # per-worker counts, refusals, fallback
     failed: dict[str, str] = field(default_factory=dict)
     skipped: list[str] = field(default_factory=list)
+    tolerated: dict[str, str] = field(default_factory=dict)
+    """Failed or skipped targets whose dependents tolerate it (the build is still ok)."""
     error: str = ""
     log: str = ""
     bytes_hashed: int = 0
@@ -206,7 +208,8 @@ class Workspace:
         return BuildOutcome(
             ok=result.ok, exit_code=0 if result.ok else 1, ran=result.ran,
             cached=result.cached, remote_hits=result.remote_hits, remote=result.remote,
-            failed=result.failed, skipped=result.skipped, error=errors,
+            failed=result.failed, skipped=result.skipped, tolerated=result.tolerated,
+            error=errors,
             log=log.getvalue(), bytes_hashed=result.bytes_hashed,
             explanations=result.explanations, _outputs=result.outputs, _infos=result.infos,
             remote_execution=result.remote_execution,

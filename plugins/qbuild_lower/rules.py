@@ -76,6 +76,11 @@ class LowerInteger(OnnxRule):
                 "does); onnxruntime = the same "
                 "integers corrected to onnxruntime's float32 rounding, and Add/Mul/Concat "
                 "rescales as tables onnxruntime computed: bit-exact with the QDQ source."),
+        "float_model": attr.enum(
+            ["fail", "copy"], default="fail",
+            doc="A model with no QuantizeLinear/DequantizeLinear (nothing to lower): fail, "
+                "or copy it unchanged (auto_quantize's lowered trials, whose source may "
+                "keep every node float; report.json says so)."),
     }
     outputs = ["{name}.onnx", "report.json", "lowering.json"]
     provides = (OnnxModelInfo,)
@@ -98,7 +103,7 @@ class LowerInteger(OnnxRule):
         # max_samples, dataset, profile_runs) do not lower the model again.
         ctx.action(lower_integer, inputs=["model"], outputs=made, mnemonic="Lower",
                    params={"model_out": model, "mode": a["mode"], "tables": a["tables"],
-                           "rounding": a["rounding"]})
+                           "rounding": a["rounding"], "float_model": a["float_model"]})
         ctx.action(check_lowered, inputs=["model", "dataset", model, "lowering.json"],
                    outputs=["report.json"], mnemonic="Check",
                    params={"source": a["model"], "model_out": model,
@@ -114,9 +119,11 @@ def lower_integer(ctx: RunContext) -> OnnxModelInfo:
 
     p = ctx.params
     src_path = _model_path(ctx, ctx.inputs["model"], "the model")
+    source = onnx.load(str(src_path))
+    if p["float_model"] == "copy" and p["mode"] == "ort" and not _has_qdq(source):
+        return _copy_float(ctx, src_path, source)
     try:
-        lowered, report, params = lower_model(onnx.load(str(src_path)), p["mode"],
-                                              p["rounding"], p["tables"])
+        lowered, report, params = lower_model(source, p["mode"], p["rounding"], p["tables"])
     except OnnxError as e:
         raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
     out = ctx.output(p["model_out"])
@@ -135,6 +142,25 @@ def lower_integer(ctx: RunContext) -> OnnxModelInfo:
     return onnx_model_info(out, lowered)
 
 
+def _has_qdq(model) -> bool:
+    ops = {n.op_type for n in model.graph.node}
+    return "QuantizeLinear" in ops and "DequantizeLinear" in ops
+
+
+def _copy_float(ctx: RunContext, src_path, source) -> OnnxModelInfo:
+    """``float_model = "copy"``: nothing to lower; the model is copied unchanged."""
+    import shutil
+
+    out = ctx.output(ctx.params["model_out"])
+    shutil.copyfile(src_path, out)
+    note = "the model has no QuantizeLinear/DequantizeLinear nodes: copied unchanged"
+    ctx.output("lowering.json").write_text(json.dumps(
+        {"copied": note, "nodes": {"lowered": 0, "compute": 0}, "per_node": []},
+        indent=1, sort_keys=True))
+    ctx.log(note)
+    return onnx_model_info(out, source)
+
+
 def check_lowered(ctx: RunContext) -> None:
     """The second action of ``lower_integer``: compare the lowered model with its QDQ
     source in onnxruntime, write report.json, fail below min_agreement."""
@@ -145,6 +171,11 @@ def check_lowered(ctx: RunContext) -> None:
     p = ctx.params
     src_path = _model_path(ctx, ctx.inputs["model"], p["source"])
     lowering = json.loads(ctx.inputs["lowering.json"].read_text())
+    if "copied" in lowering:  # the same bytes as the source: nothing to check
+        ctx.output("report.json").write_text(json.dumps(
+            {"source": p["source"], **lowering, "check": {"passed": True, "exact": True}},
+            indent=1, sort_keys=True))
+        return
     try:
         source = onnx.load(str(src_path))
         lowered = onnx.load(str(ctx.inputs[p["model_out"]]))

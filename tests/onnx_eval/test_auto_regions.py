@@ -62,3 +62,24 @@ def test_region_with_the_next_ranked_activations_at_uint16():
     assert all(v == {"quant_type": "uint16"} for v in doc["tensors"].values())
     assert set(doc["tensors"]) <= set(doc["promoted"])
     assert region_overrides(Y8, ranking)["tensors"] == {}
+
+
+def test_the_region_is_the_smaller_side_whatever_the_node_order(tmp_path):
+    """Optimizers reorder nodes: with the class branches first, the score Concat (two
+    nodes before the output) sits in the first half of the node list. Its stem would be
+    the whole model (nothing left to quantize); the head is the two Concats."""
+    m = onnx.load(Y8)
+    late = ("box", "Box", "_xy", "_wh", "grid", "stride", "Concat_out", "Split")
+    nodes = list(m.graph.node)
+    order = [n for n in nodes if not any(k in n.name for k in late)] + \
+        [n for n in nodes if any(k in n.name for k in late)]
+    del m.graph.node[:]
+    m.graph.node.extend(order)
+    onnx.checker.check_model(m)
+    producer = next(i for i, n in enumerate(m.graph.node) if "scores" in n.output)
+    assert producer < len(order) / 2
+    path = tmp_path / "reordered.onnx"
+    onnx.save(m, path)
+    where, region = region_for(path, "scores")
+    assert where == "head" and region == ["/model.22/Concat_scores", "/model.22/Concat_out"]
+    assert region_for(path, "stem.out") == region_for(Y8, "stem.out")  # still the stem

@@ -27,7 +27,13 @@ first), every one an ordinary cached target:
   ``region_u16_k<k>_bc`` (the stem or head region float and the next k ranked activations
   at uint16); with step ``lower``, ``region_bc_int`` and ``region_u16_k<k>_bc_int``: the
   same models lowered to onnxruntime's integer operators (``lower_integer`` mode ort,
-  bit-exact with their QDQ source, so only their latency differs).
+  bit-exact with their QDQ source, so only their latency differs; a source that kept
+  every node float is copied, not lowered).
+
+A trial may fail (or quantize nothing) without failing the search: the ``aq`` target
+tolerates its candidates', reports' and sensitivity's failures (``tolerate_failures``),
+reports each failed trial with its one-line reason and excludes it; it fails only when
+every trial failed. A failure is never cached, so the next build tries the trial again.
 
 The ``aq`` target itself only selects, so changing the bar or the objective reruns the
 selection alone; adding a top-k value or a step adds only its own targets.
@@ -196,7 +202,7 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
         for trial in [t for t in trials if t.startswith("region") and t.endswith("_bc")
                       and not t.startswith("region3")]:
             tables[f"{name}.{trial}_int"] = {"rule": "lower_integer", "model": f"{me}.{trial}",
-                                             "mode": "ort",
+                                             "mode": "ort", "float_model": "copy",
                                              "dataset": raw["calibration_data"],
                                              "max_samples": 2, "min_agreement": 1.0}
             trials.append(f"{trial}_int")

@@ -2,11 +2,15 @@
 
 Keeping single tensors float scatters float islands through the graph (each one costs a
 DequantizeLinear/QuantizeLinear pair and breaks fusion). Keeping a contiguous region float
-costs one boundary. Given a sensitive activation, its region is the stem when the tensor
-sits in the first half of the graph (every node the tensor's consumers depend on, back to
-the graph inputs: ``upto:<each consumer output>``), else the head (its producer and every
-node that depends on it: ``after:<tensor>`` plus ``upto:<tensor> & after:<producer
-input>``). The tensor itself is then never quantized.
+costs one boundary. Given a sensitive activation, its region is the smaller of two: the
+stem (every node the tensor's consumers depend on, back to the graph inputs: ``upto:<each
+consumer output>``) and the head (its producer and every node that depends on it:
+``after:<tensor>`` plus ``upto:<tensor> & after:<producer input>``); on a tie, the stem
+when the tensor's producer sits in the first half of the node list. The tensor itself is
+then never quantized. Smaller, not "in the first half of the node list": optimizers
+reorder nodes (onnxruntime's pre-processing put a YOLOv8-style model's score Concat, two
+nodes before the output, in the first half), and the stem of a tensor next to the
+output is the whole model, which leaves nothing quantized.
 
 The region is written as stable selectors (docs/selectors.md) in the override document's
 ``nodes_to_exclude``: ``quantize`` resolves them on the model it receives, so no node name
@@ -37,19 +41,22 @@ def region_selectors(model: Any, tensor: str) -> tuple[str, list[str]]:
     if any(not n.name for n in nodes):
         raise OnnxError("the model has unnamed nodes; pre-process it (quant_preprocess "
                             "names every node) before excluding regions")
-    first = producer if producer is not None else min(users)
-    if first < len(nodes) / 2 and users:
-        outs = dict.fromkeys(o for i in users for o in nodes[i].output if o)
-        return "stem", [f"upto:{o}" for o in outs]
-    if first < len(nodes) / 2:  # a graph output in the first half: up to it
-        return "stem", [f"upto:{tensor}"]
-    selectors = [f"after:{tensor}"] if users else []
-    if producer is not None:
-        inits = {i.name for i in m.graph.initializer}
-        feeds = [t for t in nodes[producer].input if t and t not in inits]
-        selectors += ([f"upto:{tensor} & after:{feeds[0]}"] if feeds
-                      else [f"upto:{tensor}"])
-    return "head", selectors
+    if users:
+        stem = [f"upto:{o}" for o in dict.fromkeys(o for i in users for o in nodes[i].output
+                                                  if o)]
+    else:  # a graph output: up to it
+        stem = [f"upto:{tensor}"]
+    if producer is None:  # a graph input has no head of its own
+        return "stem", stem
+    inits = {i.name for i in m.graph.initializer}
+    feeds = [t for t in nodes[producer].input if t and t not in inits]
+    head = ([f"after:{tensor}"] if users else []) + (
+        [f"upto:{tensor} & after:{feeds[0]}"] if feeds else [f"upto:{tensor}"])
+    stem_n = len(resolve_nodes(stem, m, "sensitivity"))
+    head_n = len(resolve_nodes(head, m, "sensitivity"))
+    if stem_n < head_n or (stem_n == head_n and producer < len(nodes) / 2):
+        return "stem", stem
+    return "head", head
 
 
 def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:

@@ -12,6 +12,11 @@ recorded (``latency_basis = "cpu"``): with one intra-op thread that is the whole
 unlike wall time it does not count the time another process held the core. A trial
 replaces the float model only when its speed-up reaches ``min_speedup`` (a margin against
 timing noise: a quantized model that is not clearly faster is not recommended).
+
+Trials that are not candidates are listed, never chosen: a trial that failed (its
+one-line reason in ``failed``; the caller fails the search only when every trial did)
+and a trial whose model quantizes nothing (its evaluate entry says ``quantized`` is
+None: every node was kept float, so it is the float model under another name).
 """
 
 from __future__ import annotations
@@ -82,13 +87,23 @@ def _relative_latency(entry: Mapping[str, Any], lat: Mapping[str, Any],
     return None, None
 
 
-def select(names: Sequence[str], entries: Sequence[Mapping[str, Any]],
-           reports: Sequence[Mapping[str, Any]], bar: Mapping[str, float], objective: str,
-           reference: str, min_speedup: float = 1.0) -> dict[str, Any]:
-    """The selection report: one row per trial (and the float model), and ``chosen``."""
+NOTHING = "quantizes nothing (every node kept float): it is the float model, not a candidate"
+
+
+def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
+           reports: Sequence[Mapping[str, Any] | None], bar: Mapping[str, float],
+           objective: str, reference: str, min_speedup: float = 1.0,
+           failed: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The selection report: one row per trial (and the float model), and ``chosen``.
+    ``failed``: trial name -> why it failed (its entry and report are then None)."""
     cost_key = "relative_latency" if objective == "latency" else OBJECTIVES[objective]
-    rows = []
+    failed = failed or {}
+    rows: list[dict[str, Any]] = []
     for order, (name, entry, rep) in enumerate(zip(names, entries, reports, strict=True)):
+        if name in failed or entry is None or rep is None:
+            rows.append({"name": name, "order": order, "status": "failed", "passes": False,
+                         "misses": [], "failed": failed.get(name, "not evaluated")})
+            continue
         miss = misses(entry, bar)
         ref_ms = rep.get("reference_latency_ms")
         lat = entry.get("latency") or {}
@@ -99,12 +114,16 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any]],
                "latency_spread": lat.get("spread"), "noisy": lat.get("noisy"),
                "bytes": entry.get("bytes"), "passes": not miss, "misses": miss,
                "score": (entry.get("task") or {}).get("score"),
-               "worst_sqnr_db": measure(entry, "min_sqnr_db")}
+               "worst_sqnr_db": measure(entry, "min_sqnr_db"),
+               "status": "meets the bar" if not miss else "misses the bar"}
+        if "quantized" in entry and entry["quantized"] is None:
+            row.update(passes=False, status="quantizes nothing", excluded=NOTHING)
         for key in bar:
             row[key] = measure(entry, key)
         rows.append(row)
+    reports = [r for r in reports if r is not None]
     float_latency = [r["reference_latency_ms"] for r in reports if "reference_latency_ms" in r]
-    float_row = {"name": "float", "order": -1, "passes": True, "misses": [],
+    float_row = {"name": "float", "order": -1, "passes": True, "misses": [], "status": "float",
                  "latency_ms": round(statistics.median(float_latency), 3) if float_latency
                  else None, "relative_latency": 1.0 if float_latency else None,
                  "speedup": 1.0 if float_latency else None,
@@ -123,6 +142,9 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any]],
     limit = (1.0 / min_speedup if objective == "latency" else cost(float_row))
     if best is None:
         chosen, note = float_row, "no quantized trial meets the bar: the float model is kept"
+        if all(r["status"] in ("failed", "quantizes nothing") for r in rows):
+            note = ("no trial quantized anything that could be evaluated (failed or kept "
+                    "every node float): the float model is kept")
     elif not cost(best) < limit:
         chosen = float_row
         if objective == "latency" and best["speedup"] is None:
@@ -142,6 +164,10 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any]],
                 f"float's speed (measured interleaved with float, 1 thread)")
     else:
         chosen, note = best, f"{best['name']} meets the bar at the lowest {objective}"
+    if failed:
+        note += f"; {len(failed)} trial(s) failed and were left out: see their rows"
+    if chosen is not float_row:
+        chosen["status"] = "chosen"
     return {"objective": objective, "bar": dict(bar), "chosen": chosen["name"], "note": note,
             "min_speedup": min_speedup if objective == "latency" else None,
             "float": float_row, "trials": rows}

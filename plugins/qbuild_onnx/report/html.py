@@ -127,7 +127,7 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]
     for r in rows:
         cls = "chosen" if r["name"] == chosen else ("fail" if r.get("passes") is False else "")
         cells = "".join(f"<td>{escape(str(r.get(k, '')))}</td>" if k in ("name", "passes",
-                        "note") else f"<td>{_fmt(r.get(k))}</td>" for k, _ in columns)
+                        "note", "status") else f"<td>{_fmt(r.get(k))}</td>" for k, _ in columns)
         body.append(f'<tr class="{cls}">{cells}</tr>')
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
@@ -189,7 +189,7 @@ def auto_html(label: str, result: Mapping[str, Any],
     acc_key = bar_keys[0] if bar_keys else "score"
     cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
             *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
-            ("float_nodes", "float/promoted"), ("passes", "meets bar")]
+            ("float_nodes", "float/promoted"), ("passes", "meets bar"), ("status", "status")]
     sections = [
         f"<p>Objective: <b>{escape(result['objective'])}</b>; bar: "
         f"{escape(', '.join(f'{k} = {v}' for k, v in result['bar'].items()))}.</p>",
@@ -200,7 +200,15 @@ def auto_html(label: str, result: Mapping[str, Any],
         scatter_svg(rows, cost_key, acc_key, cost_key, acc_key, result["chosen"]),
     ]
     notes = []
+    if result.get("sensitivity_failed"):
+        notes.append(f"<li>the sensitivity ranking failed: "
+                     f"{escape(result['sensitivity_failed'])}</li>")
     for r in result["trials"]:
+        if r.get("failed"):
+            notes.append(f"<li>{escape(r['name'])}: <b>failed</b>, left out: "
+                         f"{escape(r['failed'])}</li>")
+        if r.get("excluded"):
+            notes.append(f"<li>{escape(r['name'])}: left out: {escape(r['excluded'])}</li>")
         if r.get("misses"):
             notes.append(f"<li>{escape(r['name'])}: misses {escape('; '.join(r['misses']))}"
                          "</li>")

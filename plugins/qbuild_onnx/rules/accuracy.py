@@ -185,7 +185,8 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
             sess = session(path)
             outs = run_model(sess, feeds)
             entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
-                                     "bytes": path.stat().st_size}
+                                     "bytes": path.stat().st_size,
+                                     "quantized": _quantized(path)}
             if labels["baselines"]:
                 entry["gated"] = label in gated
             if a["task"] != "sqnr":
@@ -211,6 +212,17 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
     _write_json(ctx.output("report.json"), report)
     ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
     return EvaluationInfo(report=ctx.output("report.json"))
+
+
+def _quantized(path: Path) -> str | None:
+    """How the model is quantized ('QDQ', 'QOperator', 'dynamic'), or None for a float
+    model (a trial that kept everything float is the float model, not a candidate)."""
+    import onnx
+
+    from ..source.model_checks import quantized_form
+
+    form = quantized_form(onnx.load(str(path), load_external_data=False))
+    return form[0] if form else None
 
 
 def check_bars(ctx: RunContext) -> None:

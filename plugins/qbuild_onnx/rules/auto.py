@@ -143,13 +143,15 @@ class AutoQuantize(OnnxRule):
         "sensitivity_shards": attr.int(default=2, doc="The sensitivity ranking as this "
                                        "many actions (sites split between them, merged by "
                                        "a sensitivity_merge): every core ranks."),
+        # one failing trial (or a failing ranking) does not fail the search: it is
+        # reported with its reason and left out (auto_select)
         "candidates": attr.label_list(doc="(filled in by the expansion)",
-                                      providers=[OnnxModelInfo]),
+                                      providers=[OnnxModelInfo], tolerate_failures=True),
         "reports": attr.label_list(doc="(filled in by the expansion)",
-                                   providers=[EvaluationInfo]),
+                                   providers=[EvaluationInfo], tolerate_failures=True),
         "trial_names": attr.string_list(default=[], doc="(filled in by the expansion)"),
         "sensitivity": attr.label(doc="(filled in by the expansion)",
-                                  providers=[SensitivityInfo]),
+                                  providers=[SensitivityInfo], tolerate_failures=True),
     }
     outputs = ["{name}.onnx", "report.json", "report.html", "trials.json", "chosen.json"]
     provides = (OnnxModelInfo,)
@@ -193,8 +195,11 @@ class AutoQuantize(OnnxRule):
 def trial_info(ctx: RunContext) -> None:
     """``auto_quantize``'s first action: per trial, the nodes it kept float or promoted
     and the joins it kept float (from the candidates' providers)."""
-    rows = {}
+    rows: dict[str, Any] = {}
     for name, dep in zip(ctx.params["trial_names"], ctx.inputs["candidates"], strict=True):
+        if dep.failed is not None:
+            rows[name] = {"failed": dep.failed}
+            continue
         model = dep[OnnxModelInfo]
         rows[name] = {"float_nodes": len(model.promoted),
                       "float_joins": list(model.float_joins)}
@@ -208,28 +213,48 @@ def auto_select(ctx: RunContext) -> None:
     from ..report.html import auto_html
 
     a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
-    reports, entries = [], []
-    for dep, label in zip(deps["reports"], labels["candidates"], strict=True):
+    trials = json.loads(ctx.inputs["trials.json"].read_text())
+    reports: list[dict[str, Any] | None] = []
+    entries: list[dict[str, Any] | None] = []
+    failed: dict[str, str] = {}
+    for name, dep, label in zip(a["trial_names"], deps["reports"], labels["candidates"],
+                                strict=True):
+        # the trial's own failure says more than its evaluation's skip
+        why = trials[name].get("failed") or dep.failed
+        if why is not None:
+            failed[name] = why
+            reports.append(None)
+            entries.append(None)
+            continue
         rep = json.loads(dep[EvaluationInfo].report.read_text())
         reports.append(rep)
         entries.append(rep["models"][label])
+    if len(failed) == len(a["trial_names"]):
+        first = next(iter(failed))
+        raise ctx.fail(f"every trial failed ({len(failed)}); {first}: {failed[first]}",
+                       attr="model")
     result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
-                    labels["model"], a["min_speedup"])
-    trials = json.loads(ctx.inputs["trials.json"].read_text())
+                    labels["model"], a["min_speedup"], failed)
     for row, label in zip(result["trials"], labels["candidates"], strict=True):
         row["model"] = label
+        if "failed" in trials[row["name"]]:
+            continue
         row["float_nodes"] = trials[row["name"]]["float_nodes"]
         if trials[row["name"]]["float_joins"]:
             row["float_joins"] = trials[row["name"]]["float_joins"]
     result = _clean(result)
     sens = None
-    if deps["sensitivity"] is not None:
+    if deps["sensitivity"] is not None and deps["sensitivity"].failed is not None:
+        result["sensitivity_failed"] = deps["sensitivity"].failed
+    elif deps["sensitivity"] is not None:
         sens = json.loads(deps["sensitivity"][SensitivityInfo].ranking.read_text())
     ctx.output("report.json").write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
     ctx.output("report.html").write_text(auto_html(a["label"], result, sens),
                                          encoding="utf-8")
     ctx.output("chosen.json").write_text(json.dumps({"chosen": result["chosen"]}) + "\n")
     ctx.log(f"chose {result['chosen']}: {result['note']}")
+    for name, why in failed.items():
+        ctx.warn(f"trial {name} failed and was left out: {why}")
 
 
 def copy_chosen(ctx: RunContext) -> OnnxModelInfo:
