@@ -37,10 +37,11 @@ class Materializer:
         self.rebuild = rebuild
         self.placed: set[str] = set()  # output-folder paths of the requested targets
 
-    def place(self, label: Label) -> list[Path]:
+    def place(self, label: Label, rebuild: bool = True) -> list[Path]:
         """Place ``label``'s outputs; returns the declared output paths. If they cannot
-        be placed even after running the action again, raises ActionFailed (or OSError):
-        a path is never printed for files that are not there."""
+        be placed even after running the action again (not tried unless ``rebuild``),
+        raises ActionFailed (or OSError): a path is never printed for files that are not
+        there."""
         base_rel = output_folder(label)
         result = self.result(label)
         if self.state.in_place(self.output_dir, base_rel,
@@ -59,7 +60,7 @@ class Materializer:
             if all(placed):
                 break
             fresh = False  # this attempt's files may not be the next one's
-            if attempt == 1:
+            if attempt == 1 or not rebuild:
                 raise ActionFailed(f"the outputs of {label} could not be placed in "
                                    f"{self.output_dir.name}/{base_rel}")
             self.rebuild(label)
