@@ -1,12 +1,13 @@
 """kill -9 stress: a killed build never poisons the cache or leaves a wrong output.
 
 A workspace of ``command`` targets (outputs of a few hundred KB, so stores take a
-moment; a chain, a fan-out and a directory output) gets one of three source variants
-per round. Each round starts ``qbuild build //...``, SIGKILLs the main process at a
-random moment (sometimes its whole process group), then builds again to completion and
-compares every output byte for byte with a clean build of the same variant in a fresh
-workspace and cache. Every few rounds the cache is shrunk with ``qbuild cache gc`` so
-kills also land in rebuilds of evicted blobs.
+moment; a chain, a fan-out and a directory output) and ``filegroup``s (sources
+forwarded into the store without a sandbox, one read by a ``command``) gets one of
+three source variants per round. Each round starts ``qbuild build //...``, SIGKILLs
+the main process at a random moment (sometimes its whole process group), then builds
+again to completion and compares every output byte for byte with a clean build of the
+same variant in a fresh workspace and cache. Every few rounds the cache is shrunk with
+``qbuild cache gc`` so kills also land in rebuilds of evicted blobs.
 
 Run: ``python bench/stress_kill9.py [--points 100] [--seed 1]``; exits 1 on any
 mismatch. The test suite runs a short version (tests/engine/test_kill9_stress.py).
@@ -43,6 +44,13 @@ def write_workspace(root: Path, cache: Path) -> None:
     for i in range(3):
         blocks.append(f'[tail{i}]\nrule = "command"\nsrcs = [":join"]\nouts = ["t.txt"]\n'
                       f'cmd = "cat $(SRCS) | sha256sum > $(OUT); echo {i} >> $(OUT)"\n')
+    # Sources forwarded by filegroups (no sandbox: copied straight into the store).
+    for i in range(4):
+        blocks.append(f'[files{i}]\nrule = "filegroup"\nsrcs = ["s{i}.txt"]\n')
+    blocks.append('[files]\nrule = "filegroup"\nsrcs = ["s0.txt", "s1.txt", "s2.txt", '
+                  '"s3.txt"]\n')
+    blocks.append('[count]\nrule = "command"\nsrcs = [":files"]\nouts = ["c.txt"]\n'
+                  'cmd = "cat $(SRCS) | sha256sum > $(OUT)"\n')
     (root / "p").mkdir(exist_ok=True)
     (root / "p" / "BUILD.toml").write_text("\n".join(blocks))
 

@@ -4,8 +4,9 @@ The public API for plugin authors is what this module exports (``__all__``): the
 ``Rule`` base class, the ``attr`` schema constructors, typed providers (``Provider``,
 ``DefaultInfo``), ``AnalysisContext`` and ``RunContext`` (rule API v2: analysis declares
 actions), ``Dep`` and ``ActionContext`` (v1 ``run``),
-the ``hookimpl`` marker, the errors, ``dist_version`` for environment facts and
-``output_folder`` (where a label's outputs live).
+the ``hookimpl`` marker, the errors, ``dist_version`` for environment facts,
+``output_folder`` (where a label's outputs live) and ``forward_files`` (an action
+function giving its input files as its outputs, run without a sandbox).
 Everything in underscore modules is internal. See ``qbuild.hookspecs`` for the hooks and
 ``qbuild.testing`` for the test helpers.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import pluggy
 
-from ._actions import AnalysisContext, RunContext
+from ._actions import AnalysisContext, RunContext, forward_files
 from ._attrs import Attr, attr
 from ._errors import BuildFailed, ConfigError, PluginError, QbuildError, RuleError, UsageError
 from ._label import output_folder
@@ -62,6 +63,7 @@ __all__ = [
     "__version__",
     "attr",
     "dist_version",
+    "forward_files",
     "hookimpl",
     "output_folder",
 ]

@@ -249,6 +249,7 @@ class LocalExecutor:
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         self._trash = _Trash()
+        self._forward: tuple[Path, int | None, bool] | None = None  # see forward_dir
 
     def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
         """Run ``action`` in one of ``jobs`` threads (heavy rules then in a worker process)."""
@@ -278,6 +279,9 @@ class LocalExecutor:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._trash.drain()
+        forward, self._forward = self._forward, None
+        if forward is not None:
+            _Trash._delete(*forward)
 
     def kill(self) -> None:
         """Stop at once: kill worker processes and every process actions started."""
@@ -481,6 +485,10 @@ class LocalExecutor:
     def _stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
         """Copy a source file into the sandbox, read-only, checking that it is still the
         file whose digest the key holds (same stat before and after the copy)."""
+        return stat_key(self.copy_source(action, rel, key, dest))
+
+    def copy_source(self, action: Action, rel: str, key: str, dest: Path) -> os.stat_result:
+        """``_stage_source``, returning the copy's stat."""
         path = self.root / rel
         try:
             before, after, copied = copy_new(path, dest)
@@ -491,7 +499,17 @@ class LocalExecutor:
             raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
                                          "result was not cached. Run the build again.",
                                          target=str(action.label)))
-        return stat_key(copied)
+        return copied
+
+    def forward_dir(self) -> Path:
+        """A private folder in the store's ``tmp/`` (locked like a sandbox while this
+        executor lives, so a killed build's is swept) where forwarded sources are copied
+        before they are moved into the store (``_steps._forward``)."""
+        with self._pool_lock:
+            if self._forward is None:
+                path, lock, lock_file = new_sandbox(self.store.tmp)
+                self._forward = (path, lock, lock_file)
+            return self._forward[0]
 
 
 class _Trash:

@@ -37,11 +37,12 @@ class Materializer:
         self.rebuild = rebuild
         self.placed: set[str] = set()  # output-folder paths of the requested targets
 
-    def place(self, label: Label) -> list[str]:
+    def place(self, label: Label, rebuild: bool = True) -> list[str]:
         """Place ``label``'s outputs; returns the declared output paths (as text: a
         build of many targets prints them and needs no Path of each). If they cannot
-        be placed even after running the action again, raises ActionFailed (or OSError):
-        a path is never printed for files that are not there."""
+        be placed even after running the action again (not tried unless ``rebuild``),
+        raises ActionFailed (or OSError): a path is never printed for files that are not
+        there."""
         base_rel = output_folder(label)
         result = self.result(label)
         if self.state.in_place(self.output_dir, base_rel, result.outputs):
@@ -60,7 +61,7 @@ class Materializer:
             if all(placed):
                 break
             fresh = False  # this attempt's files may not be the next one's
-            if attempt == 1:
+            if attempt == 1 or not rebuild:
                 raise ActionFailed(f"the outputs of {label} could not be placed in "
                                    f"{self.output_dir.name}/{base_rel}")
             self.rebuild(label)

@@ -77,6 +77,11 @@ class Plan:
     def has_ready(self) -> bool:
         return bool(self._ready)
 
+    def next_sort_key(self) -> tuple[int, int]:
+        """``sort_key`` of the target ``pop_ready`` gives next (one must be ready)."""
+        priority, index, _label = self._ready[0]
+        return priority, index
+
     def pop_ready(self) -> Label:
         return heapq.heappop(self._ready)[2]
 

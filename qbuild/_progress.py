@@ -51,6 +51,9 @@ class Reporter:
 _SHOWN_LABELS = 5
 
 
+_HOLD = 0.2  # seconds: "built" lines are held back at most this long off a terminal
+
+
 def _labels(labels: list[str]) -> str:
     more = len(labels) - _SHOWN_LABELS
     return ", ".join(labels[:_SHOWN_LABELS]) + (f", ... ({more} more)" if more > 0 else "")
@@ -75,6 +78,14 @@ class ConsoleReporter(Reporter):
         self._status_shown = False
         self._ticker: threading.Thread | None = None
         self._stop = threading.Event()
+        self._lines: list[str] = []  # "built" lines not written yet (not on a terminal)
+
+    def _write_lines(self) -> None:
+        """Write the "built" lines held back (in order, before anything else)."""
+        if self._lines:
+            self.stream.write("".join(self._lines))
+            self._lines.clear()
+            self.stream.flush()
 
     def _clear(self) -> None:
         if self._status_shown:
@@ -93,13 +104,14 @@ class ConsoleReporter(Reporter):
         self._status_shown = True
 
     def _tick(self) -> None:
-        while not self._stop.wait(0.5):
+        while not self._stop.wait(0.5 if self.tty else _HOLD):
             with self._lock:
+                self._write_lines()
                 self._status()
 
     def build_started(self, total: int) -> None:
         self.total = total
-        if self.tty and not self.quiet:
+        if not self.quiet:
             self._ticker = threading.Thread(target=self._tick, daemon=True)
             self._ticker.start()
 
@@ -125,16 +137,19 @@ class ConsoleReporter(Reporter):
             wrote = self.tty  # (the status line)
             for warning in event.get("warnings", []):
                 if self.verbose:
+                    self._write_lines()
                     wrote = True
                     self.stream.write(f"WARNING: {label}: {warning}\n")
                 elif not self.quiet:
                     key = (event.get("rule", ""), warning.replace(label, "this target"))
                     self.warnings.setdefault(key, []).append((label, warning))
             if status == "failed" and event.get("tolerated"):
+                self._write_lines()
                 wrote = True
                 self.stream.write(f"failed (tolerated by its dependents): {label}: "
                                   f"{event.get('error', '')}\n")
             elif status == "failed":
+                self._write_lines()
                 wrote = True
                 self.stream.write(f"FAILED: {label}: {event.get('error', '')}\n")
                 tail = event.get("log_tail")
@@ -146,9 +161,16 @@ class ConsoleReporter(Reporter):
                                      or status != "ran" and self.verbose):
                 word = "built" if status == "ran" else status
                 where = f" on {event['worker']}" if event.get("worker") else ""
+                line = f"[{self.done}/{self.total}] {word} {label} " \
+                       f"({event['seconds']:.2f}s{where})\n"
+                if not self.tty and status == "ran" and self._ticker is not None:
+                    # Written by the ticker, many at a time: one write per action was
+                    # a system call (and a hand-over of the interpreter) per action.
+                    self._lines.append(line)
+                    return
+                self._write_lines()
                 wrote = True
-                self.stream.write(f"[{self.done}/{self.total}] {word} {label} "
-                                  f"({event['seconds']:.2f}s{where})\n")
+                self.stream.write(line)
             self._status()
             if wrote:  # (a flush per cached target is most of a large no-op's reporting)
                 self.stream.flush()
@@ -158,6 +180,7 @@ class ConsoleReporter(Reporter):
             return
         with self._lock:
             self._clear()
+            self._write_lines()
             self.stream.write(text.rstrip("\n") + "\n")
             self._status()
             self.stream.flush()
@@ -174,6 +197,7 @@ class ConsoleReporter(Reporter):
         self._stop.set()
         with self._lock:
             self._clear()
+            self._write_lines()
             if self.quiet:
                 self.stream.flush()
                 return

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import queue
 import threading
 from collections.abc import Callable, Mapping
@@ -31,6 +30,7 @@ from ._session import Session
 from ._state import WorkspaceState
 
 if TYPE_CHECKING:
+    from ._keylock import KeyLock
     from ._store import LocalStore
 
 
@@ -75,6 +75,9 @@ class Rebuilder:
             self.committer = Committer(self.store, session.save_code, message)
         self._rebuild_lock = threading.RLock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Called in the action's thread with each new result once it is recorded (the
+        # build places requested outputs there, while other actions run).
+        self.ran: Callable[[Label, ActionResult], None] = lambda _label, _result: None
 
     # -- key, hit or miss --------------------------------------------------------------
     def lookup(self, target: Target) -> tuple[Action, ActionResult | None, Origin]:
@@ -157,7 +160,7 @@ class Rebuilder:
             if lock_action is not None:
                 lock = lock_action(action.key)
                 if lock is not None:
-                    stack.callback(os.close, lock)
+                    stack.callback(lock.release)
             else:
                 stack.enter_context(self.store.action_lock(action.key))
             outcome, retry = self._run_locked(action)
@@ -180,6 +183,7 @@ class Rebuilder:
         if outcome.status != "cached":
             self.results[label] = outcome.result
             self.state.set_last_key(str(label), action.key)
+            self.ran(label, outcome.result)
         return outcome
 
     def _run_locked(self, action: Action) -> tuple[Outcome | None, Action | None]:
@@ -290,12 +294,12 @@ class Committer:
         self.save_code = save_code
         self.message = message
         self.errors: list[str] = []
-        self._queue: queue.SimpleQueue[tuple[int, str, KeyParts, ActionResult] | None] = \
+        self._queue: queue.SimpleQueue[tuple[KeyLock, str, KeyParts, ActionResult] | None] = \
             queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
 
-    def put(self, lock: int, key: str, parts: KeyParts, result: ActionResult) -> None:
+    def put(self, lock: KeyLock, key: str, parts: KeyParts, result: ActionResult) -> None:
         with self._start:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="qbuild-commit",
@@ -331,7 +335,7 @@ class Committer:
             if batch:
                 self._commit(batch)
 
-    def _commit(self, batch: list[tuple[int, str, KeyParts, ActionResult]]) -> None:
+    def _commit(self, batch: list[tuple[KeyLock, str, KeyParts, ActionResult]]) -> None:
         try:
             self.store.put_results(
                 [(key, parts, result) for _lock, key, parts, result in batch])
@@ -343,4 +347,4 @@ class Committer:
             self.message(f"could not record {len(batch)} result(s) in the cache: {error}")
         finally:
             for lock, *_rest in batch:
-                os.close(lock)
+                lock.release()

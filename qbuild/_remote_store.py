@@ -410,8 +410,8 @@ class LayeredStore:
         return self.local.has_blob(digest)
 
     def put_blob(self, path: Path, digest: str, adopt: bool = False,
-                 hashed: os.stat_result | None = None) -> None:
-        self.local.put_blob(path, digest, adopt, hashed)
+                 hashed: os.stat_result | None = None) -> bool:
+        return self.local.put_blob(path, digest, adopt, hashed)
 
     def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
         if self.local.restore_blob(digest, dest, executable):

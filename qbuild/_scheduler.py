@@ -62,9 +62,11 @@ class Scheduler:
         self.queued_hook = queued
         self.wait: Wait = wait or getattr(executor, "wait", None) or _wait
 
-    def _resolve_ready(self, queue: list[tuple[Label, Action]]) -> None:
+    def _resolve_ready(self, queue: list[tuple[Label, Action]],
+                       enough: Callable[[], bool] = lambda: False) -> None:
+        """Prepare ready targets until none is left or ``enough()`` (asked before each)."""
         plan = self.plan
-        while plan.has_ready():
+        while plan.has_ready() and not enough():
             label = plan.pop_ready()
             group = self.is_group(label)
             if plan.blocked(label) or (plan.stopped and not group):
@@ -92,8 +94,31 @@ class Scheduler:
         running: dict[concurrent.futures.Future[Outcome], tuple[int, Label, Action]] = {}
         free_cpu, free_memory = self.cpu, self.memory
         started = 0
+
+        def enough() -> bool:
+            """Stop preparing (the rest is prepared while actions run) when an action
+            finished, or when the queue's head fills every free slot exactly as it would
+            with every ready target prepared: those actions fit the free resources and
+            come before every target still to prepare. (Keying 10,000 ready targets
+            before the first action started left the other threads idle for seconds.)"""
+            free = self.jobs - len(running)
+            if free <= 0:
+                return any(future.done() for future in running)
+            if len(queue) < free:
+                return False
+            if plan.has_ready() and \
+                    plan.sort_key(queue[free - 1][0]) > plan.next_sort_key():
+                return False
+            cpu, memory = free_cpu, free_memory
+            for index, (_label, action) in enumerate(queue[:free]):
+                if (index or running) and (action.threads > cpu or action.memory_mib > memory):
+                    return False  # the full queue might hold one that fits instead
+                cpu -= action.threads
+                memory -= action.memory_mib
+            return True
+
         while plan.has_ready() or running or queue:
-            self._resolve_ready(queue)
+            self._resolve_ready(queue, enough)
             if plan.stopped and queue:
                 for label, _action in queue:  # never started: skipped, like the rest
                     self.skipped(label, [])
@@ -101,13 +126,16 @@ class Scheduler:
                 queue.clear()
                 if plan.has_ready():
                     continue
-            # With every slot taken nothing can start: no scan of a long queue.
-            for item in list(queue) if len(running) < self.jobs else ():
-                label, action = item
-                if running and (len(running) >= self.jobs or action.threads > free_cpu
+            # Scanned only while a slot is free (no walk of a long queue per finished
+            # action once every slot is taken again: that was quadratic).
+            index = 0
+            while index < len(queue) and len(running) < self.jobs:
+                label, action = queue[index]
+                if running and (action.threads > free_cpu
                                 or action.memory_mib > free_memory):
+                    index += 1
                     continue  # waits for resources; one action always may run
-                queue.remove(item)
+                del queue[index]
                 future = self.executor.submit(action)
                 running[future] = (started, label, action)
                 started += 1
@@ -115,6 +143,8 @@ class Scheduler:
                 free_memory -= action.memory_mib
             if not running:
                 break
+            if plan.has_ready() and not any(future.done() for future in running):
+                continue  # more to key while these run
             done, _ = self.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
             for future in sorted(done, key=lambda f: running[f][0]):
                 _seq, label, action = running.pop(future)

@@ -14,6 +14,7 @@ of one attribute, and of different attributes, apart.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._actions import ActionSpec, RunContext, resolve_function
+from ._actions import FORWARD_FILES, ActionSpec, RunContext, resolve_function
 from ._digest import stat_key
 from ._errors import QbuildError, RuleError
 from ._keys import canonical_json
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
     from ._executor import LocalExecutor
 
 Made = dict[str, list[OutputEntry]]  # outputs of earlier actions, by output name
+_names = itertools.count()  # names of forwarded copies (next() is atomic under the GIL)
 
 
 def _package_path(action: Action, rel: str) -> str:
@@ -315,10 +317,65 @@ def _stage(executor: LocalExecutor, action: Action, spec: ActionSpec, sandbox: P
     return ctx, staged
 
 
+def _forwardable(action: Action, spec: ActionSpec) -> list[tuple[str, str]] | None:
+    """(source, output name) pairs if ``forward_files`` can run without a sandbox: every
+    input a source file of this target (no dependency, no layout, no earlier action's
+    output), each named once, one plain output per input."""
+    items: list[str] = []
+    for name in spec.inputs:
+        kind = action.attr_types.get(name)
+        if kind not in ("file", "files") or name in spec.layout:
+            return None
+        value = action.attrs[name]
+        if value is not None:
+            items.extend([value] if kind == "file" else value)
+    outputs = list(spec.outputs)
+    if len(items) != len(outputs) or len(set(items)) != len(items) or \
+            len(set(outputs)) != len(outputs) or \
+            any(item.startswith("//") or item not in action.sources for item in items) or \
+            any(name.endswith("/") for name in outputs):
+        return None
+    return list(zip(items, outputs))
+
+
+def _forward(executor: LocalExecutor, action: Action, spec: ActionSpec,
+             pairs: list[tuple[str, str]]) -> ActionResult:
+    """Run ``forward_files`` over source files without a sandbox or a call: each source
+    is copied (read-only, checked against the stat its digest was taken with, before
+    and after) into a private folder of the store's ``tmp/`` and moved into the store
+    as the output's blob; nothing else runs, so there is nothing else to check."""
+    from ._executor import ActionFailed
+
+    folder = executor.forward_dir()
+    entries = []
+    for item, name in pairs:
+        digest, key = action.sources[item]
+        temp = folder / str(next(_names))  # (unique: a file left behind is in no one's way)
+        copied = executor.copy_source(action, item, key, temp)
+        adopted = False
+        try:
+            adopted = executor.store.put_blob(temp, digest, adopt=True, hashed=copied)
+        finally:
+            if not adopted:  # an intact copy was there already (or storing failed)
+                temp.unlink(missing_ok=True)
+        entries.append(OutputEntry(name, digest, copied.st_size,
+                                   bool(copied.st_mode & stat.S_IXUSR)))
+    for path, (digest, key) in action.sources.items():
+        if not executor.digests.still(executor.root / path, digest, key):
+            raise ActionFailed(RuleError(
+                f"input {path} changed while the action ran; its result was not "
+                "cached. Run the build again.", target=str(action.label)))
+    return ActionResult(tuple(entries), tuple(spec.outputs), {}, (), providers={})
+
+
 def _run_step(executor: LocalExecutor, action: Action, spec: ActionSpec,
               made: Made) -> ActionResult:
     from ._executor import ActionFailed, _tail
 
+    if spec.function == FORWARD_FILES:
+        pairs = _forwardable(action, spec)
+        if pairs is not None:
+            return _forward(executor, action, spec, pairs)
     box = _Sandbox(executor)
     log_path = box.path / "_action.log"  # made by the first log line (opened "a")
     linked: list[Linked] = []

@@ -54,6 +54,7 @@ import diskcache
 
 from ._digest import copy_hashing, copy_new, has_reflinks, hash_file, stat_key
 from ._errors import CacheError
+from ._keylock import KeyLock, KeyLocks
 from ._records import ActionResult, KeyParts
 
 _SETTINGS = {
@@ -64,6 +65,7 @@ _SETTINGS = {
 }
 _READ_ONLY = stat.S_IRUSR | stat.S_IRGRP | stat.S_IROTH
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_MEMO_BATCH = 256  # source digests remembered per memo transaction
 _ORPHAN_AGE = 600.0  # seconds: a blob file this old with no index row is an orphan
 T = TypeVar("T")
 
@@ -77,6 +79,17 @@ class _Adopt:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+
+class _InPlace:
+    """A blob file already moved to its place under ``cas/`` (``filename`` relative to
+    it): its index row is written later, with others (``LocalStore.make_durable``)."""
+
+    __slots__ = ("filename", "size")
+
+    def __init__(self, filename: str, size: int) -> None:
+        self.filename = filename
+        self.size = size
 
 
 class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
@@ -93,6 +106,8 @@ class _AdoptingDisk(diskcache.Disk):  # type: ignore[misc]
         return filename, os.path.join(self._directory, filename)
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
+        if isinstance(value, _InPlace):
+            return value.size, diskcache.core.MODE_BINARY, value.filename, None
         if isinstance(value, _Adopt):
             filename, full_path = self.filename(key, value)
             try:
@@ -135,7 +150,7 @@ class _DurableDisk(_AdoptingDisk):
 
     def store(self, value: Any, read: bool, key: Any = diskcache.core.UNKNOWN) -> Any:
         size, mode, filename, db_value = super().store(value, read, key=key)
-        if filename:
+        if filename and not isinstance(value, _InPlace):  # (in place: durable already)
             full = os.path.join(self._directory, filename)
             st = os.stat(full)
             if stat.S_IMODE(st.st_mode) & ~_READ_ONLY:
@@ -201,6 +216,7 @@ class LocalStore:
             self.tmp.mkdir(exist_ok=True)
             self.locks = directory / "locks"
             self.locks.mkdir(exist_ok=True)
+            self._key_locks = KeyLocks(self.locks)
         except OSError as exc:
             raise CacheError(f"cannot use the cache directory {directory}: "
                              f"{exc.strerror or exc} (set cache_dir in qbuild.toml or "
@@ -212,6 +228,12 @@ class LocalStore:
         self._trusted_lock = threading.Lock()
         self._code_saved: set[str] = set()
         self._pending: list[str] | None = None  # blob files not yet fsync'ed
+        # Blobs adopted in a build whose index rows are not written yet (digest -> file
+        # in cas/): ``make_durable`` writes them, after their files are on disk, in one
+        # transaction; until then this process finds them here.
+        self._fresh: dict[str, _InPlace] = {}
+        self._memo_unsaved: dict[str, str] = {}  # stat key -> digest (see memo_put)
+        self._memo_lock = threading.Lock()
         self._prefetched: dict[str, str] = {}  # action entries read ahead (by key)
         self._sync_lock = threading.Lock()
         self._ac = self._open("ac")
@@ -303,22 +325,49 @@ class LocalStore:
                 self._cas.disk.pending = self._pending
 
     def make_durable(self) -> None:
-        """fsync every blob stored since the last call, and each folder holding one."""
+        """fsync every blob stored since the last call, and each folder holding one;
+        then write the index rows of the blobs adopted meanwhile (``_fresh``)."""
         with self._sync_lock:
+            # Rows first: a row listed now had its file listed before it (put_blob), so
+            # no row is written for a file that was not fsync'ed.
+            rows = list(self._fresh.items())
             pending = self._pending
-            if not pending:
-                return
-            files = list(pending)
-            del pending[:len(files)]
+            files = list(pending) if pending else []
+            if files:
+                assert pending is not None
+                del pending[:len(files)]
             for path in [*files, *dict.fromkeys(os.path.dirname(f) for f in files)]:
                 try:
                     _fsync(path)
                 except FileNotFoundError:
                     pass  # replaced since (its replacement is listed too) or dropped
+            if rows:
+                self._write_rows(rows)
+
+    def _write_rows(self, rows: list[tuple[str, _InPlace]]) -> None:
+        def write(cache: diskcache.Cache) -> None:
+            with cache.transact():
+                for digest, placed in rows:
+                    if self._fresh.get(digest) is placed:  # (not dropped meanwhile)
+                        cache.set(digest, placed, read=True)
+
+        self._write("cas", write)
+        for digest, placed in rows:
+            if self._fresh.get(digest) is placed:
+                del self._fresh[digest]
+
+    def _drop_blob(self, digest: str) -> None:
+        """Drop the blob of ``digest`` from the index (its row written or not)."""
+        placed = self._fresh.pop(digest, None)
+        if placed is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(self.directory, "cas", placed.filename))
+        self._read("cas", lambda c: c.delete(digest), False)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self.make_durable()
+        self._save_memo()
         for cache in (self._ac, self._cas, self._memo):
             with contextlib.suppress(Exception):
                 cache.close()
@@ -435,32 +484,18 @@ class LocalStore:
     @contextlib.contextmanager
     def action_lock(self, key: str) -> Iterator[None]:
         """Hold the lock of one action key (blocking) across processes."""
-        fd = self.lock_action(key)
+        lock = self.lock_action(key)
         try:
             yield
         finally:
-            if fd is not None:
-                os.close(fd)
+            if lock is not None:
+                lock.release()
 
-    def lock_action(self, key: str) -> int | None:
-        """Take the lock of one action key (blocking) across processes; closing the
-        returned descriptor releases it. None: no lock possible (read-only cache): two
+    def lock_action(self, key: str) -> KeyLock | None:
+        """Take the lock of one action key (blocking) across processes (``_keylock``);
+        ``release()`` the returned lock. None: no lock possible (read-only cache): two
         processes may both run the action, both correctly."""
-        import fcntl
-
-        try:
-            # 4,096 lock files shared by all keys (by their first three hex digits), not
-            # one new file per action: a key waits for another only if they share one
-            # and run at the same moment.
-            fd = os.open(self.locks / key[:3], os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError:
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd
+        return self._key_locks.acquire(key)
 
     def get_code(self, digest: str) -> dict[str, str] | None:
         raw = self._ac.get("code:" + digest)
@@ -475,7 +510,7 @@ class LocalStore:
 
     # -- blobs --------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
-        return self._read("cas", lambda c: digest in c, False)
+        return digest in self._fresh or self._read("cas", lambda c: digest in c, False)
 
     def _blob_path(self, digest: str) -> Path | None:
         """The blob file of ``digest``, if the index has it and the file exists."""
@@ -485,6 +520,10 @@ class LocalStore:
     def _blob_row(self, digest: str) -> Path | None:
         """Where the index says the blob of ``digest`` is (one query; the file is not
         opened: callers stat it and treat a missing file as a missing blob)."""
+        fresh = self._fresh.get(digest)
+        if fresh is not None:
+            return Path(self.directory, "cas", fresh.filename)
+
         def find(cache: diskcache.Cache) -> Path | None:
             row = cache._sql("SELECT filename FROM Cache WHERE key = ? AND raw = 1",
                              (digest,)).fetchone()
@@ -506,9 +545,10 @@ class LocalStore:
             return False
 
     def put_blob(self, path: Path, digest: str, adopt: bool = False,
-                 hashed: os.stat_result | None = None) -> None:
+                 hashed: os.stat_result | None = None) -> bool:
         """Store the file at ``path`` (already hashed to ``digest``); a stored copy that
-        is missing or damaged is replaced.
+        is missing or damaged is replaced. False if an intact copy was stored already
+        (an adopted file is then still the caller's).
 
         ``adopt``: the file is the caller's to give away (an action's output in its
         sandbox, on the cache's filesystem): it is renamed into the store, not copied.
@@ -518,17 +558,55 @@ class LocalStore:
         stored = self._blob_row(digest)
         if stored is not None:
             if self._verified(stored, digest) or self._intact(stored, digest):
-                return
+                return False
             self._distrust(digest)
-            self._read("cas", lambda c: c.delete(digest), False)
+            self._drop_blob(digest)
+        if adopt and self._pending is not None:
+            placed = self._adopt_deferred(path, digest, hashed)
+            if placed:
+                return True
         if adopt:
             self._cas.disk.stored.last = None
             self._write("cas", lambda c: c.set(digest, _Adopt(path), read=True))
             if hashed is not None:
                 self._trust_adopted(digest, hashed)
-            return
+            return True  # (or copied in from another filesystem: the file is left)
         with open(path, "rb") as handle:
             self._write("cas", lambda c: c.set(digest, handle, read=True))
+        return False
+
+    def _adopt_deferred(self, path: Path, digest: str, hashed: os.stat_result | None
+                        ) -> bool:
+        """In a build (``defer_sync``): move ``path`` into ``cas/`` now and leave its
+        index row to ``make_durable`` (one transaction for many, off the action's path).
+        False if it cannot be moved (another filesystem): the caller stores it."""
+        disk = self._cas.disk
+        filename, full = disk.filename()
+        try:
+            try:
+                os.rename(path, full)
+            except FileNotFoundError:
+                if not os.path.exists(path):
+                    raise
+                os.makedirs(os.path.dirname(full), exist_ok=True)
+                disk.new_folder(os.path.dirname(full))
+                os.rename(path, full)
+        except FileNotFoundError:
+            raise
+        except OSError:
+            return False
+        st = os.stat(full)
+        if stat.S_IMODE(st.st_mode) & ~_READ_ONLY:
+            os.chmod(full, _READ_ONLY)
+            st = os.stat(full)
+        assert self._pending is not None
+        self._pending.append(full)
+        self._fresh[digest] = _InPlace(filename, st.st_size)
+        # Renaming and chmod move the ctime; a write since the hash moves the mtime.
+        if hashed is not None and (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == (
+                hashed.st_dev, hashed.st_ino, hashed.st_size, hashed.st_mtime_ns):
+            self.vouch(digest, st)
+        return True
 
     def _trust_adopted(self, digest: str, hashed: os.stat_result) -> None:
         stored = getattr(self._cas.disk.stored, "last", None)
@@ -586,7 +664,7 @@ class LocalStore:
             except OSError:
                 st = None
             if source is None or st is None:
-                self._read("cas", lambda c: c.delete(digest), False)
+                self._drop_blob(digest)
                 return False
             trusted = not hash_it and self.trusts(digest, st)
             temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
@@ -603,7 +681,7 @@ class LocalStore:
                         stat_key(os.stat(source)) != stat_key(st):
                     if self._blob_row(digest) != source:
                         continue  # replaced meanwhile: look again
-                    self._read("cas", lambda c: c.delete(digest), False)
+                    self._drop_blob(digest)
                     self._read("memo", lambda c: c.delete(verified_key), False)
                     self._distrust(digest)
                     return False
@@ -666,18 +744,41 @@ class LocalStore:
         except OSError:
             st = None
         if st is not None and (st.st_dev, st.st_ino) == inode:
-            self._read("cas", lambda c: c.delete(digest), False)
+            self._drop_blob(digest)
             with contextlib.suppress(OSError):
                 os.unlink(source)  # type: ignore[arg-type]  # if the row was already gone
 
     # -- stat memo ----------------------------------------------------------------------
     def memo_get(self, key: str) -> str | None:
-        value = self._read("memo", lambda c: c.get(key), None)
+        value = self._memo_unsaved.get(key)
+        if value is None:
+            value = self._read("memo", lambda c: c.get(key), None)
         return value if isinstance(value, str) and _DIGEST.match(value) else None
 
     def memo_put(self, key: str, digest: str) -> None:
-        with contextlib.suppress(CacheError):  # only an optimisation
-            self._write("memo", lambda c: c.set(key, digest))
+        """Remember a source's digest by its stat key; written in batches (one
+        transaction per ``_MEMO_BATCH``, the rest at ``close``): a cold build keys
+        thousands of sources, and losing a few to a kill costs only hashing them again."""
+        self._memo_unsaved[key] = digest
+        if len(self._memo_unsaved) >= _MEMO_BATCH:
+            self._save_memo()
+
+    def _save_memo(self) -> None:
+        with self._memo_lock:
+            items = list(self._memo_unsaved.items())
+            if not items:
+                return
+
+            def write(cache: diskcache.Cache) -> None:
+                with cache.transact():
+                    for key, digest in items:
+                        cache.set(key, digest)
+
+            with contextlib.suppress(CacheError):  # only an optimisation
+                self._write("memo", write)
+            for key, digest in items:
+                if self._memo_unsaved.get(key) == digest:
+                    del self._memo_unsaved[key]
 
     # -- maintenance ----------------------------------------------------------------------
     def stats(self) -> dict[str, Any]:

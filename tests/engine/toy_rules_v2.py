@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from qbuild import ActionContext, AnalysisContext, Provider, Rule, RunContext, attr, hookimpl
+from qbuild import (
+    ActionContext,
+    AnalysisContext,
+    Provider,
+    Rule,
+    RunContext,
+    attr,
+    forward_files,
+    hookimpl,
+)
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,21 @@ def write_x(ctx: RunContext) -> None:
     ctx.output("f.txt").write_text("x")
 
 
+class ForwardDeps(Rule):
+    """``forward_files`` over other targets' outputs: run in a sandbox (the engine's
+    shortcut is for source files only)."""
+
+    kind = "forward_deps"
+    attrs = {"srcs": attr.files(doc="Files or targets.", required=True),
+             "outs": attr.string_list(doc="One output name per input file.", required=True)}
+
+    def declared_outputs(self, name: str, attrs: Any) -> list[str]:
+        return list(attrs["outs"])
+
+    def analyze(self, ctx: AnalysisContext) -> None:
+        ctx.action(forward_files, inputs=["srcs"], outputs=ctx.outputs)
+
+
 @hookimpl
 def qbuild_rule_types():
-    return [Summarize, Consume, LegacyText, Forgetful, ForgetfulV2]
+    return [Summarize, Consume, LegacyText, Forgetful, ForgetfulV2, ForwardDeps]
