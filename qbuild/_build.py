@@ -324,7 +324,7 @@ class Build:
         except ActionFailed as exc:
             self.result.failed_ran.append(str(label))
             self._failed(label, self._scrub(str(exc.error)), self._scrub(exc.log_tail),
-                         key=self.rebuilder.actions[label].key)
+                         key=self.rebuilder.actions[label].key, where=exc.where)
             return False
         if outcome.status == "cached":  # another process ran it while this one waited
             self._cached(label, self.rebuilder.actions[label].key, outcome.result, "local")
@@ -367,13 +367,15 @@ class Build:
             self.result.remote_hits.append(str(label))
         self._event(ActionEvent(str(label), "cached", key=key, origin=f"{origin}_cache"))
 
-    def _failed(self, label: Label, error: str, log_tail: str, key: str | None = None) -> None:
+    def _failed(self, label: Label, error: str, log_tail: str, key: str | None = None,
+                where: str = "") -> None:
         soft = label in self.plan.soft
-        if soft:
+        shown = f"{error} ({where})" if where else error
+        if soft:  # the reason its dependents get, in their keys: not where it ran
             self.result.tolerated[str(label)] = error
         else:
-            self.result.failed[str(label)] = error
-        self._event(ActionEvent(str(label), "failed", key=key, error=error,
+            self.result.failed[str(label)] = shown
+        self._event(ActionEvent(str(label), "failed", key=key, error=shown,
                                 log_tail=log_tail, tolerated=soft))
 
     def _event(self, event: ActionEvent) -> None:

@@ -455,8 +455,8 @@ class DaskExecutor:
         if status == "missing":
             raise MissingBlob(reply["dep"])
         if status == "failed":
-            raise ActionFailed(f"{reply['error']} (on worker {reply['worker']})",
-                               reply.get("log_tail", ""))
+            raise ActionFailed(reply["error"], reply.get("log_tail", ""),
+                               where=f"on worker {reply['worker']}")
         if status != "ok":
             raise ActionFailed(RuleError(f"worker {reply['worker']}: {reply.get('error')}",
                                          target=str(action.label)))

@@ -35,10 +35,13 @@ if TYPE_CHECKING:
 class ActionFailed(Exception):
     """The action failed; ``error`` is user-facing, ``log_tail`` the end of its log."""
 
-    def __init__(self, error: QbuildError | str, log_tail: str = "") -> None:
+    def __init__(self, error: QbuildError | str, log_tail: str = "", where: str = "") -> None:
         super().__init__(str(error))
         self.error = error
         self.log_tail = log_tail
+        # where it ran ("on worker tcp://..."): shown to the user, never part of the
+        # reason a tolerating dependent is given (that reason is in its key)
+        self.where = where
 
 
 class MissingBlob(Exception):

@@ -139,7 +139,16 @@ def lower_integer(ctx: RunContext) -> OnnxModelInfo:
     for e in report["per_node"]:
         if e["status"] == "float":
             ctx.log(f"float: {e['node']} ({e['op_type']}): {e['reason']}")
-    return onnx_model_info(out, lowered)
+    return onnx_model_info(out, lowered, **_recorded(ctx.inputs["model"]))
+
+
+def _recorded(dep) -> dict:
+    """What the source's quantize recorded (tensors kept float or promoted, joins kept
+    float), passed on: lowering changes operators, not those decisions."""
+    info = dep.get(OnnxModelInfo) if OnnxModelInfo in dep else None
+    if info is None:
+        return {}
+    return {"promoted": info.promoted, "float_joins": info.float_joins}
 
 
 def _has_qdq(model) -> bool:
@@ -158,7 +167,7 @@ def _copy_float(ctx: RunContext, src_path, source) -> OnnxModelInfo:
         {"copied": note, "nodes": {"lowered": 0, "compute": 0}, "per_node": []},
         indent=1, sort_keys=True))
     ctx.log(note)
-    return onnx_model_info(out, source)
+    return onnx_model_info(out, source, **_recorded(ctx.inputs["model"]))
 
 
 def check_lowered(ctx: RunContext) -> None:

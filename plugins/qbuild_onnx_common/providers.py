@@ -26,7 +26,7 @@ class OnnxModelInfo(Provider):
     ``quantize`` can say why a name is gone; ``promoted``: the tensors a precision
     override kept above 8 bits or in float, and ``float_joins``: the Concat joins kept
     float (``quantize``; passed on by the rules that rewrite a quantized model:
-    ``bias_correction``, ``adaround``, ``select_best``)."""
+    ``bias_correction``, ``adaround``, ``select_best``, ``lower_integer``)."""
 
     model: Path
     opset: int

@@ -177,3 +177,44 @@ def test_usage_errors_exit_2(tmp_path):
     strategy = ws.build("//p:top", remote_cache="http://127.0.0.1:1",
                         remote_executor="dask://127.0.0.1:1", strategy=["concat=cloud"])
     assert strategy.exit_code == 2 and "KIND=remote or KIND=local" in strategy.error
+
+
+TOLERANT = """
+[a]
+rule = "summarize"
+srcs = ["a.txt"]
+
+[b]
+rule = "summarize"
+srcs = ["b.txt"]
+fail = true
+
+[best]
+rule = "best_of"
+texts = [":a", ":b"]
+"""
+
+
+def test_a_tolerated_failure_on_the_cluster(tmp_path, cache_server, local_cluster):
+    import toy_rules_v2
+    import toy_tolerant
+
+    outcomes = {}
+    for name, remote in (("here", False), ("there", True)):
+        ws = Workspace(tmp_path / name, tmp_path / f"cache-{name}")
+        ws.register(toy_rules_v2)
+        ws.register(toy_tolerant)
+        ws.write("p/a.txt", "one two")
+        ws.write("p/b.txt", "three")
+        ws.write("p/BUILD.toml", TOLERANT)
+        options = dict(remote_cache=_prefix(cache_server, tmp_path), strategy=["*=remote"],
+                       remote_executor=_address(local_cluster)) if remote else {}
+        outcomes[name] = ws.build("//p:best", jobs=1, **options)
+    here, there = outcomes["here"], outcomes["there"]
+    assert there.ok and there.exit_code == 0, there.error + there.log
+    assert "asked to fail" in there.tolerated["//p:b"]
+    assert there.remote_execution["remote_actions"] >= 2  # //p:a's actions and //p:best
+    # the dependent ran on a worker with the failure's stand-in, as it does here
+    assert there.output("//p:best").read_bytes() == here.output("//p:best").read_bytes()
+    lines = there.output("//p:best").read_text().splitlines()
+    assert lines[0] == "ok 2" and lines[1].startswith("failed: ")

@@ -108,6 +108,8 @@ def test_trials_that_quantize_nothing_are_listed_never_chosen(ws):
         assert rows[name]["status"] == "quantizes nothing" and not rows[name]["passes"]
         assert "float model" in rows[name]["excluded"]
     assert rows["u8"]["passes"] and rep["chosen"] == "u8"
+    # the lowered trial reports what its source kept float (lowering passes it on)
+    assert rows["region_bc_int"]["float_nodes"] == rows["region_bc"]["float_nodes"] == 1
     html = next(p for p in r.outputs("//m:auto") if p.name == "report.html").read_text()
     assert "quantizes nothing" in html
 

@@ -58,8 +58,9 @@ def test_report_renders_in_headless_chromium(tmp_path, kind):
         report = {"reference": "//m:fp", "samples": 4, "task": "detection",
                   "reference_bytes": 3600, "reference_latency_ms": 13.0,
                   "models": {f"//m:{n}": {"outputs": {"y": {"sqnr_db": 20.0}}, "bytes": 900,
-                                          "latency_ms": 10.0 + i, "task": {"score": 0.9}}
-                             for i, n in enumerate(["q_a", "q_b"])}}
+                                          "latency_ms": 10.0 + i, "task": {"score": 0.9},
+                                          "quantized": form}
+                             for i, (n, form) in enumerate([("q_a", "QDQ"), ("q_b", None)])}}
         html = evaluate_html(report)
         names = ["//m:fp", "//m:q_a", "//m:q_b"]
         plotted = 2  # the candidates; the reference is the table's first row
@@ -79,5 +80,8 @@ def test_report_renders_in_headless_chromium(tmp_path, kind):
     for name in names:
         assert any(f">{name}" in row for row in rows), name
     assert dom.count('class="variant"') == plotted
+    if kind == "evaluate":  # how each model is quantized; q_b is the float model renamed
+        assert any(">//m:q_a<" in row and ">QDQ<" in row for row in rows)
+        assert any(">//m:q_b<" in row and ">float (nothing quantized)<" in row for row in rows)
     if kind == "auto":
         assert 'id="chosen">region_bc<' in dom and "<rect" in dom

@@ -145,12 +145,15 @@ def evaluate_html(report: Mapping[str, Any]) -> str:
              "sqnr": "inf"}]
     for label, e in report["models"].items():
         sq = [_num(m["sqnr_db"]) for m in e["outputs"].values()]
+        form = e["quantized"] or "float (nothing quantized)" if "quantized" in e else ""
         rows.append({"name": label, "bytes": e.get("bytes"), "latency_ms": e.get("latency_ms"),
                      "score": (e.get("task") or {}).get("score"),
-                     "sqnr": min(sq) if sq else None, "note": _speed_note(report, e)})
+                     "sqnr": min(sq) if sq else None, "note": _speed_note(report, e),
+                     "status": form})
     y_key = "score" if report.get("task", "sqnr") != "sqnr" else "sqnr"
     x_key = "latency_ms" if any(r.get("latency_ms") is not None for r in rows) else "bytes"
-    cols = [("name", "model"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
+    cols = [("name", "model"), ("status", "quantized as"), ("bytes", "size (bytes)"),
+            ("latency_ms", "latency (ms)"),
             ("sqnr", "worst SQNR (dB)"), ("score", f"{report.get('task', 'sqnr')} score")]
     if any(r.get("note") for r in rows):
         cols.append(("note", "speed vs reference"))

@@ -39,10 +39,10 @@ class SensitiveRegion(OnnxRule):
     kind = "sensitive_region"
     version = 2
     heavy = True
-    doc = ("Writes overrides.json keeping a whole region float: everything the consumers "
-           "of the `rank`-th most sensitive activation of a `sensitivity` report depend on "
-           "(the stem) when it sits in the first half of the graph, else its producer and "
-           "everything that depends on it (the head). The region is written as stable "
+    doc = ("Writes overrides.json keeping a whole region float around the `rank`-th most "
+           "sensitive activation of a `sensitivity` report: the smaller of the stem "
+           "(everything the activation's consumers depend on) and the head (its producer "
+           "and everything that depends on it). The region is written as stable "
            "selectors (upto:/after:, docs/selectors.md), never node names. Use it as "
            "quantize's `overrides`.")
     attrs = {
