@@ -1,5 +1,5 @@
 """``python -m qbuild``: the same as the ``qbuild`` command."""
 
-from .cli import main
+from .cli import run
 
-raise SystemExit(main())
+run()

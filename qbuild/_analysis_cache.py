@@ -186,6 +186,23 @@ def save(graph: Graph, patterns: list[str], package: str | None, labels: list[La
     graph.analysis_digest = hashlib.sha256(text.encode()).hexdigest()
 
 
+def _spec(described: dict[str, Any]) -> ActionSpec:
+    """An ``ActionSpec`` from its ``describe()``, its fields set as the generated
+    __init__ would (a frozen class sets each through object.__setattr__; a restore
+    makes one per target)."""
+    spec: ActionSpec = _new(ActionSpec)
+    spec.__dict__.update(
+        mnemonic=described["mnemonic"], function=described["function"],
+        inputs=tuple(described["inputs"]), outputs=tuple(described["outputs"]),
+        params=described["params"], heavy=described["heavy"],
+        layout=described.get("layout", {}),
+        link_inputs=bool(described.get("link_inputs", False)))
+    return spec
+
+
+_new = object.__new__
+
+
 def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Label] | None:
     """The labels the patterns expand to, with ``graph.targets`` filled in as the last
     analysis left them, if nothing that analysis read has changed; else None (and the
@@ -235,13 +252,7 @@ def restore(graph: Graph, patterns: list[str], package: str | None) -> list[Labe
                     return None
             targets[label] = Target(label, kind, build_file, entry, entry.cls(), attrs,
                                     dep_labels, sources, outputs, tuple(tags),
-                                    tuple(inactive), [
-                                        ActionSpec(a["mnemonic"], a["function"],
-                                                   tuple(a["inputs"]), tuple(a["outputs"]),
-                                                   a["params"], a["heavy"],
-                                                   a.get("layout", {}),
-                                                   bool(a.get("link_inputs", False)))
-                                        for a in actions])
+                                    tuple(inactive), [_spec(a) for a in actions])
         labels = [_label(text, known) for text in record["labels"]]
     except Exception:  # noqa: BLE001 - absent, damaged or stale: analyse as usual
         return None

@@ -15,7 +15,6 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._analysis import Graph, Target
@@ -78,13 +77,20 @@ class BuildResult:
     tolerated: dict[str, str] = field(default_factory=dict)
     failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
     skip_reasons: dict[str, str] = field(default_factory=dict)
-    outputs: dict[str, list[Path]] = field(default_factory=dict)
+    outputs: dict[str, list[str]] = field(default_factory=dict)  # absolute paths
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     steps: dict[str, dict[str, str]] = field(default_factory=dict)  # v2: action -> ran/cached
     explanations: dict[str, list[str]] = field(default_factory=dict)
     bytes_hashed: int = 0
     seconds: float = 0.0
+
+
+def cached_record(label: str, key: str) -> dict[str, Any]:
+    """``ActionEvent(label, "cached", key=key, origin="local_cache").to_json()``, made
+    directly (a test holds them equal)."""
+    return {"label": label, "status": "cached", "seconds": 0.0, "key": key,
+            "origin": "local_cache"}
 
 
 _TOLERANT: dict[type, bool] = {}  # rule class -> has an attribute tolerating failures
@@ -141,6 +147,7 @@ class Build:
         claim_output_dir(session.workspace.output_dir)
         self.state = WorkspaceState(session.workspace.output_dir)
         self.result = BuildResult()
+        self._action_hook = session.registry.pm.hook.qbuild_action_finished
         self.plan = Plan([], {})  # (the build's own, from ``scheduler``)
         self._soft_skips: set[str] = set()
         # The remote layer, when configured (imported only then: it pulls in http.client).
@@ -182,7 +189,7 @@ class Build:
         # Requested targets placed as soon as their action ran: {label: (the result
         # placed, the paths)}; kept if that is still the target's result at the end.
         self._requested: set[Label] = set()
-        self._placed_early: dict[Label, tuple[ActionResult, list[Path]]] = {}
+        self._placed_early: dict[Label, tuple[ActionResult, list[str]]] = {}
         self.rebuilder.ran = self._place_early
 
     @property
@@ -209,6 +216,8 @@ class Build:
             prefetch([last[str(label)] for label in actionable if str(label) in last])
         interrupted = False
         try:
+            if self.reuse is not None:
+                order = self._reuse_untouched(order)
             self.scheduler(order, requested).run()
             for label in requested:
                 if label in self.results:
@@ -233,13 +242,40 @@ class Build:
             self._finish(requested, started, interrupted)
         return self.result
 
+    def _reuse_untouched(self, order: list[Label]) -> list[Label]:
+        """Give every target the incremental path reuses along with all its dependencies
+        its last result at once (``Reuse.untouched``: the answer ``_prepare`` would give
+        it, without planning it); return the rest of ``order``, for the plan."""
+        assert self.reuse is not None
+        untouched = self.reuse.untouched(order, self.graph.targets)
+        if not untouched:
+            return order
+        reuse, cached, event = self.rebuilder.reuse, self.result.cached, self._event
+        report = self.reporter.action_finished
+        hooked = bool(self._action_hook.get_hookimpls())
+        for label, (key, result, sources) in untouched.items():
+            reuse(label, key, result, sources)
+            name = str(label)
+            cached.append(name)
+            if hooked:
+                event(ActionEvent(name, "cached", key=key, origin="local_cache"))
+            else:  # (no hook to hand the event to: only its record)
+                report(cached_record(name, key))
+        return [label for label in order if label not in untouched]
+
     def scheduler(self, order: list[Label], requested: list[Label] | None = None
                   ) -> Scheduler:
-        """The scheduler of this build's plan (analysis order, dependencies first)."""
+        """The scheduler of this build's plan (analysis order, dependencies first; a
+        dependency outside ``order`` is done already)."""
         targets = self.graph.targets
+        if self.reuse is None:  # (every dependency is in the plan)
+            deps = {label: targets[label].deps for label in order}
+        else:
+            planned = set(order)
+            deps = {label: [dep for dep in targets[label].deps if dep in planned]
+                    for label in order}
         plan = self.plan = Plan(
-            order, {label: targets[label].deps for label in order},
-            weight=lambda label: 0 if targets[label].is_group else 1,
+            order, deps, weight=lambda label: 0 if targets[label].entry is None else 1,
             tolerant={label: ds for label in order if (ds := _tolerated(targets[label]))},
             requested=order if requested is None else requested)
         return Scheduler(
@@ -380,7 +416,8 @@ class Build:
 
     def _event(self, event: ActionEvent) -> None:
         self.reporter.action_finished(event.to_json())
-        self.session.registry.pm.hook.qbuild_action_finished(event=event)
+        if self._action_hook.get_hookimpls():  # (none in most builds: no call at all)
+            self._action_hook(event=event)
 
     def _scrub(self, text: str) -> str:
         """Error text with sandbox paths written as the workspace-relative paths they
@@ -446,10 +483,15 @@ class Build:
 
     def code_files(self) -> set[str]:
         """Every rule code file the keys of this build rest on (hashed now, or by the
-        build whose keys were reused)."""
+        build whose keys were reused), and the files plugins name as what their
+        environment facts rest on (``qbuild_key_files``)."""
         files = set(self.session.code.files_read) if self.session.code_used else set()
         if self.reuse is not None:
             files.update(self.reuse.code_files)
+        # What plugins' environment facts rest on (the tools a command runs): stat'ed
+        # like code by the paths that skip keying (and carried forward as code is).
+        for found in self.session.registry.pm.hook.qbuild_key_files():
+            files.update(str(path) for path in found or ())
         return files
 
     def reusable(self) -> dict[str, tuple[str, ActionResult, Mapping[str, tuple[str, str]]]]:

@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -34,8 +35,65 @@ _SKIP_DIRS = {"__pycache__"}
 _records: dict[str, dict[str, tuple[str, int]] | None] = {}
 
 
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _dist_info(dist_name: str) -> Path | None:
+    """The ``.dist-info`` folder of ``dist_name``: the first one on ``sys.path``, as
+    ``importlib.metadata`` finds it (None if not found, or if an ``.egg-info`` of that
+    name comes first: then ``importlib.metadata`` decides)."""
+    wanted = _normal(dist_name)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            stem, dot, suffix = name.rpartition(".")
+            if suffix in ("dist-info", "egg-info") and dot and \
+                    _normal(stem.partition("-")[0]) == wanted:
+                return Path(entry or ".") / name if suffix == "dist-info" else None
+    return None
+
+
+def _read_record(dist_name: str) -> dict[str, tuple[str, int]] | None | bool:
+    """``_record_hashes`` read straight from the ``.dist-info`` folder (importing
+    ``importlib.metadata`` costs more than a no-op build's keying): the table, None for
+    an editable install, or False when it cannot tell (then ``importlib.metadata``
+    does)."""
+    info = _dist_info(dist_name)
+    if info is None:
+        return False
+    try:
+        direct_url = info / "direct_url.json"
+        direct = json.loads(direct_url.read_text(encoding="utf-8")) if direct_url.exists() \
+            else {}
+        if direct.get("dir_info", {}).get("editable"):
+            return None
+        import csv
+
+        table: dict[str, tuple[str, int]] = {}
+        with open(info / "RECORD", encoding="utf-8", newline="") as handle:
+            for row in csv.reader(handle):
+                if len(row) < 3 or not row[1] or not row[2]:
+                    continue
+                mode, _, value = row[1].partition("=")
+                if mode != "sha256":
+                    continue
+                raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+                table[os.path.realpath(info.parent / row[0])] = (raw.hex(), int(row[2]))
+        return table
+    except (OSError, ValueError, AttributeError, TypeError):
+        return False
+
+
 def _record_hashes(dist_name: str) -> dict[str, tuple[str, int]] | None:
     if dist_name in _records:
+        return _records[dist_name]
+    read = _read_record(dist_name)
+    if read is not False:
+        _records[dist_name] = read  # type: ignore[assignment]
         return _records[dist_name]
     from importlib import metadata
 

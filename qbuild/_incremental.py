@@ -38,6 +38,7 @@ from ._label import Label
 from ._records import ActionResult
 
 _VERSION = 1
+_UNSEEN: Any = object()
 
 
 def record_path(output_dir: Path, patterns: list[str], package: str | None) -> Path:
@@ -63,8 +64,10 @@ def _code_files(code_files: Iterable[str]) -> dict[str, str | None]:
 
 
 def result_text(result: ActionResult) -> str:
-    """A result as the action cache stores it (``LocalStore.put_action``)."""
-    return sorted_json(result.to_json())
+    """A result as the action cache stores it (``LocalStore.put_action``): the very
+    text it was read from, when the store kept it."""
+    text = result.__dict__.get("_text")
+    return text if isinstance(text, str) else sorted_json(result.to_json())
 
 
 class Reuse:
@@ -115,11 +118,80 @@ class Reuse:
             self._results[label] = result
         return result
 
+    def entry_of(self, label: str, key: str, result: ActionResult) -> list[Any] | None:
+        """The recorded entry of ``label`` if the build reused it as recorded (the same
+        key and the very result object decoded from it, with source stats): what
+        ``save`` would make of it again. Its stats were not too recent for the build
+        that recorded them, so neither for this later one."""
+        entry = self._targets.get(label)
+        if entry is None or entry[0] != key or entry[2] is None or \
+                self._results.get(label) is not result:
+            return None
+        return list(entry)
+
     def text(self, label: str, result: ActionResult) -> str:
         """``result_text(result)``, without encoding it again if it is the recorded one."""
         if self._results.get(label) is result:
             return str(self._targets[label][1])
         return result_text(result)
+
+    def untouched(self, order: Iterable[Label], targets: Mapping[Label, Any]
+                  ) -> dict[Label, tuple[str, ActionResult, dict[str, tuple[str, str]]]]:
+        """(key, result, sources) of every target ``take`` would reuse whose
+        dependencies are all reused unchanged too (so each gets the very result object
+        ``take`` compares with): its own entry and source stats are all that decide it.
+        ``order`` lists dependencies first. Each source file is stat'ed once. The build
+        gives these targets their results without planning or keying them; the others
+        (an edited source, a group, a dependency that may come back different) go
+        through the plan and ``take`` as usual."""
+        chosen: dict[Label, tuple[str, dict[str, tuple[str, str]]]] = {}
+        stats: dict[str, str | None] = {}
+        root = str(self.root) + os.sep
+        for label in order:
+            target = targets[label]
+            if target.is_group:
+                continue  # (``take`` never reuses a target depending on a group)
+            entry = self._targets.get(str(label))
+            if entry is None or entry[2] is None or entry[0] not in self._present:
+                continue
+            if not all(dep in chosen for dep in target.deps):
+                continue
+            try:
+                sources: dict[str, tuple[str, str]] = {}
+                for rel, (digest, key) in entry[2].items():
+                    now = stats.get(rel, _UNSEEN)
+                    if now is _UNSEEN:
+                        now = stats[rel] = _stat(root + rel)
+                    if now != key:
+                        break
+                    sources[rel] = (digest, key)
+                else:
+                    chosen[label] = (entry[0], sources)
+            except (ValueError, TypeError, KeyError, AttributeError):
+                continue
+        if not self._decode([str(label) for label in chosen]):
+            return {}  # a damaged result: ``take`` decides target by target
+        found = {label: (key, self._results[str(label)], sources)
+                 for label, (key, sources) in chosen.items()}
+        self.reused += len(found)
+        return found
+
+    def _decode(self, labels: list[str]) -> bool:
+        """Decode the recorded results of ``labels`` (in one pass: one JSON array);
+        False if one of them cannot be."""
+        names = [name for name in labels if name not in self._results]
+        try:
+            texts = [self._targets[name][1] for name in names]
+            if not all(isinstance(text, str) for text in texts):
+                return False
+            values = json.loads("[" + ",".join(texts) + "]")
+            if not isinstance(values, list) or len(values) != len(names):
+                return False
+            made = [ActionResult.from_json(value) for value in values]
+        except (ValueError, TypeError, KeyError, AttributeError, IndexError):
+            return False
+        self._results.update(zip(names, made))
+        return True
 
     def take(self, label: Label, deps: list[Label], results: Mapping[Label, ActionResult]
              ) -> tuple[str, ActionResult, dict[str, tuple[str, str]]] | None:
@@ -168,6 +240,11 @@ def save(path: Path, *, analysis: str | None, env: Mapping[str, Any], store_dir:
         return
     entries = {}
     for label, (key, result, sources) in targets.items():
+        if reuse is not None:
+            same = reuse.entry_of(label, key, result)
+            if same is not None:  # reused as recorded: recorded as it was
+                entries[label] = same
+                continue
         stats: dict[str, list[str]] | None = {
             rel: [digest, stat] for rel, (digest, stat) in sources.items()}
         if any(key_is_racy(stat, started) for _digest, stat in sources.values()):

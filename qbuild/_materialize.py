@@ -37,19 +37,20 @@ class Materializer:
         self.rebuild = rebuild
         self.placed: set[str] = set()  # output-folder paths of the requested targets
 
-    def place(self, label: Label, rebuild: bool = True) -> list[Path]:
-        """Place ``label``'s outputs; returns the declared output paths. If they cannot
+    def place(self, label: Label, rebuild: bool = True) -> list[str]:
+        """Place ``label``'s outputs; returns the declared output paths (as text: a
+        build of many targets prints them and needs no Path of each). If they cannot
         be placed even after running the action again (not tried unless ``rebuild``),
         raises ActionFailed (or OSError): a path is never printed for files that are not
         there."""
         base_rel = output_folder(label)
         result = self.result(label)
-        if self.state.in_place(self.output_dir, base_rel,
-                               [(e.path, e.digest, e.executable) for e in result.outputs]):
-            self.placed.update(f"{base_rel}/{e.path}" for e in result.outputs)
-            # (one Path each, from text: joining Paths is most of a no-op's placing)
+        if self.state.in_place(self.output_dir, base_rel, result.outputs):
+            done = self.placed
+            for e in result.outputs:
+                done.add(f"{base_rel}/{e.path}")
             base_text = f"{self.output_dir}/{base_rel}/"
-            return [Path(base_text + name.rstrip("/")) for name in result.declared]
+            return [base_text + name.rstrip("/") for name in result.declared]
         base, fresh = _real_dir(self.output_dir, base_rel)
         for attempt in range(2):
             result = self.result(label)
@@ -75,7 +76,7 @@ class Materializer:
                     path.unlink()
                     self.state.set_materialized(f"{base_rel}/{rel}", None)
         self.state.set_folder(self.output_dir, base_rel, sorted(wanted))
-        return [base / name.rstrip("/") for name in result.declared]
+        return [str(base / name.rstrip("/")) for name in result.declared]
 
     def remove(self, label: Label) -> None:
         """Remove ``label``'s output folder (it failed or was not built)."""

@@ -37,23 +37,29 @@ class Plan:
         self._index = {label: i for i, label in enumerate(order)}
         self.deps = {label: list(dict.fromkeys(deps[label])) for label in order}
         self.tolerant = {label: frozenset(ds) for label, ds in (tolerant or {}).items()}
-        self._dependents: dict[Label, list[Label]] = {label: [] for label in order}
-        for label in order:
-            for dep in self.deps[label]:
-                self._dependents[dep].append(label)
+        dependents: dict[Label, list[Label]] = {label: [] for label in order}
+        for label, before in self.deps.items():
+            for dep in before:
+                dependents[dep].append(label)
+        self._dependents = dependents
         asked = set(requested)
         self.soft: set[Label] = set()
-        for label in reversed(order):  # dependents before their dependencies
-            users = self._dependents[label]
-            if label not in asked and users and all(
-                    u in self.soft or label in self.tolerant.get(u, ()) for u in users):
-                self.soft.add(label)
-        self._waiting = {label: len(self.deps[label]) for label in order}
+        if self.tolerant:  # (no target tolerates a failure: nothing is soft)
+            for label in reversed(order):  # dependents before their dependencies
+                users = dependents[label]
+                if label not in asked and users and all(
+                        u in self.soft or label in self.tolerant.get(u, ()) for u in users):
+                    self.soft.add(label)
+        self._waiting = {label: len(before) for label, before in self.deps.items()}
         # Length of the longest chain from each target to the end of the build.
-        self.priority: dict[Label, int] = {}
+        priority: dict[Label, int] = {}
         for label in reversed(order):
-            after = max((self.priority[d] for d in self._dependents[label]), default=0)
-            self.priority[label] = weight(label) + after
+            after = 0
+            for parent in dependents[label]:
+                if priority[parent] > after:
+                    after = priority[parent]
+            priority[label] = weight(label) + after
+        self.priority = priority
         self._ready: list[tuple[int, int, Label]] = []
         for label in order:
             if self._waiting[label] == 0:

@@ -134,19 +134,23 @@ class ConsoleReporter(Reporter):
             self.done += 1
             status = event["status"]
             self._clear()
+            wrote = self.tty  # (the status line)
             for warning in event.get("warnings", []):
                 if self.verbose:
                     self._write_lines()
+                    wrote = True
                     self.stream.write(f"WARNING: {label}: {warning}\n")
                 elif not self.quiet:
                     key = (event.get("rule", ""), warning.replace(label, "this target"))
                     self.warnings.setdefault(key, []).append((label, warning))
             if status == "failed" and event.get("tolerated"):
                 self._write_lines()
+                wrote = True
                 self.stream.write(f"failed (tolerated by its dependents): {label}: "
                                   f"{event.get('error', '')}\n")
             elif status == "failed":
                 self._write_lines()
+                wrote = True
                 self.stream.write(f"FAILED: {label}: {event.get('error', '')}\n")
                 tail = event.get("log_tail")
                 if tail:
@@ -165,9 +169,11 @@ class ConsoleReporter(Reporter):
                     self._lines.append(line)
                     return
                 self._write_lines()
+                wrote = True
                 self.stream.write(line)
             self._status()
-            self.stream.flush()
+            if wrote:  # (a flush per cached target is most of a large no-op's reporting)
+                self.stream.flush()
 
     def message(self, text: str) -> None:
         if self.quiet:

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from ._label import Label
 
+_new = object.__new__
+
 KeyParts = dict[str, Any]
 """The components of an action key (canonical JSON; ``qbuild explain`` diffs them)."""
 
@@ -35,8 +37,12 @@ class OutputEntry:
 
     @classmethod
     def from_json(cls, entry: Mapping[str, Any]) -> OutputEntry:
-        return cls(entry["path"], entry["digest"], int(entry.get("size", 0) or 0),
-                   bool(entry.get("x")))
+        # Fields set as the generated __init__ would (it sets each through
+        # object.__setattr__, a frozen class's only way): a build reads thousands.
+        made = _new(cls)
+        made.__dict__.update(path=entry["path"], digest=entry["digest"],
+                             size=int(entry.get("size", 0) or 0), executable=bool(entry.get("x")))
+        return made
 
 
 @dataclass(frozen=True)
@@ -79,12 +85,16 @@ class ActionResult:
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> ActionResult:
         """From a record the store has checked (``_store.valid_result``)."""
-        return cls(tuple(OutputEntry.from_json(e) for e in record["outputs"]),
-                   tuple(record["declared"]), dict(record["info"]),
-                   tuple(str(w) for w in record.get("warnings", [])),
-                   "remote" if record.get("origin") == "remote" else "local",
-                   dict(record.get("providers") or {}),
-                   None if record.get("failed") is None else str(record["failed"]))
+        made = _new(cls)
+        entry = OutputEntry.from_json
+        made.__dict__.update(
+            outputs=tuple([entry(e) for e in record["outputs"]]),
+            declared=tuple(record["declared"]), info=dict(record["info"]),
+            warnings=tuple([str(w) for w in record.get("warnings", ())]),
+            origin="remote" if record.get("origin") == "remote" else "local",
+            providers=dict(record.get("providers") or {}),
+            failed=None if record.get("failed") is None else str(record["failed"]))
+        return made
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ dependencies' results into the key's parts, the key and the ``Action`` record.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import stat
 from collections.abc import Iterable, Mapping
@@ -26,6 +27,7 @@ from ._plugins import Registry, load_registry
 from ._protocols import Store
 from ._providers import provider_name
 from ._records import Action, ActionResult, KeyParts
+from ._steps import step_components, step_key
 from ._workspace import Workspace, load_workspace
 
 if TYPE_CHECKING:
@@ -49,6 +51,8 @@ class Session:
         self._code: CodeDigests | None = None
         self._code_memo: dict[tuple[type | None, tuple[str, ...]], dict[str, str]] = {}
         self._attr_type_memo: dict[type, dict[str, str]] = {}
+        self._rule_memo: dict[str, tuple[Any, Any, Any, dict[str, Any]]] = {}
+        self._root_text = str(workspace.root) + os.sep
 
     @classmethod
     def open(cls, cwd: Path, *, plugins: Iterable[ModuleType | Any] = (),
@@ -205,55 +209,70 @@ class Session:
         """``key_for``; without ``with_parts``, the components are left out (None) when
         the key does not need them (a target whose one action makes every output is
         keyed by that action's own parts): a lookup that hits never needs them."""
-        root = str(self.workspace.root) + os.sep
+        root = self._root_text
         digests = self.digests
         sources = {rel: digests.digest(root + rel) for rel in target.sources}
         executable = [rel for rel in target.sources
                       if digests.mode(root + rel) & stat.S_IXUSR]
         deps = {str(dep): results[dep] for dep in target.deps}
         hooks = self.registry.hook_plugins(target)
-        single = len(target.actions) == 1 and list(target.actions[0].outputs) == target.outputs
+        actions = target.actions
+        single = len(actions) == 1 and list(actions[0].outputs) == target.outputs
         parts = None
         if with_parts or not single:
             parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
                                self.code_parts(target), executable, hooks)
         # (A single action's own key replaces the target's below: no need to hash it.)
         key = "" if single or parts is None else action_key(parts)
-        assert target.entry is not None and target.rule is not None
-        rule = target.rule
-        fields: dict[str, Any] = dict(
-            label=target.label, build_file=target.build_file, rule_ref=target.entry.ref,
-            heavy=bool(rule.heavy), attrs=target.attrs,
-            attr_types=self._attr_types(rule),
+        entry, rule = target.entry, target.rule
+        assert entry is not None and rule is not None
+        constant = self._rule_constants(entry, rule)
+        # The record's fields, set as Action's generated __init__ would (a frozen class
+        # sets each through object.__setattr__: 25 calls per target): every field, the
+        # defaults first. The record is ours alone until it is returned.
+        fields: dict[str, Any] = {**_ACTION_DEFAULTS, "accelerators": {}, "step_base": {}}
+        fields.update(
+            label=target.label, build_file=target.build_file, rule_ref=constant["ref"],
+            heavy=constant["heavy"], attrs=target.attrs, attr_types=constant["attr_types"],
             sources=sources, deps=deps, outputs=tuple(target.outputs), key=key,
             reproducible=rule.is_reproducible(target.attrs),
             hooks={name: tuple(module for module, _ in found)
-                   for name, found in hooks.items()})
-        if target.actions:
+                   for name, found in hooks.items()} if hooks else {})
+        if actions:
             env = parts["env"] if parts is not None else target_env(target)
+            step_base = dict(constant["step_base"])
+            step_base["env"] = env
+            step_base["hooks"] = {name: [list(item) for item in found]
+                                  for name, found in hooks.items()} if hooks else {}
             fields.update(
-                steps=tuple(target.actions), executable=tuple(executable),
-                step_base={
-                    "rule": target.entry.kind, "rule_version": target.entry.cls.version,
-                    "plugin": target.entry.dist, "plugin_version": target.entry.dist_version,
-                    "qbuild_version": __version__, "env": env,
-                    "hooks": {name: [list(item) for item in found]
-                              for name, found in hooks.items()} if hooks else {},
-                    "provides": sorted(provider_name(p) for p in rule.provides)},
-                step_code=tuple(self.step_code(target, spec.function)
-                                for spec in target.actions))
+                steps=tuple(actions), executable=tuple(executable), step_base=step_base,
+                step_code=tuple([self.step_code(target, spec.function) for spec in actions]))
+        action: Action = _new_action(Action)
+        action.__dict__.update(fields)
         if single:
             # One action making every output: the target's key is the action's own
             # (label-free) key, so it costs one lookup and one entry, as a v1 target.
-            # (Its parts read the fields only: the record is made once, with the key.)
-            from types import SimpleNamespace
+            # (Its parts read the record's fields only: the key is set in it once made.)
+            key = step_key(step_components(action, 0, {}))
+            action.__dict__.update(key=key, keyed_by_step=True)
+        return parts, key, action
 
-            from ._steps import step_components, step_key
-
-            key = step_key(step_components(SimpleNamespace(**fields),  # type: ignore[arg-type]
-                                           0, {}))
-            fields.update(key=key, keyed_by_step=True)
-        return parts, key, Action(**fields)
+    def _rule_constants(self, entry: Any, rule: Any) -> dict[str, Any]:
+        """What every target of one rule puts in its action record and step keys alike
+        (memoised per entry while the rule's ``provides`` is the very object it was)."""
+        known = self._rule_memo.get(entry.kind)
+        if known is not None and known[0] is entry and known[1] is rule.provides and \
+                known[2] == (rule.heavy, entry.cls.version):
+            return known[3]
+        constant = {
+            "ref": entry.ref, "heavy": bool(rule.heavy), "attr_types": self._attr_types(rule),
+            "step_base": {
+                "rule": entry.kind, "rule_version": entry.cls.version, "plugin": entry.dist,
+                "plugin_version": entry.dist_version, "qbuild_version": __version__,
+                "provides": sorted(provider_name(p) for p in rule.provides)}}
+        self._rule_memo[entry.kind] = (entry, rule.provides, (rule.heavy, entry.cls.version),
+                                       constant)
+        return constant
 
     def parts_of(self, target: Target, action: Action) -> KeyParts:
         """The components of a target keyed by ``keyed(..., with_parts=False)``."""
@@ -269,6 +288,13 @@ class Session:
                 name: schema.type for name, schema in rule.attrs.items()}
         return types
 
+
+_new_action = object.__new__
+# Every field of an Action with its default (the record is made field by field).
+_ACTION_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    for f in dataclasses.fields(Action)
+    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 
 # rule class -> (its provides, its attrs, the modules of their providers)
 _provider_memo: dict[type, tuple[Any, Any, list[str]]] = {}

@@ -9,10 +9,15 @@ import json
 import os
 import stat
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ._digest import key_is_racy, stat_key
+from ._records import OutputEntry
+
+lstat = os.lstat
+S_ISDIR, S_ISREG, S_IXUSR = stat.S_ISDIR, stat.S_ISREG, stat.S_IXUSR
 
 
 class WorkspaceState:
@@ -44,36 +49,49 @@ class WorkspaceState:
         self._real_dirs: set[str] = set()  # folders seen to be real (no link) this run
         self._dirty = False
 
-    def in_place(self, output_dir: Path, base_rel: str,
-                 entries: list[tuple[str, str, bool]]) -> bool:
-        """True if a target's output folder holds exactly ``entries`` (flat), each
-        file as placed and recorded, and nothing else: its stat is the one recorded
-        after it was cleaned, and no folder on the way is a symlink. Then there is
-        nothing to copy, hash or delete."""
-        names = sorted(path for path, _digest, _executable in entries)
+    def in_place(self, output_dir: Path, base_rel: str, outputs: Sequence[OutputEntry]
+                 ) -> bool:
+        """True if a target's output folder holds exactly ``outputs`` (flat), each file
+        as placed and recorded, and nothing else: its stat is the one recorded after it
+        was cleaned, and no folder on the way is a symlink. Then there is nothing to
+        copy, hash or delete."""
         folder = self.folders.get(base_rel)
-        if folder is None or folder[1] != names or any("/" in name for name in names):
+        if folder is None:
+            return False
+        names = folder[1]
+        if len(names) != len(outputs):
+            return False
+        if len(outputs) == 1:
+            if names[0] != outputs[0].path or "/" in names[0]:
+                return False
+        elif names != sorted(entry.path for entry in outputs) or \
+                any("/" in name for name in names):
             return False
         top = f"{output_dir}/"
-        parts = base_rel.split("/")
+        materialized = self.materialized
         try:
-            for depth in range(1, len(parts)):
-                rel = "/".join(parts[:depth])
-                if rel not in self._real_dirs:
-                    if not stat.S_ISDIR(os.lstat(top + rel).st_mode):
-                        return False
-                    self._real_dirs.add(rel)
-            st = os.lstat(top + base_rel)
-            if not stat.S_ISDIR(st.st_mode) or stat_key(st) != folder[0]:
+            parent = base_rel.rpartition("/")[0]
+            if parent and parent not in self._real_dirs:
+                parts = base_rel.split("/")
+                for depth in range(1, len(parts)):
+                    rel = "/".join(parts[:depth])
+                    if rel not in self._real_dirs:
+                        if not S_ISDIR(lstat(top + rel).st_mode):
+                            return False
+                        self._real_dirs.add(rel)
+            st = lstat(top + base_rel)
+            if not S_ISDIR(st.st_mode) or stat_key(st) != folder[0]:
                 return False
-            for path, digest, executable in entries:
-                rel = f"{base_rel}/{path}"
-                record = self.materialized.get(rel)
-                if record is None or record[0] != digest or record[2] != executable:
+            for entry in outputs:
+                rel = f"{base_rel}/{entry.path}"
+                record = materialized.get(rel)
+                if record is None or record[0] != entry.digest or \
+                        record[2] != entry.executable:
                     return False
-                st = os.lstat(top + rel)
-                if not stat.S_ISREG(st.st_mode) or stat_key(st) != record[1] or \
-                        bool(st.st_mode & stat.S_IXUSR) != executable or st.st_mode & 0o222:
+                st = lstat(top + rel)
+                mode = st.st_mode
+                if not S_ISREG(mode) or stat_key(st) != record[1] or \
+                        bool(mode & S_IXUSR) != entry.executable or mode & 0o222:
                     return False
         except OSError:
             return False

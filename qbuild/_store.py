@@ -202,6 +202,11 @@ def valid_result(value: Any) -> bool:
         isinstance(value.get("providers", {}), dict)
 
 
+# Keys per "IN (...)" query: as many as SQLite takes (32,766 variables since 3.32, 999
+# before); fewer, larger queries cost less than many small ones.
+_IN_CHUNK = 5000 if sqlite3.sqlite_version_info >= (3, 32) else 500
+
+
 class LocalStore:
     """A ``Store`` in a local directory, safe for concurrent processes."""
 
@@ -391,7 +396,11 @@ class LocalStore:
         if result is None:
             return None
         if valid_result(result):
-            return ActionResult.from_json(result)
+            found = ActionResult.from_json(result)
+            # The entry's text, for a record of this result (``_incremental``) without
+            # encoding it again: what ``put_action`` wrote for it.
+            object.__setattr__(found, "_text", raw)
+            return found
         self.drop_action(key)  # written by something else: a miss
         return None
 
@@ -401,8 +410,8 @@ class LocalStore:
         read error, are left out: the caller looks them up one by one)."""
         def select(cache: diskcache.Cache) -> dict[str, str]:
             found: dict[str, str] = {}
-            for start in range(0, len(keys), 500):
-                chunk = keys[start:start + 500]
+            for start in range(0, len(keys), _IN_CHUNK):
+                chunk = keys[start:start + _IN_CHUNK]
                 rows = cache._sql(
                     "SELECT key, mode, value FROM Cache WHERE raw = 1 AND key IN "
                     f"({','.join('?' * len(chunk))})", chunk).fetchall()

@@ -208,7 +208,7 @@ def _session(args: argparse.Namespace) -> tuple[Session, str | None]:
     return Session.open(Path.cwd(), remote_flags=remote_flags, blocked=_blocked(args))
 
 
-def _rel(path: Path, cwd: str | None = None) -> str:
+def _rel(path: Path | str, cwd: str | None = None) -> str:
     """``path`` relative to ``cwd`` (default: the current directory's, asked now)."""
     text = str(path)
     if cwd is None:
@@ -221,7 +221,7 @@ def _rel(path: Path, cwd: str | None = None) -> str:
         return text
 
 
-def _shown(path: Path, cwd: str | None = None) -> str:
+def _shown(path: Path | str, cwd: str | None = None) -> str:
     """An output path as ``qbuild build`` prints it: quoted for the shell when needed
     (matrix variants' folders hold ``@``, ``=`` and ``,``)."""
     return shlex.quote(_rel(path, cwd))
@@ -338,11 +338,14 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         check_toolchain(dict(session.workspace.toolchain), args.toolchain_mismatch,
                         session.workspace.root / "qbuild.toml",
                         lambda line: print(line, file=sys.stderr))
-        from ._dask_executor import resolve_executor
+        executor: Any = None
+        if args.remote_executor is not None or session.workspace.has_remote or \
+                "QBUILD_REMOTE_EXECUTOR" in os.environ:  # (else nothing names one)
+            from ._dask_executor import resolve_executor
 
-        executor = resolve_executor(session.workspace.root, {
-            "executor": args.remote_executor, "local_fallback": args.remote_local_fallback,
-            "strategy": args.strategy})
+            executor = resolve_executor(session.workspace.root, {
+                "executor": args.remote_executor,
+                "local_fallback": args.remote_local_fallback, "strategy": args.strategy})
         if executor is not None and session.remote is None:
             raise UsageError("--remote_executor needs a remote cache (the workers' only way "
                              "to get inputs and return outputs): give --remote_cache=URL, "
@@ -373,7 +376,7 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
         for label in result.requested:
             for path in result.outputs.get(label, []):
                 shown.append(_shown(path, cwd))
-                lines.append(str(path)[root_prefix:].replace(os.sep, "/"))
+                lines.append(path[root_prefix:].replace(os.sep, "/"))
         if shown:
             sys.stdout.write("\n".join(shown) + "\n")
         reads = build.reads()
@@ -615,6 +618,36 @@ def main(argv: list[str] | None = None) -> int:
               "and report it)", file=sys.stderr)
         return EXIT_BUILD_FAILED
     return EXIT_OK
+
+
+def run() -> None:
+    """The ``qbuild`` command (console script and ``python -m qbuild``): ``main``, then
+    exit without tearing the interpreter down."""
+    code = main()
+    _exit(code)
+
+
+def _exit(code: int) -> None:
+    """Exit with ``code`` at once once the command is done: freeing every object a build
+    of many targets made (analysed targets, results, records) one by one costs about a
+    tenth of a no-op build, for nothing. Exit handlers run and the standard streams are
+    flushed first; if a thread other than daemons is still alive (a plugin's), the
+    ordinary exit waits for it as usual."""
+    import atexit
+    import threading
+
+    if any(not thread.daemon for thread in threading.enumerate()
+           if thread is not threading.main_thread()):
+        raise SystemExit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BrokenPipeError:
+            pass  # the reader left (``qbuild query ... | head``): as main() treats it
+        except (OSError, ValueError):
+            code = code or 120  # what Python's own exit gives when a flush fails
+    os._exit(code)
 
 
 def _tune_gc() -> None:

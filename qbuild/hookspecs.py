@@ -63,3 +63,15 @@ def qbuild_action_finished(event: ActionEvent) -> None:
 def qbuild_build_finished(summary: BuildSummary) -> None:
     """Called once at the end of ``qbuild build`` with the closing summary
     (``qbuild.events.BuildSummary``; ``summary.to_json()`` is the event-log record)."""
+
+
+@hookspec
+def qbuild_key_files() -> list[str]:  # type: ignore[empty-body]
+    """Return the absolute paths of files and folders outside the workspace whose
+    content a key part of this plugin's rules rests on (``Rule.target_env`` facts such
+    as the tools a command runs, and the PATH folders they were looked up in).
+
+    The no-op fast path and the incremental path skip keying; they stat these paths
+    instead, as they stat rule code, and take the full path when one changed. Return
+    every path read so far in this process (more than needed is harmless).
+    """

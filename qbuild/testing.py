@@ -211,7 +211,9 @@ class Workspace:
             failed=result.failed, skipped=result.skipped, tolerated=result.tolerated,
             error=errors,
             log=log.getvalue(), bytes_hashed=result.bytes_hashed,
-            explanations=result.explanations, _outputs=result.outputs, _infos=result.infos,
+            explanations=result.explanations, _outputs={label: [Path(path) for path in paths]
+                                                        for label, paths in result.outputs.items()},
+            _infos=result.infos,
             remote_execution=result.remote_execution,
             steps=result.steps, _providers=result.providers,
             _output_dir=output_dir,

@@ -93,12 +93,13 @@ class Command(Rule):
 
     def target_env(self, attrs: Any) -> dict[str, str]:
         path = os.environ.get("PATH", os.defpath)
-        state = _path_state(path)
-        facts = {"PATH": path, "LANG": os.environ.get("LANG", ""),
-                 "program /bin/sh": _program("/bin/sh") or _program_digest("/bin/sh")}
+        found, shell = _words_found(path)
+        facts = {"PATH": path, "LANG": os.environ.get("LANG", ""), "program /bin/sh": shell}
         for word in sorted(_program_words(attrs["cmd"])):
-            found = word if word.startswith("/") else _which(word, state)
-            digest = _program(found) if found else None
+            digest = found.get(word, _UNSEEN)
+            if digest is _UNSEEN:
+                program = word if word.startswith("/") else _which(word, found[_STATE])
+                digest = found[word] = _program(program) if program else None
             if digest:
                 facts[f"program {word}"] = digest
         return facts
@@ -206,9 +207,39 @@ _state_ids: dict[tuple[str, Any], int] = {}
 _programs: dict[str, tuple[tuple[int, ...] | None, str | None, int]] = {}
 
 
+# Every PATH folder listed and program file stat'ed for a key in this process: the
+# paths that skip keying vouch for the keys by their stats (``qbuild_key_files``).
+_key_files: set[str] = set()
+
+
 @hookimpl
 def qbuild_build_finished(summary: dict[str, Any]) -> None:
     _generation[0] += 1
+
+
+@hookimpl
+def qbuild_key_files() -> list[str]:
+    return sorted(_key_files)
+
+
+_UNSEEN = object()
+_STATE = "\0state"  # (no word holds a NUL)
+# (PATH, generation) -> ({word: program digest or None, _STATE: PATH state id}, /bin/sh)
+_words_memo: dict[tuple[str, int], tuple[dict[str, Any], str]] = {}
+
+
+def _words_found(path: str) -> tuple[dict[str, Any], str]:
+    """The digest each word names as a program under ``path`` (filled in as words are
+    met) and /bin/sh's digest, for this generation: every target of a build shares them,
+    as ``_path_state`` and ``_program`` would give them again within the generation."""
+    memo_key = (path, _generation[0])
+    known = _words_memo.get(memo_key)
+    if known is None:
+        for old in [k for k in _words_memo if k[1] != _generation[0]]:
+            del _words_memo[old]
+        shell = _program("/bin/sh") or _program_digest("/bin/sh")
+        known = _words_memo[memo_key] = ({_STATE: _path_state(path)}, shell)
+    return known
 
 
 def _path_state(path: str) -> int:
@@ -216,7 +247,9 @@ def _path_state(path: str) -> int:
     known = _states.get(path)
     if known is not None and known[0] == _generation[0]:
         return known[1]
-    state = (path, tuple(_stat(d) for d in path.split(os.pathsep) if d))
+    folders = [d for d in path.split(os.pathsep) if d]
+    _key_files.update(os.path.abspath(d) for d in folders)
+    state = (path, tuple(_stat(d) for d in folders))
     state_id = _state_ids.setdefault(state, len(_state_ids))
     _states[path] = (_generation[0], state_id)
     _paths[state_id] = path
@@ -231,6 +264,7 @@ def _program(path: str) -> str | None:
     if known is not None and known[2] == generation:
         return known[1]
     st = _stat(path)
+    _key_files.add(os.path.abspath(path))
     if known is not None and known[0] == st:
         _programs[path] = (st, known[1], generation)
         return known[1]

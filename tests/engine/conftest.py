@@ -15,7 +15,8 @@ def ws(qbuild_workspace):
 
 @pytest.fixture
 def reused(monkeypatch):
-    """Labels the incremental path reused in the last build (a spy on the real code)."""
+    """Labels the incremental path reused in the last build (a spy on the real code:
+    the targets reused before planning and those reused as they were planned)."""
     seen: list[str] = []
     take = _incremental.Reuse.take
 
@@ -25,5 +26,13 @@ def reused(monkeypatch):
             seen.append(str(label))
         return found
 
+    untouched = _incremental.Reuse.untouched
+
+    def spy_untouched(self, order, targets):
+        found = untouched(self, order, targets)
+        seen.extend(str(label) for label in found)
+        return found
+
     monkeypatch.setattr(_incremental.Reuse, "take", spy)
+    monkeypatch.setattr(_incremental.Reuse, "untouched", spy_untouched)
     return seen
