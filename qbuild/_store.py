@@ -18,8 +18,10 @@ Layout under the cache directory::
 
 Durability: a blob file is made read-only and fsync'ed (with its directory) before its
 index row commits, or, in a build (``defer_sync``), fsync'ed together with the other
-blobs stored since, before the next action entry commits; an action entry is written
-only after all its blobs are stored. So after a power loss an action entry that
+blobs stored since, before the next action entry commits (an output adopted in a build
+is moved into ``cas/`` at once and its index row written with that batch, after the
+fsyncs; until then this process finds it in memory); an action entry is written only
+after all its blobs are stored. So after a power loss an action entry that
 survived points at blobs that survived (a blob row whose file did not survive is
 found by the digest check on its next use, dropped and rebuilt).
 
