@@ -18,29 +18,13 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_engine import ENV, generate_trivial  # noqa: E402
-
-
-def run(venv: Path, root: Path, *args: str) -> tuple[float, float]:
-    """(wall seconds, CPU seconds) of one qbuild command."""
-    start = time.perf_counter()
-    with tempfile.TemporaryFile() as errors:
-        proc = subprocess.Popen([str(venv / "bin" / "python"), "-m", "qbuild", *args],
-                                cwd=root, env=ENV, stdout=subprocess.DEVNULL, stderr=errors)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        errors.seek(0)
-        err = errors.read().decode(errors="replace").strip()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"qbuild {' '.join(args)} failed in {root}:\n{err[-2000:]}")
-    return wall, usage.ru_utime + usage.ru_stime
+from bench_ab_venvs import run  # noqa: E402
+from bench_engine import generate_trivial  # noqa: E402
 
 
 def main() -> None:
@@ -71,8 +55,8 @@ def main() -> None:
                 cold = run(venv, root, "build", *jobs, "//...")
                 noop = [run(venv, root, "build", "--explain", *jobs, "//...")
                         for _ in range(args.noops)]
-                noop_wall = statistics.median(w for w, _ in noop)
-                noop_cpu = statistics.median(c for _, c in noop)
+                noop_wall = statistics.median(r[0] for r in noop)
+                noop_cpu = statistics.median(r[1] for r in noop)
                 wall = (cold[0] - noop_wall) / args.targets * 1000
                 cpu = (cold[1] - noop_cpu) / args.targets * 1000
                 per_action[name].append((wall, cpu))

@@ -2,15 +2,11 @@
 keyed; everything it reuses is exactly what the full path would compute, and any doubt
 (a dropped cache entry, edited rule code, another environment) keys the target again."""
 
-import contextlib
-import io
 import os
-import shutil
 import time
 
 import pytest
-
-from qbuild import cli
+from cli_answers import build, full_answer, outputs
 
 BUILD = """
 [a]
@@ -39,19 +35,6 @@ cmd = "cat $(SRCS) > $(OUT)"
 """
 
 
-
-def _build(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["build", *args])
-    assert code == 0, err.getvalue()
-    return out.getvalue(), err.getvalue()
-
-
-def _outputs(root, stdout):
-    return {line: (root / line).read_bytes() for line in stdout.split()}
-
-
 @pytest.fixture
 def ws(qbuild_workspace, monkeypatch):
     qbuild_workspace.write("p/BUILD.toml", BUILD)
@@ -59,39 +42,32 @@ def ws(qbuild_workspace, monkeypatch):
     qbuild_workspace.write("p/b.txt", "b\n")
     monkeypatch.chdir(qbuild_workspace.root)
     time.sleep(0.06)  # older than the racy window: the first build is recorded
-    _build("//...")
+    build("//...")
     return qbuild_workspace
-
-
-def _full(root):
-    """The full path's answer (no analysis cache, no incremental record)."""
-    for name in ("analysis", "incremental", "noop"):
-        shutil.rmtree(root / "qbuild-out/.qbuild" / name, ignore_errors=True)
-    return _outputs(root, _build("--explain", "//...")[0])
 
 
 def test_an_edit_keys_only_what_is_downstream(ws, reused):
     ws.write("p/b.txt", "bb\n")
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "2 actions run" in stderr  # b and top
     assert sorted(reused) == ["//p:a", "//p:size"]
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_a_dependency_rebuilt_to_the_same_bytes_stops_the_rebuild(ws, reused):
     time.sleep(0.06)
     ws.write("p/a.txt", "xyz\n")  # same size: :size gives the same bytes
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "2 actions run" in stderr  # a and size; top is a cache hit
     assert "//p:b" in reused
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
     time.sleep(0.06)
-    _build("//...")  # records the analysis and keys (the edit is old enough now)
+    build("//...")  # records the analysis and keys (the edit is old enough now)
     os.utime(ws.path("p/a.txt"))  # touched: a keyed again, same key and result
     reused.clear()
-    stdout, stderr = _build("--event_log", str(ws.root.parent / "events.jsonl"), "//...")
+    stdout, stderr = build("--event_log", str(ws.root.parent / "events.jsonl"), "//...")
     assert "0 actions run" in stderr
     assert sorted(reused) == ["//p:b", "//p:size", "//p:top"]
 
@@ -108,21 +84,21 @@ def test_a_dropped_cache_entry_is_not_reused(ws, reused):
     store.close()
     ws.write("p/b.txt", "bbb\n")
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "//p:size" not in reused and "//p:a" in reused
     assert "3 actions run" in stderr  # size ran again (as the full path would), b, top
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_other_settings_take_the_full_path(ws, reused, monkeypatch):
     ws.write("p/b.txt", "b2\n")
     monkeypatch.setenv("LANG", "C.qbuild-test")  # keyed by the command rule
     reused.clear()
-    _build("//...")
+    build("//...")
     assert reused == []
     ws.write("p/b.txt", "b3\n")
     reused.clear()
-    _build("--explain", "//...")  # --explain is the full path
+    build("--explain", "//...")  # --explain is the full path
     assert reused == []
 
 
@@ -130,16 +106,16 @@ def test_a_recent_edit_is_never_recorded_as_reusable(ws, reused):
     ws.write("p/b.txt", "new\n")
     future = time.time_ns() + 30 * 10**9  # (however slow this machine is today)
     os.utime(ws.path("p/b.txt"), ns=(future, future))
-    _build("//...")  # b.txt is too recent to vouch for: not recorded as reusable
+    build("//...")  # b.txt is too recent to vouch for: not recorded as reusable
     record = next((ws.root / "qbuild-out/.qbuild/incremental").iterdir())
     import json
 
     targets = json.loads(record.read_text())["targets"]
     assert targets["//p:b"][2] is None and targets["//p:a"][2] is not None
     reused.clear()
-    stdout, _ = _build("--event_log", str(ws.root.parent / "events.jsonl"), "//...")
+    stdout, _ = build("--event_log", str(ws.root.parent / "events.jsonl"), "//...")
     assert "//p:b" not in reused
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_a_build_that_keyed_nothing_still_vouches_for_the_rule_code(ws, reused):
@@ -149,8 +125,8 @@ def test_a_build_that_keyed_nothing_still_vouches_for_the_rule_code(ws, reused):
     snapshot = next((ws.root / "qbuild-out/.qbuild/noop").iterdir())
     before = set(json.loads(snapshot.read_text())["files"])
     reused.clear()
-    _build("--event_log", str(ws.root.parent / "events.jsonl"), "//...")
+    build("--event_log", str(ws.root.parent / "events.jsonl"), "//...")
     assert len(reused) == 4
-    _build("//...")  # the snapshot of that build (nothing keyed) answers
+    build("//...")  # the snapshot of that build (nothing keyed) answers
     after = set(json.loads(snapshot.read_text())["files"])
     assert before <= after, before - after

@@ -3,16 +3,14 @@ I/O") never change an answer: memoised key parts, the analysis cache's check of 
 JSON holds exactly, and the incremental path after edits far from most targets, a
 deleted target and a changed attribute, each compared with a fresh full build."""
 
-import contextlib
-import io
 import math
 import pickle
-import shutil
 import time
 
 import pytest
+from cli_answers import build, full_answer, outputs
 
-from qbuild import _analysis_cache, cli
+from qbuild import _analysis_cache
 from qbuild._keys import _dep_part, dep_part
 from qbuild._records import ActionResult, OutputEntry
 
@@ -39,25 +37,6 @@ def test_the_analysis_cache_keeps_only_what_json_gives_back_exactly(value, plain
     assert _analysis_cache._plain(value) is plain
 
 
-def _build(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["build", *args])
-    assert code == 0, err.getvalue()
-    return out.getvalue(), err.getvalue()
-
-
-def _outputs(root, stdout):
-    return {line: (root / line).read_bytes() for line in stdout.split()}
-
-
-def _full(root):
-    """The full path's answer (no analysis cache, no incremental record)."""
-    for name in ("analysis", "incremental", "noop"):
-        shutil.rmtree(root / "qbuild-out/.qbuild" / name, ignore_errors=True)
-    return _outputs(root, _build("--explain", "//...")[0])
-
-
 def _fan(count):
     blocks = ['[big]\nrule = "command"\nsrcs = ["big.txt"]\nouts = ["n.txt"]\n'
               'cmd = "wc -c < $(SRCS) > $(OUT)"\n',
@@ -70,7 +49,6 @@ def _fan(count):
     return "\n".join(blocks)
 
 
-
 @pytest.fixture
 def fan(qbuild_workspace, monkeypatch):
     qbuild_workspace.write("p/BUILD.toml", _fan(6))
@@ -78,9 +56,9 @@ def fan(qbuild_workspace, monkeypatch):
     qbuild_workspace.write("p/leaf.txt", "leaf\n")
     monkeypatch.chdir(qbuild_workspace.root)
     time.sleep(0.06)  # older than the racy window: the first build is recorded
-    _build("//...")
+    build("//...")
     time.sleep(0.06)
-    _build("//...")  # (the first build's folders were too recent to record)
+    build("//...")  # (the first build's folders were too recent to record)
     return qbuild_workspace
 
 
@@ -88,32 +66,32 @@ def test_an_edit_far_from_most_targets_rebuilds_exactly_its_path(fan, reused):
     fan.write("p/leaf.txt", "leaf, edited\n")
     time.sleep(0.06)  # older than the racy window: this build may vouch for leaf.txt
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "2 actions run" in stderr  # leaf and top, nothing else
     assert sorted(reused) == sorted(["//p:big", *(f"//p:fan{i}" for i in range(6))])
     assert (fan.root / "qbuild-out/p/@top/t.txt").read_text() == "leaf, edited\n4\n0\n"
-    assert _outputs(fan.root, stdout) == _full(fan.root)
+    assert outputs(fan.root, stdout) == full_answer(fan.root)
     reused.clear()
     fan.write("p/big.txt", "bigger\n")  # the other side: every fan rebuilt, leaf reused
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "8 actions run" in stderr and sorted(reused) == ["//p:leaf"]
-    assert _outputs(fan.root, stdout) == _full(fan.root)
+    assert outputs(fan.root, stdout) == full_answer(fan.root)
 
 
 def test_a_deleted_target_and_a_changed_attribute_agree_with_the_full_path(fan, reused):
     fan.write("p/BUILD.toml", _fan(5))  # fan5 deleted
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "0 actions run" in stderr
     assert "fan5" not in stdout
-    assert _outputs(fan.root, stdout) == _full(fan.root)
+    assert outputs(fan.root, stdout) == full_answer(fan.root)
     time.sleep(0.06)
-    _build("//...")
+    build("//...")
     fan.write("p/BUILD.toml", _fan(5).replace("echo 3 >>", "echo three >>"))
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "1 actions run" in stderr  # fan3 only (top reads fan0)
     assert (fan.root / "qbuild-out/p/@fan3/f.txt").read_text().endswith("three\n")
-    assert _outputs(fan.root, stdout) == _full(fan.root)
+    assert outputs(fan.root, stdout) == full_answer(fan.root)
 
 
 def test_a_target_keyed_by_its_one_action_has_that_action_s_own_key(fan):

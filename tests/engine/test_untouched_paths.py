@@ -3,16 +3,12 @@ reused before planning (``Reuse.untouched``), and the tools the ``command`` rule
 which the no-op fast path and the incremental path vouch for by stat. Each answer is
 compared with a fresh full build."""
 
-import contextlib
-import io
 import json
 import os
-import shutil
 import time
 
 import pytest
-
-from qbuild import cli
+from cli_answers import build, full_answer, outputs
 
 BUILD = """
 [a]
@@ -46,25 +42,6 @@ cmd = "qbtool > $(OUT)"
 """
 
 
-def _build(*args):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(["build", *args])
-    assert code == 0, err.getvalue()
-    return out.getvalue(), err.getvalue()
-
-
-def _outputs(root, stdout):
-    return {line: (root / line).read_bytes() for line in stdout.split()}
-
-
-def _full(root):
-    """The full path's answer (no analysis cache, no incremental record)."""
-    for name in ("analysis", "incremental", "noop"):
-        shutil.rmtree(root / "qbuild-out/.qbuild" / name, ignore_errors=True)
-    return _outputs(root, _build("--explain", "//...")[0])
-
-
 def _tool(directory, text):
     directory.mkdir(parents=True, exist_ok=True)
     tool = directory / "qbtool"
@@ -86,9 +63,9 @@ def ws(qbuild_workspace, monkeypatch, tmp_path):
     qbuild_workspace.write("p/b.txt", "b\n")
     monkeypatch.chdir(qbuild_workspace.root)
     _settle()
-    _build("//...")
+    build("//...")
     _settle()
-    _build("//...")  # (the first build's folders were too recent to record)
+    build("//...")  # (the first build's folders were too recent to record)
     return qbuild_workspace
 
 
@@ -96,10 +73,10 @@ def test_untouched_targets_skip_planning_and_agree_with_the_full_path(ws, reused
     ws.write("p/b.txt", "bb\n")
     _settle()
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "2 actions run" in stderr  # b and top
     assert sorted(reused) == ["//p:a", "//p:mid", "//p:tool"]
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_a_same_size_edit_with_its_mtime_restored_is_seen(ws, reused):
@@ -108,21 +85,21 @@ def test_a_same_size_edit_with_its_mtime_restored_is_seen(ws, reused):
     os.utime(ws.path("p/a.txt"), ns=(before.st_atime_ns, before.st_mtime_ns))
     _settle()
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "//p:a" not in reused and "//p:mid" not in reused
     assert (ws.root / "qbuild-out/p/@top/top.txt").read_text() == "xyz\nmid\nb\n"
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_a_dependency_rebuilt_to_other_bytes_rebuilds_its_dependents(ws, reused):
     ws.write("p/a.txt", "a longer line\n")
     _settle()
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "3 actions run" in stderr  # a, mid, top
     assert sorted(reused) == ["//p:b", "//p:tool"]
     assert (ws.root / "qbuild-out/p/@top/top.txt").read_text() == "a longer line\nmid\nb\n"
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_an_untouched_target_s_removed_output_is_placed_again(ws, reused):
@@ -130,10 +107,10 @@ def test_an_untouched_target_s_removed_output_is_placed_again(ws, reused):
     ws.write("p/b.txt", "b2\n")
     _settle()
     reused.clear()
-    stdout, _ = _build("//...")
+    stdout, _ = build("//...")
     assert "//p:mid" in reused
     assert (ws.root / "qbuild-out/p/@mid/m.txt").read_text() == "aaa\nmid\n"
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_an_untouched_target_s_dropped_cache_entry_runs_it_again(ws, reused):
@@ -147,10 +124,10 @@ def test_an_untouched_target_s_dropped_cache_entry_runs_it_again(ws, reused):
     ws.write("p/b.txt", "b3\n")
     _settle()
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "//p:mid" not in reused and "//p:a" in reused
     assert "3 actions run" in stderr  # mid (as the full path would), b, top
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 @pytest.mark.parametrize("also_edit", [False, True], ids=["nothing-else", "a-source-too"])
@@ -163,11 +140,11 @@ def test_a_tool_replaced_in_place_on_the_same_path_is_seen(ws, tmp_path, reused,
         ws.write("p/b.txt", "b4\n")
     _settle()
     reused.clear()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "nothing changed" not in stderr
     assert "//p:tool" not in reused
     assert (ws.root / "qbuild-out/p/@tool/t.txt").read_text() == "two\n"
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 def test_a_tool_added_earlier_on_path_is_seen(ws, tmp_path, monkeypatch):
@@ -175,12 +152,12 @@ def test_a_tool_added_earlier_on_path_is_seen(ws, tmp_path, monkeypatch):
     first = tmp_path / "first"
     first.mkdir()
     monkeypatch.setenv("PATH", f"{first}:{os.environ['PATH']}")
-    _build("//...")
+    build("//...")
     _settle()
-    _build("//...")
+    build("//...")
     _tool(first, "shadow")
     _settle()
-    _, stderr = _build("//...")
+    _, stderr = build("//...")
     assert "nothing changed" not in stderr
     assert (ws.root / "qbuild-out/p/@tool/t.txt").read_text() == "shadow\n"
 
@@ -259,13 +236,13 @@ def test_a_source_edited_after_it_was_vouched_for_is_seen_next_time(ws, monkeypa
     ws.write("p/b.txt", "b5\n")
     _settle()
     monkeypatch.setattr(_incremental.Reuse, "untouched", edit_then)
-    _build("//...")
+    build("//...")
     monkeypatch.setattr(_incremental.Reuse, "untouched", chosen)
     _settle()
-    stdout, stderr = _build("//...")
+    stdout, stderr = build("//...")
     assert "nothing changed" not in stderr
     assert (ws.root / "qbuild-out/p/@a/a.out").read_text() == "edited during the build\n"
-    assert _outputs(ws.root, stdout) == _full(ws.root)
+    assert outputs(ws.root, stdout) == full_answer(ws.root)
 
 
 @pytest.mark.parametrize("dist", ["qbuild", "pluggy", "diskcache", "no-such-distribution"])
