@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._digest import SourceDigests, copy_new, hash_file, stat_key
 from ._errors import QbuildError, RuleError
+from ._keylock import flock_fd
 from ._label import OUT_PREFIX, output_folder
 from ._protocols import Store
 from ._providers import provider_name, returned_providers
@@ -98,31 +99,14 @@ def _tail(path: Path, lines: int = 20) -> str:
 _YOUNG = 60.0  # seconds: a sandbox folder this new may not be locked yet (mkdir, then flock)
 
 
-def _flock(path: Path, flags: int) -> int | None:
-    """An fd, opened with ``flags``, holding an exclusive lock on ``path``; None if
-    someone else holds it (or it cannot be opened or locked)."""
-    import fcntl
-
-    try:
-        fd = os.open(path, flags, 0o644)  # (the mode only matters when O_CREAT makes it)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
 def _try_lock(path: Path) -> int | None:
     """A lock on the file ``path`` (made if missing)."""
-    return _flock(path, os.O_RDWR | os.O_CREAT)
+    return flock_fd(path, os.O_RDWR | os.O_CREAT, wait=False)
 
 
 def _lock_folder(path: Path) -> int | None:
     """A lock on the folder ``path`` itself (None also where folders cannot be locked)."""
-    return _flock(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    return flock_fd(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, wait=False)
 
 
 def new_sandbox(tmp: Path) -> tuple[Path, int | None, bool]:
