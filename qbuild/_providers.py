@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from ._errors import RuleError
 
@@ -56,6 +56,10 @@ def check_provider_class(cls: Any, where: str) -> None:
     if params is None or not params.frozen or "__dataclass_fields__" not in cls.__dict__:
         raise TypeError(f"{where}: provider {cls.__qualname__} must be declared with "
                         "@dataclass(frozen=True)")
+
+
+P = TypeVar("P", bound="Provider")
+"""A provider class, for typed reads (``dep[OnnxModelInfo]`` is an ``OnnxModelInfo``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,7 +119,7 @@ def _decode(value: Any, root: Path | None) -> Any:
     return value
 
 
-def decode(cls: type[Provider], data: Mapping[str, Any], root: Path | None) -> Provider:
+def decode(cls: type[P], data: Mapping[str, Any], root: Path | None) -> P:
     """A provider instance from stored data, paths resolved under ``root``."""
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values = {k: _decode(v, root) for k, v in data.items() if k in names}

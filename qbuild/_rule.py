@@ -15,15 +15,16 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
 from ._attrs import Attr
 from ._errors import ConfigError, RuleError
-from ._providers import DefaultInfo, Provider, check_provider_class, decode, provider_name
+from ._providers import DefaultInfo, P, Provider, check_provider_class, decode, provider_name
 
 if TYPE_CHECKING:
     from ._actions import AnalysisContext
 
+D = TypeVar("D")
 RESERVED_KEYS = frozenset({"rule", "matrix", "tags"})
 _KIND = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -197,9 +198,9 @@ class Dep:
     def __contains__(self, cls: type[Provider]) -> bool:
         return cls is DefaultInfo or provider_name(cls) in self.providers
 
-    def __getitem__(self, cls: type[Provider]) -> Any:
+    def __getitem__(self, cls: type[P]) -> P:
         if cls is DefaultInfo:
-            return DefaultInfo(tuple(self.files))
+            return cls(tuple(self.files))  # type: ignore[call-arg]
         data = self.providers.get(provider_name(cls))
         if data is None and self.failed is not None:
             raise KeyError(f"{self.label or 'the dependency'} failed: {self.failed}")
@@ -209,7 +210,11 @@ class Dep:
                            f"(it gives: {has})")
         return decode(cls, data, self.root)
 
-    def get(self, cls: type[Provider], default: Any = None) -> Any:
+    @overload
+    def get(self, cls: type[P]) -> P | None: ...
+    @overload
+    def get(self, cls: type[P], default: D) -> P | D: ...
+    def get(self, cls: type[P], default: object = None) -> object:
         """The provider ``cls`` of this dependency, or ``default``."""
         return self[cls] if cls in self else default
 
