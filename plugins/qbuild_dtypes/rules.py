@@ -1,6 +1,6 @@
 """The dtype plugin's rules: ``qdq_retarget`` and ``requantize_weights`` (rule API v2).
 
-Each declares one action at analysis, a thin wrapper over :mod:`qbuild_dtypes.pipeline`:
+Each declares one action at analysis, a thin wrapper over :mod:`qbuild_dtypes.conversion.pipeline`:
 it reads the model from the ``model`` dependency's ``OnnxModelInfo``, resolves the
 target (built-in or added by a plugin through the ``qbuild_dtype_targets`` hook), turns
 ``OnnxError`` into a ``RuleError`` naming the attribute, and gives the written model as
@@ -18,7 +18,7 @@ from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, Rule, RunContext, attr, hookimpl
 
-from .targets import BUILTIN_TARGETS, FORMS
+from .runtime.targets import BUILTIN_TARGETS, FORMS
 
 _BUILTIN_NAMES = ", ".join(t.name for t in BUILTIN_TARGETS)
 
@@ -73,7 +73,7 @@ def _model_file(ctx: RunContext) -> Path:
 
 
 def _target(ctx: RunContext, name: str):
-    from .targets import get_target
+    from .runtime.targets import get_target
 
     # A plugin's target comes from the qbuild_dtype_targets implementers the engine
     # resolved (and keyed, see _target_code), whatever process runs the action.
@@ -129,7 +129,7 @@ def _params(ctx: AnalysisContext, extra: tuple[str, ...]) -> dict:
 
 def qdq_retarget(ctx: RunContext) -> OnnxModelInfo:
     """The action of ``qdq_retarget``."""
-    from .pipeline import retarget_file
+    from .conversion.pipeline import retarget_file
 
     p = ctx.params
     src = _model_file(ctx)
@@ -186,7 +186,7 @@ class RequantizeWeights(_DtypeRule):
 
 def requantize_weights(ctx: RunContext) -> OnnxModelInfo:
     """The action of ``requantize_weights``."""
-    from .pipeline import requantize_file
+    from .conversion.pipeline import requantize_file
 
     p = ctx.params
     src = _model_file(ctx)

@@ -14,9 +14,9 @@ from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr
 from qbuild_onnx_common.summary import onnx_type_name
 
-from . import qmath
-from .dtypes import is_qtype, qtype
-from .graph import Constants, inferred_types
+from ..numerics import arithmetic
+from ..numerics.qtypes import is_qtype, qtype
+from .reading import Constants, inferred_types
 
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
 
@@ -120,11 +120,11 @@ def validate(qn: QdqNode) -> None:
         if qn.scale is None or qn.x_shape is None:
             return
         rank = len(qn.x_shape)
-        ax = qmath.normalize_axis(qn.axis, rank, qn.label)
+        ax = arithmetic.normalize_axis(qn.axis, rank, qn.label)
         if qn.scale.ndim != rank:
             raise OnnxError(f"{qn.label}: blocked scale must have rank {rank}, "
                              f"has shape {list(qn.scale.shape)}")
-        qmath.validate_block_size(qn.x_shape[ax], qn.scale.shape[ax], qn.block_size,
+        arithmetic.validate_block_size(qn.x_shape[ax], qn.scale.shape[ax], qn.block_size,
                                   f"{qn.label} (attribute block_size)")
     if n.op_type == "DequantizeLinear" and qn.qelem == TensorProto.INT32 and qn.zp is not None:
         if np.any(qn.zp != 0):
@@ -173,7 +173,7 @@ def dequantized_weights(model: ModelProto) -> dict[str, np.ndarray]:
         if qn.is_q or not qn.x_const or qn.scale is None:
             continue
         x = Constants(model.graph).array(qn.node.input[0])
-        out[qn.node.output[0]] = qmath.dequantize(
+        out[qn.node.output[0]] = arithmetic.dequantize(
             x, qn.scale, qn.zp, qn.axis, qn.block_size, where=qn.label)
     return out
 

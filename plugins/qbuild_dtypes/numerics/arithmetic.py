@@ -10,7 +10,7 @@ import math
 import numpy as np
 from qbuild_onnx_common.errors import OnnxError
 
-from .dtypes import QType, float_to_qfloat
+from .qtypes import QType, float_to_qfloat
 
 GRANULARITIES = ("per_tensor", "per_channel", "blocked")
 

@@ -1,6 +1,6 @@
 """Dtype targets: what a runtime loads (IR version, opsets), which quantized types it runs,
 and the QDQ policies it needs. Built-in: ``onnxruntime-cpu`` (the installed onnxruntime, its
-limits and policies measured by :mod:`qbuild_dtypes.ort_probe`), ``onnx-reference`` and
+limits and policies measured by :mod:`qbuild_dtypes.runtime.ort_probe`), ``onnx-reference`` and
 ``generic``; plugins add more through the ``qbuild_dtype_targets`` hook (see hookspecs).
 
 Pure Python (no onnx import) so that rules can resolve target names cheaply; a measured

@@ -1,6 +1,6 @@
-"""Small ModelProto helpers shared by the rewriting modules: constant lookup (initializers and
-Constant nodes), inferred element types and shapes, unique names, opset access and pruning of
-unused initializers.
+"""Reading a ModelProto: every graph and node (subgraphs and local functions included),
+constant tensors by value name (initializers and Constant nodes), and the element types and
+static shapes onnx can infer.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import numpy as np
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 from qbuild_onnx_common.graph import attr
+
+from ..numerics.qtypes import is_qtype, qtensor_values
 
 
 def walk_graphs(graph: GraphProto) -> Iterator[GraphProto]:
@@ -30,19 +32,6 @@ def walk_nodes(model: ModelProto) -> Iterator[NodeProto]:
         yield from g.node
     for f in model.functions:
         yield from f.node
-
-
-def set_attr(node: NodeProto, name: str, value) -> None:
-    del_attr(node, name)
-    node.attribute.append(onnx.helper.make_attribute(name, value))
-    node.attribute.sort(key=lambda a: a.name)
-
-
-def del_attr(node: NodeProto, name: str) -> None:
-    keep = [a for a in node.attribute if a.name != name]
-    if len(keep) != len(node.attribute):
-        del node.attribute[:]
-        node.attribute.extend(keep)
 
 
 class Constants:
@@ -78,8 +67,6 @@ class Constants:
         t = self.tensor(name)
         if t is None:
             return None
-        from .dtypes import is_qtype, qtensor_values
-
         if is_qtype(t.data_type):
             return qtensor_values(t)
         return onnx.numpy_helper.to_array(t)
@@ -110,47 +97,3 @@ def inferred_types(model: ModelProto) -> tuple[dict[str, int], dict[str, tuple |
                 types[n.output[0]] = t.data_type
                 shapes[n.output[0]] = tuple(t.dims)
     return types, shapes
-
-
-def taken_names(model: ModelProto) -> set[str]:
-    g = model.graph
-    names = {t.name for t in g.initializer} | {i.name for i in g.input}
-    names |= {o.name for o in g.output} | {v.name for v in g.value_info}
-    for n in g.node:
-        names.update(n.output)
-        names.update(n.input)
-        names.add(n.name)
-    return names
-
-
-def unique_name(base: str, taken: set[str]) -> str:
-    name, i = base, 1
-    while name in taken:
-        name = f"{base}_{i}"
-        i += 1
-    taken.add(name)
-    return name
-
-
-def prune_initializers(model: ModelProto) -> int:
-    """Drop initializers no node (or subgraph) reads and no graph output names."""
-    used = {o.name for o in model.graph.output}
-    for g in walk_graphs(model.graph):
-        for n in g.node:
-            used.update(n.input)
-        used.update(o.name for o in g.output)
-    keep = [t for t in model.graph.initializer if t.name in used]
-    dropped = {t.name for t in model.graph.initializer if t.name not in used}
-    if dropped:
-        del model.graph.initializer[:]
-        model.graph.initializer.extend(keep)
-        inputs = [i for i in model.graph.input if i.name not in dropped]
-        del model.graph.input[:]
-        model.graph.input.extend(inputs)
-    return len(dropped)
-
-
-def copy_model(model: ModelProto) -> ModelProto:
-    m = ModelProto()
-    m.CopyFrom(model)
-    return m

@@ -6,7 +6,7 @@ opset <= 26, 1.32 IR 14 / opset 28). Any qbuild rule that writes a model can cal
 
 * :func:`make_loadable` (model, target) -> ModelProto: lowers the IR version and ai.onnx opset
   where that is legal, raises the IR version to what the model's types need, and raises
-  :class:`~qbuild_dtypes.errors.OnnxError` naming the blocking operator / type otherwise;
+  :class:`~qbuild_onnx_common.errors.OnnxError` naming the blocking operator / type otherwise;
 * :func:`check_loadable` (path, target): limits, onnx's full checker, then a load-and-run in
   the target's runtime; returns a small JSON-friendly dict.
 
@@ -26,8 +26,11 @@ from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr, min_ir_version, opset
 from qbuild_onnx_common.summary import onnx_type_name
 
-from . import graph
-from .dtypes import SCALE_TYPES, is_qtype, qtype, type_min_ir
+from ..graph import editing, reading
+from ..graph.qdq import find_qdq
+from ..numerics.qtypes import SCALE_TYPES, is_qtype, qtype, type_min_ir
+from ..validation.checks import full_check, run_onnxruntime, run_reference, synthetic_feeds
+from .qdq_support import check_target_types
 from .targets import DtypeTarget, get_target
 
 _DEFAULT = ("", "ai.onnx")
@@ -42,10 +45,10 @@ def _node_label(node) -> str:
 
 def _qdq_requirements(model: ModelProto) -> list[tuple[int, str]]:
     """(min opset, reason) for each Q/DQ feature used in the model."""
-    consts = graph.Constants(model.graph)
-    elem, _ = graph.inferred_types(model)
+    consts = reading.Constants(model.graph)
+    elem, _ = reading.inferred_types(model)
     reqs = []
-    for node in graph.walk_nodes(model):
+    for node in reading.walk_nodes(model):
         if node.domain not in _DEFAULT or node.op_type not in ("QuantizeLinear",
                                                                "DequantizeLinear"):
             continue
@@ -89,7 +92,7 @@ def _qdq_requirements(model: ModelProto) -> list[tuple[int, str]]:
 def required_opset(model: ModelProto) -> tuple[int, str]:
     """Lowest ai.onnx opset that expresses the model's operators and Q/DQ features."""
     best = (1, "")
-    for node in graph.walk_nodes(model):
+    for node in reading.walk_nodes(model):
         if node.domain not in _DEFAULT:
             continue
         first = _first_version(node.op_type)
@@ -127,7 +130,7 @@ def lowering_blockers(model: ModelProto, version: int) -> list[str]:
     """Why ``model`` cannot be expressed at ai.onnx ``version`` (empty if it can)."""
     out = []
     seen = set()
-    for node in graph.walk_nodes(model):
+    for node in reading.walk_nodes(model):
         if node.domain not in _DEFAULT or node.op_type in seen:
             continue
         if _since(node.op_type, version) is None:
@@ -142,7 +145,7 @@ def lowering_blockers(model: ModelProto, version: int) -> list[str]:
 
 def changed_operators(model: ModelProto, old: int, new: int) -> list[str]:
     """Operator types used in the model whose schema differs between two opsets."""
-    ops = sorted({n.op_type for n in graph.walk_nodes(model) if n.domain in _DEFAULT})
+    ops = sorted({n.op_type for n in reading.walk_nodes(model) if n.domain in _DEFAULT})
     return [op for op in ops if _since(op, old) != _since(op, new)]
 
 
@@ -150,7 +153,7 @@ def set_opset(model: ModelProto, version: int) -> ModelProto:
     """A copy of ``model`` converted to ai.onnx ``version`` (raising or lowering)."""
     cur = opset(model)
     if cur is None or cur == version:
-        return graph.copy_model(model)
+        return editing.copy_model(model)
     if version < cur:
         blockers = lowering_blockers(model, version)
         if blockers:
@@ -195,7 +198,7 @@ def required_ir(model: ModelProto) -> tuple[int, str]:
         elif tp.HasField("sparse_tensor_type"):
             need(8, f"{where} is a sparse tensor")
 
-    for g in graph.walk_graphs(model.graph):
+    for g in reading.walk_graphs(model.graph):
         for vi in list(g.input) + list(g.output) + list(g.value_info):
             tensor_type(vi.type, f"value {vi.name!r}")
         for t in g.initializer:
@@ -230,7 +233,7 @@ def _check_other_domains(model: ModelProto, target: DtypeTarget) -> None:
             continue
         lim = target.opset_limit(o.domain)
         if lim is not None and o.version > lim:
-            users = [n for n in graph.walk_nodes(model) if n.domain == o.domain]
+            users = [n for n in reading.walk_nodes(model) if n.domain == o.domain]
             who = f"; used by {_node_label(users[0])}" if users else ""
             raise OnnxError(f"opset {o.domain} {o.version} is newer than the "
                              f"{lim} target {target.name!r} loads{who}")
@@ -243,7 +246,7 @@ def make_loadable(model: ModelProto, target: DtypeTarget | str) -> ModelProto:
     Raises OnnxError naming the blocking operator, type or field when that is impossible.
     """
     target = get_target(target)
-    m = graph.copy_model(model)
+    m = editing.copy_model(model)
     limit = target.opset_limit("")
     cur = opset(m)
     if cur is not None and cur > limit:
@@ -253,9 +256,6 @@ def make_loadable(model: ModelProto, target: DtypeTarget | str) -> ModelProto:
             raise OnnxError(f"target {target.name!r} loads ai.onnx opset <= {limit}: "
                              f"{e.message}") from None
     _check_other_domains(m, target)
-    from .forms import check_target_types
-    from .qdq import find_qdq
-
     check_target_types(find_qdq(m), target, m)
     need, why = required_ir(m)
     ir_limit = target.ir_limit()
@@ -274,8 +274,6 @@ def check_loadable(path: str | Path, target: DtypeTarget | str, input_dims: dict
     targets, a load and one run on deterministic synthetic inputs. Raises OnnxError with one
     clear message; returns {"target", "ir_version", "opset", "runtime", "ran", "outputs"}.
     """
-    from .validate import full_check, run_onnxruntime, run_reference, synthetic_feeds
-
     target = get_target(target)
     path = Path(path)
     m = onnx.load(str(path))

@@ -18,9 +18,12 @@ from onnx import ModelProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import opset
 
-from . import forms, qdq, requant, runtime_compat, validate
-from .report import model_summary
-from .targets import FORMS, DtypeTarget, get_target
+from ..graph import qdq
+from ..runtime import compat
+from ..runtime.targets import FORMS, DtypeTarget, get_target
+from ..validation import checks
+from ..validation.report import model_summary
+from . import forms, requantize
 
 
 def _resolve_form(form: str, target: DtypeTarget) -> str:
@@ -36,7 +39,7 @@ def _fit_opset(model: ModelProto, target: DtypeTarget) -> ModelProto:
     cur = opset(model)
     if cur is not None and cur > limit:
         try:
-            return runtime_compat.set_opset(model, limit)
+            return compat.set_opset(model, limit)
         except OnnxError as e:
             raise OnnxError(f"target {target.name!r} loads ai.onnx opset <= {limit}: "
                              f"{e.message}") from None
@@ -49,7 +52,7 @@ def _raise_opset(model: ModelProto, need: int, why: str, target: DtypeTarget) ->
         raise OnnxError(f"target {target.name!r} cannot express this: {why} needs ai.onnx "
                          f"opset {need}, but it loads opset <= {limit}")
     cur = opset(model) or 1
-    return runtime_compat.set_opset(model, need) if need > cur else model
+    return compat.set_opset(model, need) if need > cur else model
 
 
 def retarget(model: ModelProto, target: DtypeTarget | str,
@@ -66,11 +69,11 @@ def retarget(model: ModelProto, target: DtypeTarget | str,
         raise OnnxError(f"target {target.name!r} cannot express the output_dtype form: it "
                          f"loads ai.onnx opset <= {limit} and output_dtype needs 21 "
                          f"({stats['output_dtype_unavailable']} QuantizeLinear nodes)")
-    need, why = runtime_compat.required_opset(converted)
+    need, why = compat.required_opset(converted)
     if need > (opset(m) or 1):
         m = _raise_opset(m, need, why, target)
         converted, stats = forms.convert_form(m, target, form, max_opset=limit)
-    converted = runtime_compat.make_loadable(converted, target)
+    converted = compat.make_loadable(converted, target)
     proof = qdq.check_equivalent(source, converted)
     return converted, {
         "form": form,
@@ -86,22 +89,22 @@ def retarget(model: ModelProto, target: DtypeTarget | str,
 
 def requantize_weights(model: ModelProto, target: DtypeTarget | str, form: str = "auto",
                        policy: dict | None = None, tensors: dict | None = None,
-                       min_elements: int = requant.DEFAULT_MIN_ELEMENTS
+                       min_elements: int = requantize.DEFAULT_MIN_ELEMENTS
                        ) -> tuple[ModelProto, dict]:
     """(Re-)quantize weights per ``policy`` / ``tensors``, then :func:`retarget`."""
     target = get_target(target)
     m = _fit_opset(model, target)
-    plans, _ = requant.plan(m, policy, tensors, min_elements)
+    plans, _ = requantize.plan(m, policy, tensors, min_elements)
     for w in plans:
         if not target.allows_qtype(w.spec.q.name):
             raise OnnxError(f"target {target.name!r} cannot run {w.spec.q.name} "
                              f"(tensor {w.key!r})")
-    need = requant.needed_opset(plans)
+    need = requantize.needed_opset(plans)
     if need > (opset(m) or 1):
         worst = max(plans, key=lambda w: w.spec.min_opset())
         m = _raise_opset(m, need, f"tensor {worst.key!r} as {worst.spec.q.name} "
                                   f"{worst.spec.granularity}", target)
-    quantized, rinfo = requant.requantize(m, policy, tensors, min_elements)
+    quantized, rinfo = requantize.requantize(m, policy, tensors, min_elements)
     out, info = retarget(quantized, target, form)
     info["opset_before"] = opset(model)
     info["ir_before"] = model.ir_version
@@ -115,14 +118,14 @@ def write_checked(model: ModelProto, out_path: str | Path, target: DtypeTarget |
     """Save ``model`` and validate the file; returns the validation record (deterministic)."""
     target = get_target(target)
     out_path = Path(out_path)
-    validate.full_check(model, out_path.name)
+    checks.full_check(model, out_path.name)
     onnx.save(model, str(out_path))
-    loaded = runtime_compat.check_loadable(out_path, target, input_dims, run=run)
+    loaded = compat.check_loadable(out_path, target, input_dims, run=run)
     record = {"full_check": True, "loadable": loaded}
     if run and target.runtime == "onnxruntime":
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             record["onnxruntime_fused_ops"] = {
-                k: v for k, v in validate.fused_op_counts(out_path, tmp).items()
+                k: v for k, v in checks.fused_op_counts(out_path, tmp).items()
                 if k.startswith(("QLinear", "MatMulNBits", "MatMulInteger", "QGemm",
                                  "DequantizeLinear", "QuantizeLinear", "Conv", "MatMul"))}
         if source_path is not None:
@@ -134,13 +137,13 @@ def _drift(source_path, out_path, input_dims) -> float | None:
     """Largest output difference against the source model on the same synthetic inputs
     (None if the source does not load in onnxruntime)."""
     m = onnx.load(str(out_path), load_external_data=False)
-    feeds = validate.synthetic_feeds(m, input_dims)
+    feeds = checks.synthetic_feeds(m, input_dims)
     try:
-        ref = validate.run_onnxruntime(source_path, feeds)
+        ref = checks.run_onnxruntime(source_path, feeds)
     except OnnxError:
         return None
-    got = validate.run_onnxruntime(out_path, feeds)
-    return float(f"{validate.max_abs_diff(ref, got):.6g}")
+    got = checks.run_onnxruntime(out_path, feeds)
+    return float(f"{checks.max_abs_diff(ref, got):.6g}")
 
 
 def _write_report(report: dict, path: str | Path | None) -> None:
@@ -166,7 +169,7 @@ def retarget_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
 def requantize_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
                     form: str = "auto", policy: dict | None = None,
                     tensors: dict | None = None,
-                    min_elements: int = requant.DEFAULT_MIN_ELEMENTS,
+                    min_elements: int = requantize.DEFAULT_MIN_ELEMENTS,
                     report_path: str | Path | None = None, input_dims: dict | None = None,
                     run: bool = True) -> dict:
     """File-to-file :func:`requantize_weights` with validation; returns the report."""

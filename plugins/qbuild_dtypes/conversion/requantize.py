@@ -19,10 +19,7 @@ from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr
 from qbuild_onnx_common.summary import onnx_type_name
 
-from . import qmath
-from .dtypes import QType, make_qtensor, qtype
-from .graph import (
-    Constants,
+from ..graph.editing import (
     copy_model,
     del_attr,
     prune_initializers,
@@ -30,7 +27,10 @@ from .graph import (
     taken_names,
     unique_name,
 )
-from .qdq import find_qdq
+from ..graph.qdq import find_qdq
+from ..graph.reading import Constants
+from ..numerics import arithmetic
+from ..numerics.qtypes import QType, make_qtensor, qtype
 
 # op -> {input index: (channel axis, block axis)} for a weight of rank r; callables take
 # (node, rank). Axes follow each op's weight layout (output channels / reduction axis).
@@ -93,9 +93,9 @@ def parse_spec(raw, where: str) -> Spec | None:
         return None
     q = qtype(raw["dtype"], where=f"{where}.dtype")
     gran = raw.get("granularity", "per_channel")
-    if gran not in qmath.GRANULARITIES:
+    if gran not in arithmetic.GRANULARITIES:
         raise OnnxError(f"{where}.granularity: {gran!r} is not one of "
-                         f"{', '.join(qmath.GRANULARITIES)}")
+                         f"{', '.join(arithmetic.GRANULARITIES)}")
     block = raw.get("block_size", 32 if gran == "blocked" else 0)
     if not isinstance(block, int) or isinstance(block, bool):
         raise OnnxError(f"{where}.block_size: expected an integer, got {block!r}")
@@ -202,7 +202,7 @@ def _axis(w: _Weight, rank: int) -> int | None:
     if spec.granularity == "per_tensor" or rank == 0:
         return None
     if spec.axis is not None:
-        return qmath.normalize_axis(spec.axis, rank, f"tensor {w.key!r} axis")
+        return arithmetic.normalize_axis(spec.axis, rank, f"tensor {w.key!r} axis")
     node, idx = w.first
     ch, blk = WEIGHT_SLOTS[w.op][idx](node, rank)
     ax = ch if spec.granularity == "per_channel" else blk
@@ -224,7 +224,7 @@ def requantize(model: ModelProto, policy: dict | None = None, tensors: dict | No
         if w.dq_index is not None:
             qn = qdq[w.dq_index]
             src = consts.array(w.key)
-            wf = qmath.dequantize(src, qn.scale, qn.zp, qn.axis, qn.block_size,
+            wf = arithmetic.dequantize(src, qn.scale, qn.zp, qn.axis, qn.block_size,
                                   where=qn.label)
             source = onnx_type_name(qn.qelem).lower()
             scale_dtype = np.asarray(qn.scale).dtype
@@ -242,11 +242,11 @@ def requantize(model: ModelProto, policy: dict | None = None, tensors: dict | No
         where = f"tensor {w.key!r}"
         if block:
             n_scales = -(-wf.shape[red_axis] // block)
-            qmath.validate_block_size(wf.shape[red_axis], n_scales, block, where)
-        scale, zp = qmath.choose_params(wf, w.spec.q, red_axis, block, w.spec.symmetric,
+            arithmetic.validate_block_size(wf.shape[red_axis], n_scales, block, where)
+        scale, zp = arithmetic.choose_params(wf, w.spec.q, red_axis, block, w.spec.symmetric,
                                         scale_dtype, where)
-        codes = qmath.quantize(wf, scale, zp, w.spec.q, dq_axis, block, where=where)
-        approx = qmath.dequantize(codes, scale, zp, dq_axis, block, where=where)
+        codes = arithmetic.quantize(wf, scale, zp, w.spec.q, dq_axis, block, where=where)
+        approx = arithmetic.dequantize(codes, scale, zp, dq_axis, block, where=where)
         base = w.key
         xq = make_qtensor(unique_name(f"{base}_{w.spec.q.name}", taken), w.spec.q, codes)
         sc = onnx.numpy_helper.from_array(np.asarray(scale, scale_dtype),
@@ -281,7 +281,7 @@ def requantize(model: ModelProto, policy: dict | None = None, tensors: dict | No
             "dtype": w.spec.q.name, "granularity": w.spec.granularity,
             "axis": None if red_axis is None else int(dq_axis), "block_size": block,
             "symmetric": w.spec.symmetric, "scale_dtype": str(np.dtype(scale_dtype)),
-            "sqnr_db": _round(qmath.sqnr_db(wf, approx)),
+            "sqnr_db": _round(arithmetic.sqnr_db(wf, approx)),
         })
     if new_nodes:
         nodes = new_nodes + list(model.graph.node)

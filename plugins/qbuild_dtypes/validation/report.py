@@ -12,7 +12,7 @@ from onnx import ModelProto
 from qbuild_onnx_common.graph import opset, real_inputs
 from qbuild_onnx_common.summary import describe_values, onnx_type_name
 
-from .qdq import find_qdq
+from ..graph.qdq import find_qdq
 
 
 def model_summary(model: ModelProto, path: str | Path | None = None) -> dict:
