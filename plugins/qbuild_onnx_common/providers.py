@@ -103,9 +103,9 @@ def onnx_model_info(path: Path, model: Any = None, **recorded: Any) -> OnnxModel
     from .summary import model_info
 
     if model is None:
-        import onnx
+        from .models import load_model
 
-        model = onnx.load(str(path), load_external_data=False)
+        model = load_model(path, external_data=False)
     info = model_info(model)
     return OnnxModelInfo(model=path, opset=int(info["opset"] or 0),
                          ir_version=info["ir_version"], inputs=tuple(info["inputs"]),

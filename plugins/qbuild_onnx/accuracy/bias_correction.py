@@ -20,12 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import GraphIndex
 
 from .stats import collect, load_model
-
-
-def _initializers(graph) -> dict[str, Any]:
-    return {i.name: i for i in graph.initializer}
 
 
 def _dequantize(graph, inits, tensor: str):
@@ -110,7 +107,7 @@ def bias_correct(
     qm = onnx.ModelProto()
     qm.CopyFrom(load_model(qdq_model))
     fm = load_model(float_model)
-    q_inits, f_inits = _initializers(qm.graph), _initializers(fm.graph)
+    q_inits, f_inits = GraphIndex(qm.graph).initializers, GraphIndex(fm.graph).initializers
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
 
     targets = []  # (qnode, fnode, float W, dequantized W)

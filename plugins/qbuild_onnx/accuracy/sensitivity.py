@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.graph import consumers
+from qbuild_onnx_common.graph import GraphIndex
 from qbuild_onnx_common.ort import session
 
 from .metrics import ErrorAccumulator, json_float, run_model
@@ -66,8 +66,8 @@ def find_sites(qdq_model: str | Path | Any,
     qm = load_model(qdq_model)
     g = qm.graph
     inits = {i.name for i in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    readers = consumers(g)
+    index = GraphIndex(g)
+    producer, readers = index.producers, index.consumers
     f_nodes = {}
     if float_model is not None:
         f_nodes = {n.name: n for n in load_model(float_model).graph.node if n.name}
@@ -131,7 +131,7 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
     m = onnx.ModelProto()
     m.CopyFrom(load_model(qdq_model))
     g = m.graph
-    producer = {o: n for n in g.node for o in n.output}
+    producer = GraphIndex(g).producers
     f_inits, f_nodes = {}, {}
     if float_model is not None:
         fm = load_model(float_model)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common import models
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.ort import session
 
@@ -26,7 +27,7 @@ def load_model(model: str | Path | Any):
     if isinstance(model, onnx.ModelProto):
         return model
     try:
-        return onnx.load(str(model))
+        return models.load_model(model)
     except Exception as e:
         raise OnnxError(f"{model}: not a readable ONNX model: {e}") from e
 

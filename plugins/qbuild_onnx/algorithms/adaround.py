@@ -32,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._graph import attr, initializers
+from qbuild_onnx_common.graph import GraphIndex, attr
 
 ZETA, GAMMA = 1.1, -0.1
 _INT_TYPES = (2, 3, 4, 5)  # TensorProto UINT8, INT8, UINT16, INT16
@@ -92,7 +92,7 @@ def _find_layers(qm, fm, op_types) -> list[_Layer]:
     import numpy as np
     from onnx import numpy_helper
 
-    q_inits, f_inits = initializers(qm.graph), initializers(fm.graph)
+    q_inits, f_inits = GraphIndex(qm.graph).initializers, GraphIndex(fm.graph).initializers
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
     layers = []
     for node in qm.graph.node:

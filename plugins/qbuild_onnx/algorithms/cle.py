@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ._graph import attr, consumers, graph_outputs, initializers, use_counts
+from qbuild_onnx_common.graph import GraphIndex, attr
 
 HOMOGENEOUS = ("Relu", "LeakyRelu", "PRelu")
 CLIP_POLICIES = ("skip", "relu")
@@ -69,24 +69,25 @@ def _size(tensor) -> int:
     return n
 
 
-def _conv_ok(node, inits, counts) -> bool:
+def _conv_ok(node, index: GraphIndex) -> bool:
+    inits = index.initializers
     if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits:
         return False
-    if counts.get(node.input[1], 0) != 1:  # shared weight: scaling would change the other user
+    if index.use_count(node.input[1]) != 1:  # shared weight: scaling would change the other user
         return False
     if len(node.input) > 2 and node.input[2]:
-        if node.input[2] not in inits or counts.get(node.input[2], 0) != 1:
+        if node.input[2] not in inits or index.use_count(node.input[2]) != 1:
             return False
     return len(inits[node.input[1]].dims) >= 3
 
 
 def find_pairs(model, clip: str = "skip") -> list[_Pair]:
     """Conv pairs CLE can equalize, in graph order."""
-    g = model.graph
-    inits, cons, outs, counts = initializers(g), consumers(g), graph_outputs(g), use_counts(g)
+    index = GraphIndex(model.graph)
+    inits, cons, outs = index.initializers, index.consumers, index.outputs
     pairs = []
-    for a in g.node:
-        if not _conv_ok(a, inits, counts) or a.output[0] in outs:
+    for a in model.graph.node:
+        if not _conv_ok(a, index) or a.output[0] in outs:
             continue
         nxt = cons.get(a.output[0], [])
         if len(nxt) != 1:
@@ -102,7 +103,7 @@ def find_pairs(model, clip: str = "skip") -> list[_Pair]:
             b = after[0]
         if b.op_type != "Conv" or b.input[0] != (act or a).output[0]:
             continue
-        if not _conv_ok(b, inits, counts):
+        if not _conv_ok(b, index):
             continue
         pairs.append(_Pair(a, act, b))
     return pairs
@@ -142,7 +143,7 @@ def equalize(model, clip: str = "skip", max_sweeps: int = 20, tol: float = 1e-3
     if clip not in CLIP_POLICIES:
         raise ValueError(f"clip = {clip!r}: expected one of {', '.join(CLIP_POLICIES)}")
     pairs = find_pairs(model, clip)
-    inits = initializers(model.graph)
+    inits = GraphIndex(model.graph).initializers
     arrays: dict[str, Any] = {}
 
     def get(name):

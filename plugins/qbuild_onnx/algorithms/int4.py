@@ -22,6 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common.models import load_model
+
 ALGORITHMS = ("rtn", "gptq", "k_quant", "hqq")
 FORMATS = ("qoperator", "qdq")
 _MAX_PROTO = 2**31 - 1
@@ -109,7 +111,7 @@ def quantize_int4(model_path: Path, out_path: Path, *, algorithm: str = "rtn", b
         raise Int4Error("algorithm = \"gptq\": onnxruntime's GPTQ needs torch for models "
                         "with more than one input (torch is not installed); use \"rtn\"",
                         "algorithm")
-    model = onnx.load(str(model_path))  # with its external data, once
+    model = load_model(model_path)  # with its external data, once
     before = sum(1 for n in model.graph.node if n.op_type == "MatMul")
     fmt = QuantFormat.QDQ if quant_format == "qdq" else QuantFormat.QOperator
     level = accuracy_level or None

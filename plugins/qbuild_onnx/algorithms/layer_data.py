@@ -22,7 +22,7 @@ def session_with_outputs(model, names: Sequence[str], scratch: Path | None = Non
     m = onnx.ModelProto()
     m.CopyFrom(model)
     if source is not None:
-        from .external_data import stage_beside
+        from qbuild_onnx_common.models import stage_beside
 
         if scratch is None:
             raise ValueError("a model with external data needs a scratch directory")
@@ -34,7 +34,7 @@ def session_with_outputs(model, names: Sequence[str], scratch: Path | None = Non
         try:
             return make_session(str(path), optimize=False)
         finally:  # the session holds the weights: the links can go
-            from .external_data import unstage
+            from qbuild_onnx_common.models import unstage
 
             unstage(path)
     existing = {o.name for o in m.graph.output}

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
     DatasetInfo,
     OnnxModelInfo,
@@ -148,15 +149,14 @@ class Equalize(OnnxRule):
 
 def equalize_model(ctx: RunContext) -> OnnxModelInfo:
     """``equalize``'s action: the equalized model and report.json."""
-    import onnx
 
-    from .external_data import file_uses_external_data, lean_load
+    from qbuild_onnx_common.models import file_uses_external_data, lean_load
 
     a = ctx.params
     src = _model_file(ctx, "model")
     external = a["method"] == "smoothquant" and file_uses_external_data(src)
     # smoothquant on external weights measures with the weights on disk (loaded later)
-    model = lean_load(src) if external else onnx.load(str(src))
+    model = lean_load(src) if external else load_model(src)
     if a["method"] == "cle":
         from .cle import equalize
 
@@ -230,7 +230,6 @@ class AdaRound(OnnxRule):
 
 def adaround_model(ctx: RunContext) -> list[Any]:
     """``adaround``'s action: the re-rounded model and report.json."""
-    import onnx
 
     from .adaround import adaround
 
@@ -239,7 +238,7 @@ def adaround_model(ctx: RunContext) -> list[Any]:
     src = _model_file(ctx, "model")
     feeds = _feeds(ctx, "dataset", ref, a["max_samples"])
     try:
-        qm, rep = adaround(onnx.load(str(src)), onnx.load(str(ref)), feeds,
+        qm, rep = adaround(load_model(src), load_model(ref), feeds,
                            rows=a["rows"], iterations=a["iterations"],
                            lr=a["learning_rate"], lam=a["regularization"], seed=a["seed"],
                            scratch=ctx.scratch, log=ctx.log)

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._graph import attr, consumers, graph_outputs, initializers, unique_name, use_counts
+from qbuild_onnx_common.graph import GraphIndex, attr
 
 
-def _weight_axis(node, inits, counts) -> int | None:
+def _weight_axis(node, index: GraphIndex) -> int | None:
     """The axis of node's constant weight that runs along X's last axis, or None."""
+    inits = index.initializers
     if len(node.input) < 2 or node.input[1] not in inits or node.input[0] in inits:
         return None
     w = inits[node.input[1]]
-    if len(w.dims) != 2 or counts.get(node.input[1], 0) != 1:
+    if len(w.dims) != 2 or index.use_count(node.input[1]) != 1:
         return None
     if node.op_type == "MatMul":
         return 0
@@ -36,13 +37,12 @@ def _weight_axis(node, inits, counts) -> int | None:
 
 def find_groups(model, op_types=("MatMul", "Gemm")) -> dict[str, list[tuple[Any, int]]]:
     """Activation tensor -> [(consumer node, weight axis)] of smoothable consumers."""
-    g = model.graph
-    inits, counts = initializers(g), use_counts(g)
+    index = GraphIndex(model.graph)
     groups: dict[str, list[tuple[Any, int]]] = {}
-    for node in g.node:
+    for node in model.graph.node:
         if node.op_type not in op_types:
             continue
-        axis = _weight_axis(node, inits, counts)
+        axis = _weight_axis(node, index)
         if axis is not None:
             groups.setdefault(node.input[0], []).append((node, axis))
     return groups
@@ -85,18 +85,18 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
     groups = find_groups(model, op_types)
     if not groups:
         if source is not None:
-            from .external_data import fill
+            from qbuild_onnx_common.models import fill
 
             fill(model, source.parent)
         return model, {"smoothed": 0, "folded": 0, "inserted_mul": 0, "alpha": alpha,
                        "tensors": {}}
     xmax = channel_absmax(model, sorted(groups), feeds, scratch, source)
     if source is not None:
-        from .external_data import fill
+        from qbuild_onnx_common.models import fill
 
         fill(model, source.parent)
-    inits, cons, outs, counts = initializers(g), consumers(g), graph_outputs(g), use_counts(g)
-    producers = {o: n for n in g.node for o in n.output}
+    index = GraphIndex(g)
+    inits, cons, outs = index.initializers, index.consumers, index.outputs
     report: dict[str, Any] = {}
     new_nodes: list[tuple[int, Any]] = []
     folded = inserted = 0
@@ -119,12 +119,12 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
             inits[name].CopyFrom(numpy_helper.from_array((w * s.reshape(shape)).astype(dtype),
                                                          name))
         how = None
-        prod = producers.get(x)
+        prod = index.producers.get(x)
         readers = cons.get(x, [])
         if fold and prod is not None and prod.op_type == "LayerNormalization" \
                 and x not in outs and len(readers) == len(members) \
                 and int(attr(prod, "axis", -1)) == -1 \
-                and all(i in inits and counts.get(i, 0) == 1 for i in prod.input[1:] if i):
+                and all(i in inits and index.use_count(i) == 1 for i in prod.input[1:] if i):
             for i in prod.input[1:]:
                 if i:
                     v = numpy_helper.to_array(inits[i])
@@ -133,12 +133,12 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
             how = f"folded into LayerNormalization '{prod.name}'"
             folded += 1
         else:
-            inv_name = unique_name(g, f"{x}_smooth_inv_scale")
-            y_name = unique_name(g, f"{x}_smoothed")
+            inv_name = index.unique_name(f"{x}_smooth_inv_scale")
+            y_name = index.unique_name(f"{x}_smoothed")
             g.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32),
                                                          inv_name))
             mul = onnx.helper.make_node("Mul", [x, inv_name], [y_name],
-                                        name=unique_name(g, f"{x}_smooth_mul"))
+                                        name=index.unique_name(f"{x}_smooth_mul"))
             first = min(list(g.node).index(n) for n, _ in members)
             new_nodes.append((first, mul))
             for node, _ in members:

@@ -25,6 +25,7 @@ from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
+from qbuild_onnx_common.models import load_model
 
 FORMAT = "qbuild-calibration"
 VERSION = 1
@@ -106,7 +107,6 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
 
     Returns a summary (method, num_samples, number of tensors, shas) for the rule's info.
     """
-    import onnx
     from qbuild_onnx_common.summary import model_info
 
     from ..source.datasets import (
@@ -123,7 +123,7 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     log = log or (lambda _msg: None)
     model_path, out_dir = Path(model_path), Path(out_dir)
     ds = open_dataset(dataset_dir)
-    m_info = model_info(onnx.load(str(model_path), load_external_data=False))
+    m_info = model_info(load_model(model_path, external_data=False))
     plan = check_dataset_against_model(ds.manifest, m_info, opts.batch_size)
     session = cc.open_calibration_session(model_path, opts.op_types or None, opts.threads,
                                           scratch=scratch)

@@ -16,6 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common.models import (
+    file_uses_external_data,
+    lean_load,
+    load_model,
+    stage_beside,
+    unstage,
+)
+
 _FLOAT_TYPES = ("tensor(float)", "tensor(float16)")
 _MAX_PROTO = 2**31 - 1
 
@@ -76,12 +84,10 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
     import onnx
     from qbuild_onnx_common.ort import session
 
-    from ..algorithms.external_data import file_uses_external_data, lean_load, stage_beside
-
     model_path = Path(model_path)
     external = file_uses_external_data(model_path)
     # External weights stay on disk: onnxruntime reads them from the original files.
-    model = lean_load(model_path) if external else onnx.load(str(model_path))
+    model = lean_load(model_path) if external else load_model(model_path)
     existing = {o.name for o in model.graph.output}
     candidates = _candidate_tensors(model, op_types)
     for name in candidates:
@@ -106,8 +112,6 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
     del model
     sess = session(payload, threads, optimize=False)
     if external:  # the session holds the weights: drop the hard links
-        from ..algorithms.external_data import unstage
-
         unstage(Path(payload))
     types = {o.name: o.type for o in sess.get_outputs()}
     keep = [n for n in candidates if types.get(n) in _FLOAT_TYPES]

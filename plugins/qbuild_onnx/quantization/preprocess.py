@@ -20,6 +20,7 @@ from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.summary import model_info
 
 from ..source.model_checks import describe_quantized, drop_initializer_inputs, initializer_inputs
@@ -58,7 +59,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
         kwargs.update(save_as_external_data=True, all_tensors_to_one_file=True,
                       external_data_location=data_name, external_data_size_threshold=1024)
     notes = []
-    proto = onnx.load(str(src), load_external_data=False)
+    proto = load_model(src, external_data=False)
     refusal = describe_quantized(proto, "quantization pre-processing")
     if refusal:
         raise OnnxError(refusal, file=src)
@@ -105,7 +106,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
         # declared output set stable.
         (out.parent / data_name).write_bytes(b"")
     normalise_model_file(out)
-    proto = onnx.load(str(out), load_external_data=False)
+    proto = load_model(out, external_data=False)
     named = name_nodes(proto)
     if named:
         # exclusions, regions and sensitivity address nodes by name; onnxruntime keeps
@@ -121,7 +122,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     from .selectors import rewrites_between
 
     info["preprocess_rewrites"] = rewrites_between(
-        onnx.load(str(src), load_external_data=False), proto,
+        load_model(src, external_data=False), proto,
         f"onnxruntime {ort_version}'s quant_pre_process")
     info["external_data"] = [data_name] if external_data else []
     info["model_sha256"] = sha256_file(out)
@@ -147,7 +148,7 @@ def normalise_model_file(path: Path) -> None:
     import onnx
     from onnx import external_data_helper
 
-    proto = onnx.load(str(path), load_external_data=False)
+    proto = load_model(path, external_data=False)
     changed = False
     for tensor in external_data_helper._get_all_tensors(proto):
         if not external_data_helper.uses_external_data(tensor):

@@ -21,9 +21,9 @@ import onnx
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_bytes
 from qbuild_onnx_common.graph import bump_ir_version, real_inputs
+from qbuild_onnx_common.models import lean_load, weightless
 from qbuild_onnx_common.summary import describe_values
 
-from ..algorithms.external_data import lean_load, weightless
 from ..algorithms.markers import keep_float_nodes
 from ..ort_logs import ort_output_to_log
 from ..source.model_checks import (
@@ -77,7 +77,7 @@ def _load(path: Path) -> tuple[bytes, onnx.ModelProto]:
 
 def _float_bytes(onnx_bytes: int, path: Path, model: onnx.ModelProto) -> int:
     """Size of the float model: the .onnx file and its external data files."""
-    from ..algorithms.external_data import locations
+    from qbuild_onnx_common.models import locations
 
     return onnx_bytes + sum((Path(path).parent / loc).stat().st_size
                             for loc in locations(model))
@@ -132,7 +132,7 @@ def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log, model: onnx.Mo
                    model_path: Path) -> onnx.ModelProto:
     """Run onnxruntime's quantizer; external weights are read from ``model_path``'s folder
     one at a time, and those left float are loaded into the result."""
-    from ..algorithms.external_data import fill, uses_external_data, weights_readable_from
+    from qbuild_onnx_common.models import fill, uses_external_data, weights_readable_from
 
     base = os.path.abspath(Path(model_path).parent) if uses_external_data(model) else None
     with weights_readable_from(base):

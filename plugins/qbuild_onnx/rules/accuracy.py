@@ -19,6 +19,7 @@ from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.latency import slower_verdict
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
     DatasetInfo,
     OnnxModelInfo,
@@ -217,11 +218,10 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
 def _quantized(path: Path) -> str | None:
     """How the model is quantized ('QDQ', 'QOperator', 'dynamic'), or None for a float
     model (a trial that kept everything float is the float model, not a candidate)."""
-    import onnx
 
     from ..source.model_checks import quantized_form
 
-    form = quantized_form(onnx.load(str(path), load_external_data=False))
+    form = quantized_form(load_model(path, external_data=False))
     return form[0] if form else None
 
 
@@ -455,11 +455,10 @@ def mixed_precision(ctx: RunContext) -> OverridesInfo:
 def _tensor_selection(model: Path, entries: list[str]) -> list[str]:
     if not entries:
         return []
-    import onnx
 
     from ..quantization.selectors import resolve_tensor_list
 
-    return resolve_tensor_list(entries, onnx.load(str(model), load_external_data=False),
+    return resolve_tensor_list(entries, load_model(model, external_data=False),
                                "tensors")
 
 

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
     CalibrationInfo,
     DatasetInfo,
@@ -156,11 +157,10 @@ def stage_onnx_model(ctx: RunContext) -> OnnxModelInfo:
 def _note_model_shape(ctx: RunContext, model: Path) -> None:
     """Tell the user now about shapes later rules refuse or fix (already quantized,
     compute inside If/Loop, initializers listed as inputs)."""
-    import onnx
 
     from ..source.model_checks import summary
 
-    shape = summary(onnx.load(str(model), load_external_data=False))
+    shape = summary(load_model(model, external_data=False))
     if shape["already_quantized"]:
         ctx.warn(f"the model is already quantized ({shape['already_quantized']}): quantize, "
                  "quantize_dynamic and quant_preprocess refuse it")

@@ -17,10 +17,10 @@ from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
+from qbuild_onnx_common.models import load_model
 
 
 def _load_proto_without_data(path: Path):
-    import onnx
     from google.protobuf.message import DecodeError
 
     if not path.is_file():
@@ -28,7 +28,7 @@ def _load_proto_without_data(path: Path):
     if path.stat().st_size == 0:
         raise OnnxError("model file is empty (0 bytes): not an ONNX model", file=path)
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = load_model(path, external_data=False)
     except DecodeError as e:
         raise OnnxError(
             f"not a readable ONNX model (protobuf decode failed: {e}); "
@@ -132,8 +132,7 @@ def _check_external_model(path: Path) -> None:
     shapes strictly on the graph with its small tensors (shape constants) loaded and its
     weights left on disk."""
     import onnx
-
-    from ..algorithms.external_data import lean_load
+    from qbuild_onnx_common.models import lean_load
 
     onnx.checker.check_model(str(path))
     onnx.shape_inference.infer_shapes(lean_load(path), check_type=True, strict_mode=True)
