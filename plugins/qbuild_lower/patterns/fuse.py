@@ -28,9 +28,12 @@ import onnx
 from onnx import numpy_helper
 from qbuild_onnx_common.errors import OnnxError
 
-from .emit import Builder, gather_codes
-from .graph import Graph
-from .groups import is_dq, is_q
+from ..emit.assemble import assemble, drop_dead_nodes, rename_inputs
+from ..emit.builder import Builder
+from ..emit.quantized import gather_codes
+from ..qdq.graph import Graph
+from ..qdq.groups import is_dq, is_q
+from .region_tables import region_tables
 from .regions import Region, find_regions
 
 FORMS = ("fastest", "table")
@@ -134,8 +137,6 @@ def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
     y_qparams, table initializer name, op types)`` is called for every table emitted."""
     if form not in FORMS:
         raise OnnxError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
-    from .lut import region_tables
-
     regions = find_regions(g)
     if float_chains_only:
         regions = [r for r in regions if _float_inside(g, r)]
@@ -202,28 +203,25 @@ def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
 def fuse_model(model: onnx.ModelProto, form: str = "fastest") -> tuple[onnx.ModelProto, dict]:
     """The pass on its own: a QDQ model with its element-wise regions in ``form``; the
     rest of the graph is untouched. Returns (model, report)."""
-
-    from .driver import _dead_code, _rename, assemble
-
     g = Graph.from_model(model)
     b = Builder(g, "ort")
     res = fuse_regions(g, b, form)
     keep = [n for i, n in enumerate(g.nodes)
             if i not in res["absorbed_q"] and i not in res["replaced"]]
     # replaced DQ/compute nodes other regions' exports no longer need are dead code
-    nodes = _dead_code(_rename(keep + b.nodes, res["aliases"]), g.outputs)
+    nodes = drop_dead_nodes(rename_inputs(keep + b.nodes, res["aliases"]), g.outputs)
     out, nodes = assemble(model, nodes, b.inits, g.inputs)
     regions = res["regions"]
     report = {
         "form": form,
         "regions": len(regions),
-        "by_form": _count(regions),
+        "by_form": count_forms(regions),
         "per_region": [{k: v for k, v in r.items() if k != "tables"} for r in regions],
     }
     return out, report
 
 
-def _count(regions: list) -> dict:
+def count_forms(regions: list) -> dict:
     from collections import Counter
 
     c = Counter()

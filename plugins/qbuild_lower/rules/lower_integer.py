@@ -1,10 +1,7 @@
-"""The rules ``lower_integer``, ``fuse_lut`` and ``profile`` (rule API v2): each declares
-one action at analysis, a thin wrapper over ``driver.lower_model``, ``fuse.fuse_model``
-or ``profiling``. Models are asked for as ``OnnxModelInfo`` providers and the model
-written is given as one.
-
-Imports only qbuild and the shared providers at module level; onnx, onnxruntime and
-numpy load inside the actions.
+"""The rule ``lower_integer``: two actions, the lowering (``lowering.driver.lower_model``)
+and the check of the lowered model against its QDQ source (``checking``), each cached on
+its own. The model is asked for as an ``OnnxModelInfo`` provider and the model written is
+given as one.
 """
 
 from __future__ import annotations
@@ -15,13 +12,13 @@ from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import (
     DatasetInfo,
     OnnxModelInfo,
-    dataset_path,
-    model_path,
     onnx_model_info,
 )
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import AnalysisContext, RunContext, attr, hookimpl
+from qbuild import AnalysisContext, RunContext, attr
+
+from .inputs import dataset_dir, model_file
 
 REQUANTIZATION = {
     "half_up": "y = clamp(zp + floor((acc*M0 + 2^(shift-1)) / 2^shift))",
@@ -115,10 +112,10 @@ def lower_integer(ctx: RunContext) -> OnnxModelInfo:
     """The first action of ``lower_integer``: lower the QDQ model."""
     import onnx
 
-    from .driver import lower_model
+    from ..lowering.driver import lower_model
 
     p = ctx.params
-    src_path = _model_path(ctx, ctx.inputs["model"], "the model")
+    src_path = model_file(ctx, ctx.inputs["model"], "the model")
     source = onnx.load(str(src_path))
     if p["float_model"] == "copy" and p["mode"] == "ort" and not _has_qdq(source):
         return _copy_float(ctx, src_path, source)
@@ -175,10 +172,11 @@ def check_lowered(ctx: RunContext) -> None:
     source in onnxruntime, write report.json, fail below min_agreement."""
     import onnx
 
-    from .check import compare, load_dataset, synthetic_feeds
+    from ..checking.compare import compare
+    from ..checking.feeds import load_dataset, synthetic_feeds
 
     p = ctx.params
-    src_path = _model_path(ctx, ctx.inputs["model"], p["source"])
+    src_path = model_file(ctx, ctx.inputs["model"], p["source"])
     lowering = json.loads(ctx.inputs["lowering.json"].read_text())
     if "copied" in lowering:  # the same bytes as the source: nothing to check
         ctx.output("report.json").write_text(json.dumps(
@@ -190,7 +188,7 @@ def check_lowered(ctx: RunContext) -> None:
         lowered = onnx.load(str(ctx.inputs[p["model_out"]]))
         n = p["max_samples"] or None
         if ctx.inputs["dataset"] is not None:
-            feeds = load_dataset(_dataset_dir(ctx), n, source)
+            feeds = load_dataset(dataset_dir(ctx), n, source)
             inputs = "dataset"
         else:
             feeds, inputs = synthetic_feeds(source, n or 8), "synthetic"
@@ -214,7 +212,7 @@ def check_lowered(ctx: RunContext) -> None:
 def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
     """onnxruntime's profile of the lowered model, and what the nodes left in float (and
     the element-wise chains kept as they were) cost in it."""
-    from .profiling import op_profile
+    from ..profiling.timing import op_profile
 
     prof = op_profile(lowered, feed, threads=1, runs=runs, top=15, all_nodes=True)
     floats = [e for e in report["per_node"] if e["status"] == "float"]
@@ -225,188 +223,3 @@ def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
             "unfused_ms": round(sum(u["ms"] or 0.0 for u in unfused), 4)}
 
 
-class FuseLut(OnnxRule):
-    kind = "fuse_lut"
-    version = 3
-    doc = (
-        "On a QDQ model (right after quantize): every chain of element-wise ops between two "
-        "quantized tensors (SiLU, HardSwish, Sigmoid, Tanh, GELU, LeakyRelu, Clip and "
-        "compositions) is replaced by its 256-entry table indexed by the 8-bit code "
-        "(Cast + GatherElements), computed by onnxruntime running the chain's own "
-        "DQ -> ops -> Q, so the result is bit-exact with the input model. form = fastest "
-        "uses instead the identity or a matching com.microsoft QLinearSigmoid/"
-        "QLinearLeakyRelu when the table equals theirs, and keeps a chain that onnxruntime "
-        "runs faster as it is (report.json says which and why). The model is checked "
-        "against its source (bit-exact share must reach min_exact)."
-    )
-    heavy = True
-    attrs = {
-        "model": attr.label(doc="The QDQ model.", required=True, providers=[OnnxModelInfo]),
-        "form": attr.enum(["fastest", "table"], default="fastest", doc="See the rule doc."),
-        "dataset": attr.label(doc="qbuild dataset for the check; without it, seeded random "
-                                  "inputs over each input's quantization range.",
-                              providers=[DatasetInfo]),
-        "max_samples": attr.int(default=4, doc="Samples used by the check (0 = all)."),
-        "min_exact": attr.float(default=1.0, doc="Minimum share of output elements equal "
-                                                 "to the source's."),
-    }
-    outputs = ["{name}.onnx", "report.json"]
-
-    provides = (OnnxModelInfo,)
-
-    def analyze(self, ctx: AnalysisContext) -> None:
-        a = ctx.attrs
-        ctx.action(fuse_lut, inputs=["model", "dataset"], outputs=ctx.outputs,
-                   mnemonic="FuseLut",
-                   params={"source": a["model"], "model_out": f"{ctx.name}.onnx",
-                           "form": a["form"], "max_samples": a["max_samples"],
-                           "min_exact": a["min_exact"]})
-
-
-def fuse_lut(ctx: RunContext) -> OnnxModelInfo:
-    """The action of ``fuse_lut``: fuse, check bit-exactness, report."""
-    import onnx
-
-    from .check import compare
-    from .fuse import fuse_model
-
-    p = ctx.params
-    src_path = _model_path(ctx, ctx.inputs["model"], p["source"])
-    try:
-        source = onnx.load(str(src_path))
-        fused, report = fuse_model(source, p["form"])
-        feeds, inputs = _feeds(ctx, source)
-        result = compare(source, fused, feeds, 0.0)
-    except OnnxError as e:
-        raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
-    result["inputs"] = inputs
-    report = {"source": p["source"], **report, "check": result}
-    out = ctx.output(p["model_out"])
-    onnx.save(fused, str(out))
-    ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-    ctx.log(f"{report['regions']} element-wise regions: {report['by_form']}; "
-            f"{result['exact']:.4%} of output elements bit-exact")
-    if result["exact"] < p["min_exact"]:
-        raise ctx.fail(f"fused model is bit-exact with its source on {result['exact']:.4%}"
-                       f" of output elements, below min_exact {p['min_exact']}",
-                       attr="min_exact")
-    return onnx_model_info(out, fused)
-
-
-class Profile(OnnxRule):
-    kind = "profile"
-    machine_dependent = True  # measures this machine's kernels
-    reproducible = False  # timings
-    version = 3
-    doc = (
-        "Where the time goes: every model timed interleaved with the others in one process "
-        "(warm-ups, `threads` intra-op threads, median, quartiles, spread; noisy runs and "
-        "models slower than the reference are flagged), and onnxruntime's profiler per "
-        "model (its runs interleaved too): time per op type and the top nodes, side by "
-        "side in report.md, with each model's multiply-accumulate count. Timings make the "
-        "report not reproducible."
-    )
-    heavy = True
-    attrs = {
-        "models": attr.label_list(doc="Model targets (one .onnx output each).", required=True,
-                                  providers=[OnnxModelInfo]),
-        "reference": attr.label(doc="The float model the others are compared with "
-                                    "(default: the first of models).",
-                                providers=[OnnxModelInfo]),
-        "dataset": attr.label(doc="qbuild dataset (first sample is timed); without it, "
-                                  "seeded random inputs.", providers=[DatasetInfo]),
-        "threads": attr.int(default=1, doc="onnxruntime intra-op threads."),
-        "runs": attr.int(default=30, doc="Timed interleaved rounds."),
-        "warmup": attr.int(default=5, doc="Untimed rounds first."),
-        "profile_runs": attr.int(default=10, doc="Runs under onnxruntime's profiler "
-                                                 "(0: no per-op profile)."),
-        "top": attr.int(default=15, doc="Top nodes listed per model."),
-    }
-    outputs = ["report.json", "report.md"]
-
-    def validate(self, attrs) -> None:
-        from qbuild import ConfigError
-
-        for name in ("threads", "runs"):
-            if attrs[name] < 1:
-                raise ConfigError("threads and runs must be >= 1", attr=name)
-
-    def analyze(self, ctx: AnalysisContext) -> None:
-        a = ctx.attrs
-        # Models are named by label in the report: the labels are declared params.
-        ctx.action(profile, inputs=["models", "reference", "dataset"], outputs=ctx.outputs,
-                   mnemonic="Profile",
-                   params={"models": a["models"], "reference": a["reference"],
-                           **{k: a[k] for k in ("threads", "runs", "warmup",
-                                                "profile_runs", "top")}})
-
-
-def profile(ctx: RunContext) -> None:
-    """The action of ``profile``: interleaved latency and per-op profiles."""
-    import onnx
-    from qbuild_onnx_common.latency import slower_verdict
-
-    from .profiling import conditions, interleaved_latency, macs, op_profiles, render
-
-    p = ctx.params
-    deps = dict(zip(p["models"], ctx.inputs["models"]))
-    if p["reference"] is not None and p["reference"] not in deps:
-        deps = {p["reference"]: ctx.inputs["reference"], **deps}
-    ref_label = p["reference"] if p["reference"] is not None else next(iter(deps))
-    paths = {label: _model_path(ctx, dep, label, "models") for label, dep in deps.items()}
-    first = onnx.load(str(paths[ref_label]))
-    feeds, inputs = _feeds(ctx, first, count=1)
-    before = conditions()
-    lat = interleaved_latency(paths, feeds[0], p["threads"], p["runs"], p["warmup"],
-                              reference=ref_label)
-    report = {"reference": ref_label, "inputs": inputs, "latency": lat, "models": {}}
-    profs = (op_profiles(paths, feeds[0], p["threads"], p["profile_runs"], p["warmup"],
-                         p["top"]) if p["profile_runs"] > 0 else {})
-    for label, path in paths.items():
-        entry = {"macs": macs(onnx.load(str(path)))}
-        if label in profs:
-            entry["profile"] = profs[label]
-        report["models"][label] = entry
-    report["conditions"] = {"before": before, "after": conditions()}
-    ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-    ctx.output("report.md").write_text(render(report))
-    for label, m in lat["models"].items():
-        if m.get("slower_than_reference"):
-            v = slower_verdict(m, lat["models"][ref_label])
-            ctx.warn(f"{label} is slower than {ref_label}: {v['ms']} vs {v['reference_ms']} "
-                     f"ms {'CPU' if v['basis'] == 'cpu' else 'wall'} time, median "
-                     f"({p['threads']} thread(s))")
-    if lat["noisy"]:
-        ctx.warn("noisy measurement: an interquartile range exceeds 10 % of its median")
-
-
-def _model_path(ctx: RunContext, dep, label: str, attr_name: str = "model"):
-    try:
-        return model_path(dep)
-    except ValueError as e:
-        raise ctx.fail(f"{label} {e}", attr=attr_name) from None
-
-
-def _dataset_dir(ctx: RunContext):
-    try:
-        path = dataset_path(ctx.inputs["dataset"])
-    except ValueError as e:
-        raise ctx.fail(f"the dataset {e}", attr="dataset") from None
-    return path.parent if path.is_file() else path
-
-
-def _feeds(ctx: RunContext, model, count: int | None = None):
-    import onnx
-
-    from .check import load_dataset, random_feeds
-
-    n = count or ctx.params.get("max_samples") or None
-    if ctx.inputs.get("dataset") is not None:
-        m = model if isinstance(model, onnx.ModelProto) else onnx.load(str(model))
-        return load_dataset(_dataset_dir(ctx), n, m), "dataset"
-    return random_feeds(model, n or 4), "synthetic"
-
-
-@hookimpl
-def qbuild_rule_types():
-    return [LowerInteger, FuseLut, Profile]

@@ -13,19 +13,12 @@ import numpy as np
 import onnx
 from qbuild_onnx_common.graph import attrs, opset
 
-from . import fixedpoint as fp
-from .emit import (
-    DATA_MOVEMENT,
-    LUT_OPS,
-    Builder,
-    bias_codes,
-    gather_codes,
-    lower_data_movement,
-    lower_lut,
-    requant_tail,
-)
-from .graph import Graph
-from .groups import DTYPE, RANGE, UNSUPPORTED_OP, Group, Unsupported, need_act
+from ..arithmetic import fixedpoint as fp
+from ..emit.builder import Builder
+from ..emit.quantized import DATA_MOVEMENT, LUT_OPS, gather_codes, lower_data_movement, lower_lut
+from ..emit.requantize import bias_codes, requant_tail
+from ..qdq.graph import Graph
+from ..qdq.groups import DTYPE, RANGE, UNSUPPORTED_OP, Group, Unsupported, need_act
 
 I64 = onnx.TensorProto.INT64
 

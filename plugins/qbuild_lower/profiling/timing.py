@@ -12,8 +12,8 @@ Owns two measurements of onnxruntime CPU sessions, both with a stated thread cou
 
 A profile names the kernels onnxruntime actually ran after its graph optimisations (e.g.
 ``QLinearConv`` with ``channels_last``, the Transposes its layout pass inserted), which is
-what says what bounds a model; the MAC count of its Convs/MatMuls/Gemms (``macs``) is the
-other half of that argument.
+what says what bounds a model; the MAC count of its Convs/MatMuls/Gemms (``macs`` module)
+is the other half of that argument.
 """
 
 from __future__ import annotations
@@ -166,64 +166,6 @@ def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -
     }
 
 
-def macs(model) -> dict:
-    """Multiply-accumulates of Conv, ConvInteger, QLinearConv, MatMul-like and Gemm nodes
-    (shapes from onnx shape inference), total and by kind (dense/depthwise/grouped conv,
-    matmul)."""
-    import numpy as np
-    import onnx
-    from onnx import numpy_helper, shape_inference
-    from qbuild_onnx_common.graph import attr
-
-    m = shape_inference.infer_shapes(model if isinstance(model, onnx.ModelProto)
-                                     else onnx.load(str(model)))
-    shapes = {}
-    for vi in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
-        dims = [d.dim_value if d.HasField("dim_value") else 1
-                for d in vi.type.tensor_type.shape.dim]
-        shapes[vi.name] = dims
-    inits = {t.name: numpy_helper.to_array(t).shape for t in m.graph.initializer}
-    producer = {o: n for n in m.graph.node for o in n.output}
-
-    def shape(t):
-
-        if t in inits:
-            return list(inits[t])
-        if t in shapes:
-            return shapes[t]
-        p = producer.get(t)  # a DequantizeLinear of a weight: the weight's shape
-        if p is not None and p.op_type == "DequantizeLinear":
-            return shape(p.input[0])
-        return None
-
-    by = defaultdict(int)
-    unresolved = 0
-    for n in m.graph.node:
-        if n.op_type in ("Conv", "ConvInteger", "QLinearConv"):
-            w = shape(n.input[3] if n.op_type == "QLinearConv" else n.input[1])
-            y = shape(n.output[0])
-            if not w or not y:
-                unresolved += 1
-                continue
-            group = attr(n, "group", 1)
-            k = int(np.prod(w[1:]))
-            kind = "conv_depthwise" if group > 1 and w[1] == 1 else (
-                "conv_grouped" if group > 1 else "conv")
-            by[kind] += int(np.prod(y)) * k
-        elif n.op_type in ("MatMul", "MatMulInteger", "QLinearMatMul", "Gemm", "QGemm"):
-            a = shape(n.input[0])
-            y = shape(n.output[0])
-            if not a or not y:
-                unresolved += 1
-                continue
-            k = a[-1] if not (n.op_type in ("Gemm", "QGemm") and any(
-                x.name == "transA" and x.i for x in n.attribute)) else a[0]
-            by["matmul"] += int(np.prod(y)) * int(k)
-    # shape inference stops at com.microsoft operators: then the count is a lower bound
-    return {"total": sum(by.values()), **dict(sorted(by.items())),
-            "unresolved_nodes": unresolved}
-
-
 def conditions() -> dict:
     """The measurement conditions: machine, versions, load from other processes."""
     import platform
@@ -239,67 +181,3 @@ def conditions() -> dict:
             "onnxruntime": ort.__version__, "load_average_1_5_15min": load}
 
 
-def _macs(m: dict) -> str:
-    return (f">= {m['total']:,} ({m['unresolved_nodes']} nodes without shapes)"
-            if m.get("unresolved_nodes") else f"{m['total']:,}")
-
-
-def render(report: dict) -> str:
-    """report.md of the ``profile`` rule: latency table, then op types side by side."""
-    lat = report["latency"]
-    labels = list(report["models"])
-    lines = [f"# Profile ({lat['threads']} thread(s), {lat['runs']} interleaved rounds after "
-             f"{lat['warmup']} warm-ups)", ""]
-    c = report.get("conditions", {}).get("before", {})
-    if c:
-        lines += [f"Machine: {c.get('cpus')} CPUs {c.get('machine')}, Python {c.get('python')}, "
-                  f"onnxruntime {c.get('onnxruntime')}; load average before "
-                  f"{c.get('load_average_1_5_15min')}, after "
-                  f"{report['conditions']['after'].get('load_average_1_5_15min')}.", ""]
-    lines += ["| model | median ms | q1-q3 ms | spread | speed-up vs reference | CPU ms "
-              "(spread) | CPU speed-up | MACs |", "|---|---|---|---|---|---|---|---|"]
-    for lab in labels:
-        m = lat["models"][lab]
-        flag = " (noisy)" if m["noisy"] else ""
-        # the verdict is marked in the column it was decided on (CPU time with one thread)
-        c = m.get("cpu")
-        slow = (" **slower than the reference**" if m.get("slower_than_reference")
-                and not c else "")
-        cpu = (f"{c['median_ms']:.3f} ({c['spread']:.1%}) | {c.get('speedup', 1.0)}x"
-               f"{' **slower than the reference**' if c.get('slower_than_reference') else ''}"
-               if c else " | ")
-        lines.append(f"| {lab} | {m['median_ms']:.3f} | {m['q1_ms']:.3f}-{m['q3_ms']:.3f} | "
-                     f"{m['spread']:.1%}{flag} | {m.get('speedup', 1.0)}x{slow} | {cpu} | "
-                     f"{_macs(report['models'][lab]['macs'])} |")
-    if any("cpu" in m for m in lat["models"].values()):
-        lines += ["", "CPU ms: the run's CPU time on its one thread (what the model costs, "
-                  "without the time spent waiting for a core: steady on a loaded machine). "
-                  "Whether a model is slower than the reference is decided on it."]
-    profs = {lab: report["models"][lab].get("profile") for lab in labels}
-    if any(profs.values()):
-        types = []
-        for p in profs.values():
-            for op in (p or {}).get("op_types", {}):
-                if op not in types:
-                    types.append(op)
-        lines += ["", "## Time per op type (ms per run: median of the profiled runs / sum of "
-                  "each node's fastest run; nodes)", "",
-                  "| op type | " + " | ".join(labels) + " |",
-                  "|---|" + "---|" * len(labels)]
-        for op in types:
-            cells = []
-            for lab in labels:
-                t = (profs[lab] or {}).get("op_types", {}).get(op)
-                cells.append(f"{t['ms']:.3f} / {t.get('min_ms', t['ms']):.3f} ({t['nodes']})"
-                             if t else "")
-            lines.append(f"| {op} | " + " | ".join(cells) + " |")
-        lines.append("| all kernels | " + " | ".join(
-            f"{p['kernel_ms']:.3f} / {p.get('kernel_min_ms', p['kernel_ms']):.3f}" if p else ""
-            for p in profs.values()) + " |")
-        for lab in labels:
-            p = profs[lab]
-            if not p:
-                continue
-            lines += ["", f"### Top nodes: {lab}", "", "| node | op type | ms |", "|---|---|---|"]
-            lines += [f"| {n['node']} | {n['op_type']} | {n['ms']:.3f} |" for n in p["top_nodes"]]
-    return "\n".join(lines) + "\n"

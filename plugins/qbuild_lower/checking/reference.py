@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 from qbuild_onnx_common.graph import attr, attrs, opset
 
-from .graph import toposort
+from ..qdq.graph import toposort
 
 _NP = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8,
        onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT64: np.int64,

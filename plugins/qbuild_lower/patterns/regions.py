@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .emit import LUT_OPS
-from .graph import Graph
-from .groups import is_dq, is_q
+from ..emit.quantized import LUT_OPS
+from ..qdq.graph import Graph
+from ..qdq.groups import is_dq, is_q
 
 #: Two-input element-wise ops (the other input derived from the root, or a scalar).
 BINARY_OPS = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}

@@ -1,10 +1,5 @@
-"""The check step: a lowered model against its QDQ source, both run in onnxruntime.
-
-For every output element the difference is measured in LSB of that output's final
-DequantizeLinear scale. The result gives the share of elements within +-1 LSB, the share
-that is bit-exact and the largest error; ``passed`` compares the share with a threshold.
-Inputs come from a qbuild dataset directory, or, without one, from seeded random codes
-spanning each input's quantization range (said so in the result).
+"""Inputs for the check and the profiles: a qbuild dataset directory read into feeds, or,
+without one, seeded random inputs (over each input's quantization range for a QDQ model).
 """
 
 from __future__ import annotations
@@ -15,10 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.ort import session
 
-from .graph import Graph
-from .groups import is_dq
+from ..qdq.graph import Graph
 
 
 def load_dataset(path: Path, max_samples: int | None = None,
@@ -92,54 +85,3 @@ def random_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict
                           else np.zeros(shape, dt))
         feeds.append(f)
     return feeds
-
-
-def output_scales(model: onnx.ModelProto) -> dict[str, float]:
-    g = Graph.from_model(model)
-    scales = {}
-    for o in model.graph.output:
-        p = g.producer_node(o.name)
-        if p is not None and is_dq(p):
-            qp = g.qparams(p)
-            if qp.per_tensor:
-                scales[o.name] = float(qp.scale.ravel()[0])
-    return scales
-
-
-def compare(source: onnx.ModelProto, lowered: onnx.ModelProto, feeds: list[dict],
-            min_agreement: float = 0.999) -> dict:
-    s_src, s_low = session(source), session(lowered)
-    scales = output_scales(lowered) or output_scales(source)
-    names = [o.name for o in s_src.get_outputs()]
-    per = {n: {"elements": 0, "within_1lsb": 0, "exact": 0, "max_lsb": 0.0} for n in names}
-    for feed in feeds:
-        ra = dict(zip(names, s_src.run(names, feed)))
-        rb = dict(zip(names, s_low.run(names, feed)))
-        for n in names:
-            scale = scales.get(n)
-            a, b = ra[n].astype(np.float64), rb[n].astype(np.float64)
-            d = np.abs(a - b) / scale if scale else np.abs(a - b)
-            d = np.rint(d * 1e4) / 1e4  # float noise of the dequantize is not an LSB
-            st = per[n]
-            st["elements"] += d.size
-            st["within_1lsb"] += int((d <= 1).sum())
-            st["exact"] += int((d == 0).sum())
-            st["max_lsb"] = max(st["max_lsb"], float(d.max()) if d.size else 0.0)
-    total = sum(p["elements"] for p in per.values())
-    within = sum(p["within_1lsb"] for p in per.values())
-    exact = sum(p["exact"] for p in per.values())
-    share = within / total if total else 1.0
-    return {
-        "samples": len(feeds),
-        "elements": total,
-        "within_1lsb": round(share, 6),
-        "exact": round(exact / total if total else 1.0, 6),
-        "max_error_lsb": max((p["max_lsb"] for p in per.values()), default=0.0),
-        "min_agreement": min_agreement,
-        "passed": share >= min_agreement,
-        "per_output": {n: {**p, "within_1lsb": round(p["within_1lsb"] / p["elements"], 6)
-                           if p["elements"] else 1.0,
-                           "exact": round(p["exact"] / p["elements"], 6)
-                           if p["elements"] else 1.0}
-                       for n, p in sorted(per.items())},
-    }

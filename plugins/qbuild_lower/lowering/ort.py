@@ -10,8 +10,10 @@ from __future__ import annotations
 import numpy as np
 from qbuild_onnx_common.graph import opset
 
-from .emit import DATA_MOVEMENT, LUT_OPS, Builder, bias_codes, lower_data_movement, lower_lut
-from .groups import DTYPE, UNSUPPORTED_OP, Group, Unsupported, need_act
+from ..emit.builder import Builder
+from ..emit.quantized import DATA_MOVEMENT, LUT_OPS, lower_data_movement, lower_lut
+from ..emit.requantize import bias_codes
+from ..qdq.groups import DTYPE, UNSUPPORTED_OP, Group, Unsupported, need_act
 
 MS = "com.microsoft"
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 from collections import Counter
 
 import onnx
-from onnx import helper
 from qbuild_onnx_common.errors import OnnxError
 
-from .chains import focus_space_to_depth
-from .emit import Builder
-from .graph import Graph, toposort
-from .groups import UNSUPPORTED_OP, Unsupported, analyze, is_dq, is_q
+from ..arithmetic.tables import build_tables
+from ..emit.assemble import assemble, drop_dead_nodes, rename_inputs
+from ..emit.builder import Builder
+from ..patterns.focus import focus_space_to_depth
+from ..patterns.fuse import count_forms, fuse_regions
+from ..qdq.graph import Graph
+from ..qdq.groups import UNSUPPORTED_OP, Unsupported, analyze, is_dq, is_q
+from . import fixed_point, ort
 
 MODES = ("ort", "fixed_point")
 ROUNDINGS = ("half_up", "onnxruntime")
@@ -28,16 +31,13 @@ ROUNDINGS = ("half_up", "onnxruntime")
 def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
                 tables: str = "fastest") -> tuple[onnx.ModelProto, dict, list]:
     """Returns (lowered model, report, fixed-point parameter records). ``rounding``
-    (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``fixedpoint``). ``tables``
-    (ort only): how element-wise regions are realized (``fuse.FORMS``)."""
+    (fixed_point only): ``half_up`` or ``onnxruntime`` (see ``arithmetic.fixedpoint``). ``tables``
+    (ort only): how element-wise regions are realized (``patterns.fuse.FORMS``)."""
     if mode not in MODES:
         raise OnnxError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     if rounding not in ROUNDINGS:
         raise OnnxError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {rounding!r}")
-    if mode == "ort":
-        from .lower_ort import handler
-    else:
-        from .lower_fixed import handler, prepare
+    handler = ort.handler if mode == "ort" else fixed_point.handler
 
     g = Graph.from_model(model)
     if not any(is_q(n) for n in g.nodes) or not any(is_dq(n) for n in g.nodes):
@@ -45,18 +45,14 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
     b = Builder(g, mode)
     b.rounding = rounding
     if mode == "fixed_point":
-        prepare(g, b)
+        fixed_point.prepare(g, b)
     entries, absorbed_q, aliases = [], set(), {}
     lowered = set()
-    from .fuse import fuse_regions
-
     if mode == "ort":
         fused = fuse_regions(g, b, tables, integer_only=True)
     else:  # chains with float between their ops; the others lower node by node
-        from .lower_fixed import region_record
-
         fused = fuse_regions(g, b, "table", integer_only=True, float_chains_only=True,
-                             record=lambda *a: region_record(b, *a))
+                             record=lambda *a: fixed_point.region_record(b, *a))
     absorbed_q |= fused["absorbed_q"]
     aliases.update(fused["aliases"])
     lowered |= fused["replaced"]
@@ -106,8 +102,6 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
     if b.luts:
         from onnx import numpy_helper
 
-        from .lut import build_tables
-
         for name, table in sorted(build_tables(g, b.luts).items()):
             b.inits.append(numpy_helper.from_array(table, name))
             for rec in b.params:
@@ -116,48 +110,26 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
                     del rec["table_name"]
 
     keep = [n for i, n in enumerate(g.nodes) if i not in lowered and i not in absorbed_q]
-    nodes = _dead_code(_rename(keep + b.nodes, aliases), g.outputs)
+    nodes = drop_dead_nodes(rename_inputs(keep + b.nodes, aliases), g.outputs)
     before = {id(n) for n in nodes}
     nodes, chain, chain_float = focus_space_to_depth(nodes, model, b.fresh, b.const,
                                                      g.outputs)
     b.nodes += [n for n in nodes if id(n) not in before]  # checked like the other emitted
-    nodes = _dead_code(nodes, g.outputs)
+    nodes = drop_dead_nodes(nodes, g.outputs)
     _chains_lowered(g, entries, chain, nodes)
     _chains_lowered(g, entries, chain_float, nodes, float_rewrite=True)
     out, nodes = assemble(model, nodes, b.inits, g.inputs)
     report = _report(g, entries, nodes, mode, b)
     if fused["regions"] or mode == "ort":
-        from .fuse import _count
-
         report["regions"] = {"form": tables if mode == "ort" else "table",
                              "count": len(fused["regions"]),
-                             "by_form": _count(fused["regions"]),
+                             "by_form": count_forms(fused["regions"]),
                              "per_region": [{k: v for k, v in r.items() if k != "tables"}
                                             for r in fused["regions"]]}
     # a table composed into another (SiLU) leaves its own layer unused: not a layer
     produced = {t for n in nodes for t in n.output}
     params = [p for p in b.params if p["output"]["tensor"] in produced]
     return out, report, params
-
-
-def assemble(model: onnx.ModelProto, nodes: list, new_inits: list, graph_inputs: set
-             ) -> tuple[onnx.ModelProto, list]:
-    """A copy of ``model`` holding ``nodes`` (sorted topologically, which is also returned)
-    and only the initializers they use, with com.microsoft imported when used."""
-    nodes = toposort(nodes, graph_inputs)
-    used = {t for n in nodes for t in n.input if t}
-    inits = [t for t in list(model.graph.initializer) + new_inits if t.name in used]
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    del out.graph.node[:]
-    out.graph.node.extend(nodes)
-    del out.graph.initializer[:]
-    out.graph.initializer.extend(sorted(inits, key=lambda t: t.name))
-    del out.graph.value_info[:]
-    if any(n.domain == "com.microsoft" for n in nodes) and not any(
-            o.domain == "com.microsoft" for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return out, nodes
 
 
 def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list,
@@ -176,34 +148,6 @@ def _chains_lowered(g: Graph, entries: list, chain: list, nodes: list,
             e.update(status="lowered", lowered_as=["QuantizeLinear", "SpaceToDepth", "Gather"])
             e.pop("category", None)
             e.pop("reason", None)
-
-
-def _rename(nodes, aliases: dict):
-    """Point readers of ``aliases`` keys at their values; nodes that change are copies,
-    so the source model (whose node protos these may be) is never modified."""
-    if not aliases:
-        return nodes
-    out = []
-    for n in nodes:
-        if any(t in aliases for t in n.input):
-            c = onnx.NodeProto()
-            c.CopyFrom(n)
-            for k, t in enumerate(c.input):
-                if t in aliases:
-                    c.input[k] = aliases[t]
-            n = c
-        out.append(n)
-    return out
-
-
-def _dead_code(nodes, graph_outputs: set):
-    """Drop nodes none of whose outputs is read or is a graph output, until stable."""
-    while True:
-        used = {t for n in nodes for t in n.input if t} | graph_outputs
-        live = [n for n in nodes if any(t in used for t in n.output if t)]
-        if len(live) == len(nodes):
-            return nodes
-        nodes = live
 
 
 def _report(g: Graph, entries: list, nodes: list, mode: str, b: Builder) -> dict:

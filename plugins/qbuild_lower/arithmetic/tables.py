@@ -25,10 +25,11 @@ from onnx import helper, numpy_helper
 from qbuild_onnx_common.graph import attrs, opset
 from qbuild_onnx_common.ort import session
 
-from .graph import Graph
-from .groups import is_dq
+from ..qdq.graph import Graph
 
-_NP_TO_ONNX = {np.dtype(np.uint8): onnx.TensorProto.UINT8, np.dtype(np.int8): onnx.TensorProto.INT8}
+#: The ONNX element type of 8-bit codes of each numpy type.
+ONNX_CODE_TYPE = {np.dtype(np.uint8): onnx.TensorProto.UINT8,
+                  np.dtype(np.int8): onnx.TensorProto.INT8}
 
 
 def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
@@ -47,7 +48,7 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
     def dq(k, j, x, codes):
         xin, d = f"x{k}_{j}", f"dq{k}_{j}"
         feeds[xin] = codes
-        inputs.append(helper.make_tensor_value_info(xin, _NP_TO_ONNX[x.qp.dtype], [codes.size]))
+        inputs.append(helper.make_tensor_value_info(xin, ONNX_CODE_TYPE[x.qp.dtype], [codes.size]))
         init(f"xs{k}_{j}", x.qp.scale.reshape(()))
         init(f"xz{k}_{j}", x.qp.zero_point.reshape(()))
         nodes.append(helper.make_node("DequantizeLinear", [xin, f"xs{k}_{j}", f"xz{k}_{j}"], [d]))
@@ -58,13 +59,13 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
         y, yq = f"y{k}", f"q{k}"
         if kind == "pair":
             a, b = grp.ins[0], grp.ins[1]
-            ca, cb = _codes(a.qp.dtype), _codes(b.qp.dtype)
+            ca, cb = all_codes(a.qp.dtype), all_codes(b.qp.dtype)
             args = [dq(k, 0, a, np.repeat(ca, 256)), dq(k, 1, b, np.tile(cb, 256))]
             size = 65536
             picks[table] = (k, slice(None))
         elif kind == "unary":
             x = grp.ins[0]
-            args = [dq(k, 0, x, _codes(x.qp.dtype))]
+            args = [dq(k, 0, x, all_codes(x.qp.dtype))]
             for e in grp.ins[1:]:
                 if e.kind in ("fconst", "raw"):
                     init(e.name, g.array(e.name))
@@ -74,7 +75,7 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
         elif kind[0] == "chain":  # op(x, f(x)): run f's group, then the op's group
             _, j, ugrp = kind
             x = grp.ins[1 - j]
-            codes = _codes(x.qp.dtype)
+            codes = all_codes(x.qp.dtype)
             ux = ugrp.ins[0]
             uargs = [dq(k, "u", ux, codes)]
             for e in ugrp.ins[1:]:
@@ -99,7 +100,7 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
             size = 256
             picks[table] = (k, slice(None))
         else:  # ("concat", index)
-            args = [dq(k, j, x, _codes(x.qp.dtype)) for j, x in enumerate(grp.ins)]
+            args = [dq(k, j, x, all_codes(x.qp.dtype)) for j, x in enumerate(grp.ins)]
             size = 256 * len(args)
             j = kind[1]
             picks[table] = (k, slice(256 * j, 256 * (j + 1)))
@@ -108,7 +109,7 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
         init(f"ys{k}", out.qp.scale.reshape(()))
         init(f"yz{k}", out.qp.zero_point.reshape(()))
         nodes.append(helper.make_node("QuantizeLinear", [y, f"ys{k}", f"yz{k}"], [yq]))
-        outputs.append(helper.make_tensor_value_info(yq, _NP_TO_ONNX[out.qp.dtype], [size]))
+        outputs.append(helper.make_tensor_value_info(yq, ONNX_CODE_TYPE[out.qp.dtype], [size]))
     model = helper.make_model(
         helper.make_graph(nodes, "lut", inputs, outputs, inits),
         opset_imports=[helper.make_opsetid("", max(opset(g.model, default=0), 13))],
@@ -119,79 +120,10 @@ def build_tables(g: Graph, requests: list) -> dict[str, np.ndarray]:
     return {table: np.ascontiguousarray(res[k][sl]) for table, (k, sl) in picks.items()}
 
 
-def _codes(dtype) -> np.ndarray:
+def all_codes(dtype) -> np.ndarray:
     """All 256 codes in table order: index = code (uint8) or code + 128 (int8)."""
     if np.dtype(dtype) == np.uint8:
         return np.arange(256, dtype=np.uint8)
     return (np.arange(256) - 128).astype(np.int8)
 
 
-#: Single onnxruntime lookup operators a region's table may equal: (op, alpha). Their
-#: kernels index a 256-entry table they build themselves, which onnxruntime runs about
-#: four times faster per element than a Gather/GatherElements on the codes.
-LOOKUP_OPS = (("QLinearSigmoid", None), ("QLinearLeakyRelu", 0.0), ("QLinearLeakyRelu", 1.0))
-
-
-def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
-    """Tables of every export of ``regions`` (``regions.Region``) computed by onnxruntime
-    running the regions' own nodes on all 256 codes of their root, and the tables of the
-    single lookup operators (``LOOKUP_OPS`` plus each region's LeakyRelu alpha) from the
-    root's to the export's parameters. Returns ({export: codes}, {export: {(op, alpha):
-    codes}})."""
-    if not regions:
-        return {}, {}
-
-    nodes, inputs, outputs, inits, feeds, seen = [], [], [], [], {}, set()
-    probes: dict = {}
-    added: set[int] = set()
-
-    def init(name):
-        if name and name in g.inits and name not in seen:
-            seen.add(name)
-            inits.append(g.inits[name])
-
-    for reg in regions:
-        dq = next(g.nodes[i] for i in reg.members
-                  if is_dq(g.nodes[i]) and g.nodes[i].input[0] == reg.root)
-        xqp = g.qparams(dq)
-        feeds[reg.root] = _codes(xqp.dtype)
-        inputs.append(helper.make_tensor_value_info(reg.root, _NP_TO_ONNX[xqp.dtype], [256]))
-        for i in reg.members:
-            if i in added:  # a constant's DequantizeLinear can sit in two regions
-                continue
-            added.add(i)
-            n = g.nodes[i]
-            for t in n.input:
-                init(t)
-            nodes.append(n)
-        alphas = {float(a.f) for i in reg.members for a in g.nodes[i].attribute
-                  if g.nodes[i].op_type == "LeakyRelu" and a.name == "alpha"}
-        for y in reg.exports:
-            q = g.producer_node(y)
-            yqp = g.qparams(q)
-            outputs.append(helper.make_tensor_value_info(y, _NP_TO_ONNX[yqp.dtype], None))
-            xz = dq.input[2] if len(dq.input) > 2 and dq.input[2] else None
-            yz = q.input[2] if len(q.input) > 2 and q.input[2] else None
-            if xz is None or yz is None or xqp.dtype != yqp.dtype:
-                continue  # the com.microsoft ops need both zero points, one 8-bit type
-            for k, (op, alpha) in enumerate(
-                    list(LOOKUP_OPS) + [("QLinearLeakyRelu", a) for a in sorted(alphas)]):
-                out = f"{y}__probe{k}"
-                extra = {} if alpha is None else {"alpha": alpha}
-                nodes.append(helper.make_node(op, [reg.root, dq.input[1], xz, q.input[1], yz],
-                                              [out], domain="com.microsoft", **extra))
-                outputs.append(helper.make_tensor_value_info(out, _NP_TO_ONNX[yqp.dtype], None))
-                probes.setdefault(y, {})[(op, alpha)] = out
-    model = helper.make_model(
-        helper.make_graph(nodes, "region_tables", inputs, outputs, inits),
-        opset_imports=[helper.make_opsetid("", max(opset(g.model, default=0), 13)),
-                       helper.make_opsetid("com.microsoft", 1)],
-        ir_version=min(g.model.ir_version or 8, 10),
-    )
-    sess = session(model)
-    names = [o.name for o in outputs]
-    res = dict(zip(names, sess.run(names, feeds)))
-    tables = {y: np.ascontiguousarray(res[y]).ravel() for reg in regions for y in reg.exports}
-    cands = {y: {key: np.ascontiguousarray(res[out]).ravel() for key, out in p.items()}
-             for y, p in probes.items()}
-    return tables, cands

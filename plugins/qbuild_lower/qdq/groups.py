@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .graph import Graph, QParams
+from .graph import FLOAT_TYPES, Graph, QParams
 
 
 class Unsupported(Exception):
@@ -81,8 +81,6 @@ def classify_input(g: Graph, t: str) -> In:
         return In(t, "none")
     if g.is_const(t):
         arr_type = g.inits[t].data_type
-        from .graph import FLOAT_TYPES
-
         return In(t, "fconst" if arr_type in FLOAT_TYPES else "raw")
     p = g.producer_node(t)
     if p is not None and is_dq(p):
