@@ -34,6 +34,9 @@ from qbuild import (
     hookimpl,
 )
 
+from .datasets import dataset_provider, dataset_summary
+from .imported import RULES as IMPORTED
+
 # What a folder in image_dataset's `images` stands for (source.images.IMAGE_SUFFIXES,
 # repeated so loading the rules does not import the image code).
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
@@ -43,26 +46,6 @@ _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".w
 def _model_inputs(model: Dep) -> dict[str, Any]:
     """A model dependency's inputs as ``check_dataset_against_model`` reads them."""
     return {"inputs": list(model[OnnxModelInfo].inputs)}
-
-
-def dataset_summary(path: Path) -> dict[str, Any]:
-    """A dataset folder's sample count, batch size and inputs (name -> dtype, shape),
-    from its manifest alone: no digest of the arrays, so numpy is not imported (the
-    model check runs in the main process)."""
-    from ..source.datasets import open_dataset
-
-    ds = open_dataset(path)
-    return {"count": ds.count, "batch_size": ds.batch_size,
-            "inputs": {k: {"dtype": v["dtype"], "shape": v["shape"]}
-                       for k, v in ds.manifest["inputs"].items()}}
-
-
-def dataset_provider(out: Path, info: dict[str, Any] | None = None) -> DatasetInfo:
-    """The DatasetInfo of a dataset folder an action wrote."""
-    info = info or dataset_summary(out)
-    inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
-    return DatasetInfo(path=out, samples=info["count"], inputs=inputs,
-                       batch_size=info["batch_size"])
 
 
 def _check_against(data: Path, model: Dep) -> None:
@@ -521,8 +504,6 @@ def calibrate(ctx: RunContext) -> CalibrationInfo:
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    from .imported import RULES as IMPORTED
-
     return [OnnxModel, ImageDataset, NumpyDataset, SyntheticDataset, CustomDataset,
             QuantPreprocess, Calibrate, *IMPORTED]
 
