@@ -28,23 +28,29 @@ from ..graph.editing import (
     unique_name,
 )
 from ..graph.qdq import QdqNode, analyze
+from ..graph.reading import Shape
 from ..numerics.qtypes import make_qtensor, qtype
 from ..runtime.qdq_support import check_target_types
 from ..runtime.targets import FORMS, DtypeTarget
 
 OUTPUT_DTYPE_OPSET = 21
 
+# Zero point initializers made during one conversion, by (scale, quantized type, shape).
+ZeroPointCache = dict[tuple[str, int, Shape | None], str]
 
-def _zero_zp(model: ModelProto, qn: QdqNode, cache: dict, taken: set[str]) -> str:
-    """Name of an all-zero zero point initializer matching ``qn``'s scale shape and type."""
+
+def _zero_zp(model: ModelProto, qn: QdqNode, qelem: int, cache: ZeroPointCache,
+             taken: set[str]) -> str:
+    """Name of an all-zero zero point initializer matching ``qn``'s scale shape and its
+    quantized type ``qelem``."""
     scale_name = qn.node.input[1]
-    key = (scale_name, qn.qelem, None if qn.scale is None else qn.scale.shape)
+    key = (scale_name, qelem, None if qn.scale is None else qn.scale.shape)
     if key in cache:
         return cache[key]
     if qn.scale is None:
         raise OnnxError(f"{qn.label}: cannot materialize a zero point for a scale computed "
                          f"at run time")
-    q = qtype(qn.qelem, where=qn.label)
+    q = qtype(qelem, where=qn.label)
     name = unique_name(f"{scale_name}_zero_point", taken)
     model.graph.initializer.append(make_qtensor(name, q, np.zeros(qn.scale.shape, np.int32)))
     cache[key] = name
@@ -63,7 +69,7 @@ def _set_zp(qn: QdqNode, name: str | None) -> None:
 
 
 def convert_form(model: ModelProto, target: DtypeTarget, form: str,
-                 max_opset: int | None = None) -> tuple[ModelProto, dict]:
+                 max_opset: int | None = None) -> tuple[ModelProto, dict[str, int]]:
     """Return a converted copy of ``model`` and counters of what changed.
 
     ``max_opset`` is the highest opset the caller may raise the model to; when the
@@ -75,21 +81,22 @@ def convert_form(model: ModelProto, target: DtypeTarget, form: str,
     model = copy_model(model)
     nodes = analyze(model)
     check_target_types(nodes, target, model)
-    stats: Counter = Counter()
+    stats: Counter[str] = Counter()
     taken = taken_names(model)
-    zp_cache: dict = {}
+    zp_cache: ZeroPointCache = {}
     can_od = max_opset is None or max_opset >= OUTPUT_DTYPE_OPSET
     for qn in nodes:
         if qn.qelem is None or qn.qelem == TensorProto.INT32:
             stats["skipped_unknown_or_int32"] += 1
             continue
-        qname = qtype(qn.qelem).name
+        qelem = qn.qelem
+        qname = qtype(qelem).name
         policy_keep = qn.is_activation and qname in target.keep_activation_zero_point
         if form == "zero_point" or policy_keep:
             if form == "output_dtype":
                 stats["policy_activation_zero_point_kept"] += 1
             if qn.zp_name is None:
-                _set_zp(qn, _zero_zp(model, qn, zp_cache, taken))
+                _set_zp(qn, _zero_zp(model, qn, qelem, zp_cache, taken))
                 stats["zero_points_materialized"] += 1
         elif qn.zp_all_zero and (not qn.is_q or can_od or qn.qelem == TensorProto.UINT8):
             _set_zp(qn, None)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypedDict
 
 import onnx
 from onnx import ModelProto
@@ -19,11 +21,67 @@ from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import opset
 
 from ..graph import qdq
+from ..graph.qdq import EquivalenceProof
 from ..runtime import compat
+from ..runtime.compat import LoadCheck
 from ..runtime.targets import FORMS, DtypeTarget, get_target
 from ..validation import checks
-from ..validation.report import model_summary
+from ..validation.report import ModelSummary, model_summary
 from . import forms, requantize
+from .requantize import Policy, RequantizationRecord
+
+
+class RetargetInfo(TypedDict):
+    """What :func:`retarget` did: form, target, opsets and IR versions before and after,
+    the conversion counters and the equivalence proof."""
+
+    form: str
+    target: str
+    opset_before: int | None
+    opset_after: int | None
+    ir_before: int
+    ir_after: int
+    conversion: dict[str, int]
+    equivalence: EquivalenceProof
+
+
+class RequantizeInfo(RetargetInfo):
+    """What :func:`requantize_weights` did: the retargeting, and every weight."""
+
+    requantization: RequantizationRecord
+
+
+class LoadValidation(TypedDict):
+    """What :func:`write_checked` checks on every written model."""
+
+    full_check: bool
+    loadable: LoadCheck
+
+
+class ValidationRecord(LoadValidation, total=False):
+    """What :func:`write_checked` checked; an onnxruntime target adds the fused ops (and
+    the drift, given the source)."""
+
+    onnxruntime_fused_ops: dict[str, int]
+    max_abs_diff_vs_source: float | None
+
+
+class FileReport(TypedDict):
+    """The report.json fields around a rule's info: the rule, the model before and after,
+    and the validation."""
+
+    rule: str
+    before: ModelSummary
+    validation: ValidationRecord
+    after: ModelSummary
+
+
+class RetargetReport(RetargetInfo, FileReport):
+    """report.json of ``qdq_retarget``."""
+
+
+class RequantizeReport(RequantizeInfo, FileReport):
+    """report.json of ``requantize_weights``."""
 
 
 def _resolve_form(form: str, target: DtypeTarget) -> str:
@@ -56,7 +114,7 @@ def _raise_opset(model: ModelProto, need: int, why: str, target: DtypeTarget) ->
 
 
 def retarget(model: ModelProto, target: DtypeTarget | str,
-             form: str = "auto") -> tuple[ModelProto, dict]:
+             form: str = "auto") -> tuple[ModelProto, RetargetInfo]:
     """Convert ``model`` to ``form`` for ``target``. Returns (model, info) where info holds
     the form, opsets before/after, the conversion counters and the equivalence proof."""
     target = get_target(target)
@@ -88,9 +146,9 @@ def retarget(model: ModelProto, target: DtypeTarget | str,
 
 
 def requantize_weights(model: ModelProto, target: DtypeTarget | str, form: str = "auto",
-                       policy: dict | None = None, tensors: dict | None = None,
+                       policy: Policy | None = None, tensors: Policy | None = None,
                        min_elements: int = requantize.DEFAULT_MIN_ELEMENTS
-                       ) -> tuple[ModelProto, dict]:
+                       ) -> tuple[ModelProto, RequantizeInfo]:
     """(Re-)quantize weights per ``policy`` / ``tensors``, then :func:`retarget`."""
     target = get_target(target)
     m = _fit_opset(model, target)
@@ -106,22 +164,21 @@ def requantize_weights(model: ModelProto, target: DtypeTarget | str, form: str =
                                   f"{worst.spec.granularity}", target)
     quantized, rinfo = requantize.requantize(m, policy, tensors, min_elements)
     out, info = retarget(quantized, target, form)
-    info["opset_before"] = opset(model)
-    info["ir_before"] = model.ir_version
-    info["requantization"] = rinfo
-    return out, info
+    return out, {**info, "opset_before": opset(model), "ir_before": model.ir_version,
+                 "requantization": rinfo}
 
 
 def write_checked(model: ModelProto, out_path: str | Path, target: DtypeTarget | str, *,
-                  source_path: str | Path | None = None, input_dims: dict | None = None,
-                  run: bool = True, scratch: str | Path | None = None) -> dict:
+                  source_path: str | Path | None = None,
+                  input_dims: Mapping[str, int] | None = None, run: bool = True,
+                  scratch: str | Path | None = None) -> ValidationRecord:
     """Save ``model`` and validate the file; returns the validation record (deterministic)."""
     target = get_target(target)
     out_path = Path(out_path)
     checks.full_check(model, out_path.name)
     onnx.save(model, str(out_path))
     loaded = compat.check_loadable(out_path, target, input_dims, run=run)
-    record = {"full_check": True, "loadable": loaded}
+    record: ValidationRecord = {"full_check": True, "loadable": loaded}
     if run and target.runtime == "onnxruntime":
         with tempfile.TemporaryDirectory(dir=scratch) as tmp:
             record["onnxruntime_fused_ops"] = {
@@ -133,7 +190,8 @@ def write_checked(model: ModelProto, out_path: str | Path, target: DtypeTarget |
     return record
 
 
-def _drift(source_path, out_path, input_dims) -> float | None:
+def _drift(source_path: str | Path, out_path: Path,
+           input_dims: Mapping[str, int] | None) -> float | None:
     """Largest output difference against the source model on the same synthetic inputs
     (None if the source does not load in onnxruntime)."""
     m = onnx.load(str(out_path), load_external_data=False)
@@ -146,39 +204,43 @@ def _drift(source_path, out_path, input_dims) -> float | None:
     return float(f"{checks.max_abs_diff(ref, got):.6g}")
 
 
-def _write_report(report: dict, path: str | Path | None) -> None:
+def _write_report(report: RetargetReport | RequantizeReport, path: str | Path | None) -> None:
     if path is not None:
         Path(path).write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
 
 
 def retarget_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
                   form: str = "auto", report_path: str | Path | None = None,
-                  input_dims: dict | None = None, run: bool = True) -> dict:
+                  input_dims: Mapping[str, int] | None = None,
+                  run: bool = True) -> RetargetReport:
     """File-to-file :func:`retarget` with validation; returns (and writes) the report."""
     target = get_target(target)
     model = onnx.load(str(src))
     out, info = retarget(model, target, form)
-    report = {"rule": "qdq_retarget", "before": model_summary(model, src), **info}
-    report["validation"] = write_checked(out, dst, target, source_path=src,
-                                         input_dims=input_dims, run=run)
-    report["after"] = model_summary(out, dst)
+    before = model_summary(model, src)
+    validation = write_checked(out, dst, target, source_path=src, input_dims=input_dims,
+                               run=run)
+    report: RetargetReport = {"rule": "qdq_retarget", "before": before, **info,
+                              "validation": validation, "after": model_summary(out, dst)}
     _write_report(report, report_path)
     return report
 
 
 def requantize_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
-                    form: str = "auto", policy: dict | None = None,
-                    tensors: dict | None = None,
+                    form: str = "auto", policy: Policy | None = None,
+                    tensors: Policy | None = None,
                     min_elements: int = requantize.DEFAULT_MIN_ELEMENTS,
-                    report_path: str | Path | None = None, input_dims: dict | None = None,
-                    run: bool = True) -> dict:
+                    report_path: str | Path | None = None,
+                    input_dims: Mapping[str, int] | None = None,
+                    run: bool = True) -> RequantizeReport:
     """File-to-file :func:`requantize_weights` with validation; returns the report."""
     target = get_target(target)
     model = onnx.load(str(src))
     out, info = requantize_weights(model, target, form, policy, tensors, min_elements)
-    report = {"rule": "requantize_weights", "before": model_summary(model, src), **info}
-    report["validation"] = write_checked(out, dst, target, source_path=src,
-                                         input_dims=input_dims, run=run)
-    report["after"] = model_summary(out, dst)
+    before = model_summary(model, src)
+    validation = write_checked(out, dst, target, source_path=src, input_dims=input_dims,
+                               run=run)
+    report: RequantizeReport = {"rule": "requantize_weights", "before": before, **info,
+                                "validation": validation, "after": model_summary(out, dst)}
     _write_report(report, report_path)
     return report

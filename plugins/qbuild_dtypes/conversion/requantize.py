@@ -10,11 +10,14 @@ non-zero; the form conversion that follows decides how they are stated.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 import onnx
-from onnx import ModelProto, TensorProto
+from onnx import ModelProto, NodeProto, TensorProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr
 from qbuild_onnx_common.summary import onnx_type_name
@@ -27,14 +30,14 @@ from ..graph.editing import (
     taken_names,
     unique_name,
 )
-from ..graph.qdq import find_qdq
-from ..graph.reading import Constants
+from ..graph.qdq import QdqNode, find_qdq
+from ..graph.reading import Constants, tensor_values
 from ..numerics import arithmetic
 from ..numerics.qtypes import QType, make_qtensor, qtype
 
 # op -> {input index: (channel axis, block axis)} for a weight of rank r; callables take
 # (node, rank). Axes follow each op's weight layout (output channels / reduction axis).
-WEIGHT_SLOTS = {
+WEIGHT_SLOTS: dict[str, dict[int, Callable[[NodeProto, int], tuple[int, int]]]] = {
     "MatMul": {1: lambda n, r: (r - 1, r - 2)},
     "Gemm": {1: lambda n, r: (0, 1) if attr(n, "transB", 0) else (1, 0)},
     "Conv": {1: lambda n, r: (0, 1)},
@@ -45,7 +48,11 @@ WEIGHT_SLOTS = {
     "Gather": {0: lambda n, r: (0, 1)},
 }
 
-DEFAULT_POLICY = {
+# A policy maps an op type (or, for ``tensors``, a weight name) to an entry: a dtype name,
+# a table of spec keys, or "float" / "keep"; entries are checked by parse_spec.
+Policy = Mapping[str, object]
+
+DEFAULT_POLICY: Policy = {
     "MatMul": {"dtype": "int4", "granularity": "blocked", "block_size": 32},
     "Gemm": {"dtype": "int8", "granularity": "per_channel"},
     "Conv": {"dtype": "int8", "granularity": "per_channel"},
@@ -53,7 +60,9 @@ DEFAULT_POLICY = {
 DEFAULT_MIN_ELEMENTS = 16
 
 _SPEC_KEYS = {"dtype", "granularity", "block_size", "symmetric", "axis"}
-_FLOAT_ELEMS = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+# Float weight types, with the dtype their scales take.
+_FLOAT_ELEMS: dict[int, np.dtype[np.floating[Any]]] = {
+    TensorProto.FLOAT: np.dtype(np.float32), TensorProto.FLOAT16: np.dtype(np.float16)}
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,7 @@ class Spec:
         return need
 
 
-def parse_spec(raw, where: str) -> Spec | None:
+def parse_spec(raw: object, where: str) -> Spec | None:
     """A policy entry -> Spec; "float" / "keep" / None -> None (leave the weight alone)."""
     if raw is None or raw in ("float", "keep"):
         return None
@@ -115,9 +124,10 @@ def parse_spec(raw, where: str) -> Spec | None:
     return Spec(q, gran, block if gran == "blocked" else 0, symmetric, axis)
 
 
-def parse_policy(policy: dict | None, tensors: dict | None) -> tuple[dict, dict]:
+def parse_policy(policy: Policy | None,
+                 tensors: Policy | None) -> tuple[dict[str, Spec | None], dict[str, Spec | None]]:
     policy = DEFAULT_POLICY if policy is None else policy
-    ops = {}
+    ops: dict[str, Spec | None] = {}
     for op, raw in sorted(policy.items()):
         if op not in WEIGHT_SLOTS:
             raise OnnxError(f"policy.{op}: no weight slot known for this op; known: "
@@ -129,25 +139,54 @@ def parse_policy(policy: dict | None, tensors: dict | None) -> tuple[dict, dict]
 
 
 @dataclass
-class _Weight:
+class WeightPlan:
+    """One weight to (re-)quantize and where it is read."""
+
     key: str  # name of the constant holding the weight (float or quantized)
     op: str
     node_name: str
     spec: Spec
     dq_index: int | None  # existing DequantizeLinear (re-quantization), else None
-    slots: list  # (node, input index) pairs to rewire (float weights)
-    first: tuple  # (node, input index) of the first consumer: decides the axes
+    slots: list[tuple[NodeProto, int]]  # (node, input index) pairs to rewire (float weights)
+    first: tuple[NodeProto, int]  # (node, input index) of the first consumer: decides the axes
 
 
-def plan(model: ModelProto, policy: dict | None = None, tensors: dict | None = None,
-         min_elements: int = DEFAULT_MIN_ELEMENTS) -> tuple[list[_Weight], list[dict]]:
+class SkipNote(TypedDict):
+    tensor: str
+    reason: str
+
+
+class WeightRecord(TypedDict):
+    """How one weight was quantized, for report.json."""
+
+    tensor: str
+    op: str
+    shape: list[int]
+    source: str
+    dtype: str
+    granularity: str
+    axis: int | None
+    block_size: int
+    symmetric: bool
+    scale_dtype: str
+    sqnr_db: float | str
+
+
+class RequantizationRecord(TypedDict):
+    weights: list[WeightRecord]
+    skipped: list[SkipNote]
+    initializers_pruned: int
+
+
+def plan(model: ModelProto, policy: Policy | None = None, tensors: Policy | None = None,
+         min_elements: int = DEFAULT_MIN_ELEMENTS) -> tuple[list[WeightPlan], list[SkipNote]]:
     """Which weights get which spec; returns (plans, skipped notes)."""
     ops, names = parse_policy(policy, tensors)
     consts = Constants(model.graph)
     dq_of = {qn.node.output[0]: qn for qn in find_qdq(model)
              if not qn.is_q and qn.x_const}
-    weights: dict[str, _Weight] = {}
-    skipped: list[dict] = []
+    weights: dict[str, WeightPlan] = {}
+    skipped: list[SkipNote] = []
     unused = set(names)
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx") or node.op_type not in WEIGHT_SLOTS:
@@ -176,6 +215,8 @@ def plan(model: ModelProto, policy: dict | None = None, tensors: dict | None = N
                     w.slots.append((node, idx))
                 continue
             t = consts.tensor(key)
+            if t is None:  # neither a constant nor DequantizeLinear(constant): not reached
+                continue
             if dq is None and t.data_type not in _FLOAT_ELEMS:
                 skipped.append({"tensor": key, "reason": f"{onnx_type_name(t.data_type)} weight"})
                 continue
@@ -183,7 +224,7 @@ def plan(model: ModelProto, policy: dict | None = None, tensors: dict | None = N
             if size < min_elements:
                 skipped.append({"tensor": key, "reason": f"{size} elements < min_elements"})
                 continue
-            weights[key] = _Weight(key, node.op_type, node.name, spec,
+            weights[key] = WeightPlan(key, node.op_type, node.name, spec,
                                    dq.index if dq is not None else None,
                                    [] if dq is not None else [(node, idx)], (node, idx))
     if unused:
@@ -192,11 +233,11 @@ def plan(model: ModelProto, policy: dict | None = None, tensors: dict | None = N
     return list(weights.values()), skipped
 
 
-def needed_opset(plans: list[_Weight]) -> int:
+def needed_opset(plans: list[WeightPlan]) -> int:
     return max((w.spec.min_opset() for w in plans), default=1)
 
 
-def _axis(w: _Weight, rank: int) -> int | None:
+def _axis(w: WeightPlan, rank: int) -> int | None:
     """The quantization axis (None: per tensor)."""
     spec = w.spec
     if spec.granularity == "per_tensor" or rank == 0:
@@ -209,8 +250,95 @@ def _axis(w: _Weight, rank: int) -> int | None:
     return min(max(ax, 0), rank - 1)
 
 
-def requantize(model: ModelProto, policy: dict | None = None, tensors: dict | None = None,
-               min_elements: int = DEFAULT_MIN_ELEMENTS) -> tuple[ModelProto, dict]:
+def _float_weight(w: WeightPlan, consts: Constants, qdq: dict[int, QdqNode]
+                  ) -> tuple[npt.NDArray[np.floating[Any]], str, np.dtype[np.floating[Any]]]:
+    """The float values of ``w``, the name of the type it is stored in, and the float type
+    its scale takes: the weight's own, or for DequantizeLinear(constant) the old scale's."""
+    t = consts.tensor(w.key)
+    if t is None:  # plan() only gives constants
+        raise OnnxError(f"tensor {w.key!r} is not a constant")
+    source = onnx_type_name(t.data_type).lower()
+    if w.dq_index is None:
+        return onnx.numpy_helper.to_array(t), source, _FLOAT_ELEMS[t.data_type]
+    qn = qdq[w.dq_index]
+    if qn.scale is None:
+        raise OnnxError(f"{qn.label}: the scale of weight {w.key!r} is computed at run time")
+    wf = arithmetic.dequantize(tensor_values(t), qn.scale, qn.zp, qn.axis, qn.block_size,
+                               where=qn.label)
+    scale_dtype: np.dtype[np.floating[Any]] = np.asarray(qn.scale).dtype
+    return wf, source, scale_dtype
+
+
+def _weight_dequantize_node(w: WeightPlan, qdq: dict[int, QdqNode], inputs: list[str],
+                      taken: set[str]) -> tuple[NodeProto, NodeProto | None]:
+    """The DequantizeLinear that reads ``inputs`` for ``w`` (and the new node, if one had to
+    be made): a re-quantized weight keeps its node; a float weight's consumers are rewired
+    to a new one."""
+    if w.dq_index is not None:
+        dq = qdq[w.dq_index].node
+        del dq.input[:]
+        dq.input.extend(inputs)
+        return dq, None
+    out = unique_name(f"{w.key}_dequantized", taken)
+    dq = onnx.helper.make_node("DequantizeLinear", inputs, [out],
+                               name=unique_name(f"{w.key}_DequantizeLinear", taken))
+    for consumer, idx in w.slots:
+        consumer.input[idx] = out
+    return dq, dq
+
+
+def _quantize_weight(model: ModelProto, w: WeightPlan, consts: Constants,
+                     qdq: dict[int, QdqNode], taken: set[str]
+                     ) -> tuple[WeightRecord, NodeProto | None]:
+    """Quantize one weight into new initializers read by its DequantizeLinear; returns its
+    record and the DequantizeLinear made for it (None when it kept its own)."""
+    wf, source, scale_dtype = _float_weight(w, consts, qdq)
+    rank = wf.ndim
+    if w.spec.granularity == "blocked" and rank == 0:
+        raise OnnxError(f"tensor {w.key!r}: a scalar cannot be block-quantized")
+    red_axis = _axis(w, rank)
+    dq_axis = 1 if red_axis is None else red_axis
+    block = w.spec.block_size if w.spec.granularity == "blocked" else 0
+    where = f"tensor {w.key!r}"
+    if block and red_axis is not None:  # blocked weights always have an axis
+        n_scales = -(-wf.shape[red_axis] // block)
+        arithmetic.validate_block_size(wf.shape[red_axis], n_scales, block, where)
+    scale, zp = arithmetic.choose_params(wf, w.spec.q, red_axis, block, w.spec.symmetric,
+                                         scale_dtype, where)
+    codes = arithmetic.quantize(wf, scale, zp, w.spec.q, dq_axis, block, where=where)
+    approx = arithmetic.dequantize(codes, scale, zp, dq_axis, block, where=where)
+    base = w.key
+    xq = make_qtensor(unique_name(f"{base}_{w.spec.q.name}", taken), w.spec.q, codes)
+    sc = onnx.numpy_helper.from_array(np.asarray(scale, scale_dtype),
+                                      unique_name(f"{base}_scale", taken))
+    model.graph.initializer.extend([xq, sc])
+    inputs = [xq.name, sc.name]
+    if zp is not None:
+        zt = make_qtensor(unique_name(f"{base}_zero_point", taken), w.spec.q, zp)
+        model.graph.initializer.append(zt)
+        inputs.append(zt.name)
+    dq, made = _weight_dequantize_node(w, qdq, inputs, taken)
+    if red_axis is None:
+        del_attr(dq, "axis")
+    else:
+        set_attr(dq, "axis", int(dq_axis))
+    if block:
+        set_attr(dq, "block_size", int(block))
+    else:
+        del_attr(dq, "block_size")
+    record: WeightRecord = {
+        "tensor": w.key, "op": w.op, "shape": list(wf.shape), "source": source,
+        "dtype": w.spec.q.name, "granularity": w.spec.granularity,
+        "axis": None if red_axis is None else int(dq_axis), "block_size": block,
+        "symmetric": w.spec.symmetric, "scale_dtype": str(np.dtype(scale_dtype)),
+        "sqnr_db": _round(arithmetic.sqnr_db(wf, approx)),
+    }
+    return record, made
+
+
+def requantize(model: ModelProto, policy: Policy | None = None, tensors: Policy | None = None,
+               min_elements: int = DEFAULT_MIN_ELEMENTS
+               ) -> tuple[ModelProto, RequantizationRecord]:
     """Quantize / re-quantize the weights of a copy of ``model`` (opset must already be high
     enough: see :func:`needed_opset`). Returns (model, report)."""
     model = copy_model(model)
@@ -218,71 +346,13 @@ def requantize(model: ModelProto, policy: dict | None = None, tensors: dict | No
     consts = Constants(model.graph)
     qdq = {qn.index: qn for qn in find_qdq(model)}
     taken = taken_names(model)
-    new_nodes = []
-    records = []
+    new_nodes: list[NodeProto] = []
+    records: list[WeightRecord] = []
     for w in plans:
-        if w.dq_index is not None:
-            qn = qdq[w.dq_index]
-            src = consts.array(w.key)
-            wf = arithmetic.dequantize(src, qn.scale, qn.zp, qn.axis, qn.block_size,
-                                  where=qn.label)
-            source = onnx_type_name(qn.qelem).lower()
-            scale_dtype = np.asarray(qn.scale).dtype
-        else:
-            t = consts.tensor(w.key)
-            wf = onnx.numpy_helper.to_array(t)
-            source = onnx_type_name(t.data_type).lower()
-            scale_dtype = np.dtype(_FLOAT_ELEMS[t.data_type])
-        rank = wf.ndim
-        if w.spec.granularity == "blocked" and rank == 0:
-            raise OnnxError(f"tensor {w.key!r}: a scalar cannot be block-quantized")
-        red_axis = _axis(w, rank)
-        dq_axis = 1 if red_axis is None else red_axis
-        block = w.spec.block_size if w.spec.granularity == "blocked" else 0
-        where = f"tensor {w.key!r}"
-        if block:
-            n_scales = -(-wf.shape[red_axis] // block)
-            arithmetic.validate_block_size(wf.shape[red_axis], n_scales, block, where)
-        scale, zp = arithmetic.choose_params(wf, w.spec.q, red_axis, block, w.spec.symmetric,
-                                        scale_dtype, where)
-        codes = arithmetic.quantize(wf, scale, zp, w.spec.q, dq_axis, block, where=where)
-        approx = arithmetic.dequantize(codes, scale, zp, dq_axis, block, where=where)
-        base = w.key
-        xq = make_qtensor(unique_name(f"{base}_{w.spec.q.name}", taken), w.spec.q, codes)
-        sc = onnx.numpy_helper.from_array(np.asarray(scale, scale_dtype),
-                                          unique_name(f"{base}_scale", taken))
-        model.graph.initializer.extend([xq, sc])
-        inputs = [xq.name, sc.name]
-        if zp is not None:
-            zt = make_qtensor(unique_name(f"{base}_zero_point", taken), w.spec.q, zp)
-            model.graph.initializer.append(zt)
-            inputs.append(zt.name)
-        if w.dq_index is not None:
-            dq = qdq[w.dq_index].node
-            del dq.input[:]
-            dq.input.extend(inputs)
-        else:
-            out = unique_name(f"{base}_dequantized", taken)
-            dq = onnx.helper.make_node("DequantizeLinear", inputs, [out],
-                                       name=unique_name(f"{base}_DequantizeLinear", taken))
-            new_nodes.append(dq)
-            for consumer, idx in w.slots:
-                consumer.input[idx] = out
-        if red_axis is None:
-            del_attr(dq, "axis")
-        else:
-            set_attr(dq, "axis", int(dq_axis))
-        if block:
-            set_attr(dq, "block_size", int(block))
-        else:
-            del_attr(dq, "block_size")
-        records.append({
-            "tensor": w.key, "op": w.op, "shape": list(wf.shape), "source": source,
-            "dtype": w.spec.q.name, "granularity": w.spec.granularity,
-            "axis": None if red_axis is None else int(dq_axis), "block_size": block,
-            "symmetric": w.spec.symmetric, "scale_dtype": str(np.dtype(scale_dtype)),
-            "sqnr_db": _round(arithmetic.sqnr_db(wf, approx)),
-        })
+        record, made = _quantize_weight(model, w, consts, qdq, taken)
+        if made is not None:
+            new_nodes.append(made)
+        records.append(record)
     if new_nodes:
         nodes = new_nodes + list(model.graph.node)
         del model.graph.node[:]

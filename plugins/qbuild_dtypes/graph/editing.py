@@ -10,7 +10,7 @@ from onnx import ModelProto, NodeProto
 from .reading import walk_graphs
 
 
-def set_attr(node: NodeProto, name: str, value) -> None:
+def set_attr(node: NodeProto, name: str, value: int | float | str) -> None:
     del_attr(node, name)
     node.attribute.append(onnx.helper.make_attribute(name, value))
     node.attribute.sort(key=lambda a: a.name)

@@ -7,8 +7,10 @@ against the spec (conflicting output_dtype, float8 zero points, block_size); and
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 from onnx import ModelProto, NodeProto, TensorProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr
@@ -16,9 +18,22 @@ from qbuild_onnx_common.summary import onnx_type_name
 
 from ..numerics import arithmetic
 from ..numerics.qtypes import is_qtype, qtype
-from .reading import Constants, inferred_types
+from .reading import Constants, InferredTypes, Shape, inferred_types
 
 Q_OPS = ("QuantizeLinear", "DequantizeLinear")
+
+# What a Q/DQ node computes (see _param_key): quantized type, axis (None per tensor), block
+# size, saturate, scale (dtype, shape, bytes), zero point ("dynamic", None or its bytes as
+# float64) and the input's name.
+ParamKey = tuple[int | None, int | None, int, int, tuple[str, Shape, bytes] | None,
+                 str | bytes | None, str]
+
+
+class EquivalenceProof(TypedDict):
+    """What :func:`check_equivalent` compared and found identical."""
+
+    dequantized_weights_identical: int
+    qdq_nodes_identical: int
 
 
 @dataclass
@@ -28,12 +43,12 @@ class QdqNode:
     index: int
     node: NodeProto
     qelem: int | None  # TensorProto enum of the quantized side (None if unknown)
-    scale: np.ndarray | None  # constant scale, or None if computed at run time
+    scale: npt.NDArray[Any] | None  # constant scale, or None if computed at run time
     scale_elem: int | None
     zp_name: str | None  # None when the zero point input is absent
-    zp: np.ndarray | None  # constant zero point values (None if absent or dynamic)
+    zp: npt.NDArray[Any] | None  # constant zero point values (None if absent or dynamic)
     zp_elem: int | None  # the zero point's element type, if present and known
-    x_shape: tuple | None  # static shape of the (float or quantized) input, if known
+    x_shape: Shape | None  # static shape of the (float or quantized) input, if known
     x_const: bool  # DequantizeLinear of a constant: a weight
 
     @property
@@ -73,7 +88,7 @@ def _input(node: NodeProto, i: int) -> str | None:
     return node.input[i] if len(node.input) > i and node.input[i] else None
 
 
-def find_qdq(model: ModelProto, types=None) -> list[QdqNode]:
+def find_qdq(model: ModelProto, types: InferredTypes | None = None) -> list[QdqNode]:
     """All ai.onnx Q/DQ nodes of the main graph, in node order."""
     consts = Constants(model.graph)
     if types is None:
@@ -86,17 +101,19 @@ def find_qdq(model: ModelProto, types=None) -> list[QdqNode]:
         x, s, z = _input(n, 0), _input(n, 1), _input(n, 2)
         zt = consts.tensor(z) if z else None
         scale = consts.array(s) if s else None
-        scale_elem = consts.tensor(s).data_type if s in consts else elem.get(s)
-        zp = consts.array(z) if zt is not None else None
+        st = consts.tensor(s) if s else None
+        scale_elem = st.data_type if st is not None else (elem.get(s) if s else None)
+        zp = consts.array(z) if z and zt is not None else None
         zp_elem = zt.data_type if zt is not None else (elem.get(z) if z else None)
+        qelem: int | None
         if n.op_type == "QuantizeLinear":
             od = int(attr(n, "output_dtype", 0))
             qelem = od or zp_elem or (TensorProto.UINT8 if not z else None)
         else:
-            xt = consts.tensor(x)
-            qelem = xt.data_type if xt is not None else elem.get(x)
+            xt = consts.tensor(x) if x else None
+            qelem = xt.data_type if xt is not None else (elem.get(x) if x else None)
         out.append(QdqNode(i, n, qelem, scale, scale_elem, z, zp, zp_elem,
-                           shapes.get(x), x in consts))
+                           shapes.get(x) if x else None, x is not None and x in consts))
     return out
 
 
@@ -139,7 +156,7 @@ def analyze(model: ModelProto) -> list[QdqNode]:
     return nodes
 
 
-def _param_key(qn: QdqNode):
+def _param_key(qn: QdqNode) -> ParamKey:
     """Everything that determines what a Q/DQ node computes, with an absent zero point
     materialized as zeros of its type."""
     per_tensor = qn.scale is not None and qn.scale.size == 1 and qn.block_size == 0
@@ -161,24 +178,26 @@ def _param_key(qn: QdqNode):
     )
 
 
-def effective_params(model: ModelProto) -> dict[str, tuple]:
+def effective_params(model: ModelProto) -> dict[str, ParamKey]:
     """Map 'op:output' -> the node's effective parameters."""
     return {f"{qn.node.op_type}:{qn.node.output[0]}": _param_key(qn) for qn in find_qdq(model)}
 
 
-def dequantized_weights(model: ModelProto) -> dict[str, np.ndarray]:
+def dequantized_weights(model: ModelProto) -> dict[str, npt.NDArray[np.floating[Any]]]:
     """Float value of every DequantizeLinear whose input is a constant, by output name."""
-    out = {}
+    out: dict[str, npt.NDArray[np.floating[Any]]] = {}
     for qn in find_qdq(model):
         if qn.is_q or not qn.x_const or qn.scale is None:
             continue
         x = Constants(model.graph).array(qn.node.input[0])
+        if x is None:  # x_const: the input is a constant
+            continue
         out[qn.node.output[0]] = arithmetic.dequantize(
             x, qn.scale, qn.zp, qn.axis, qn.block_size, where=qn.label)
     return out
 
 
-def check_equivalent(before: ModelProto, after: ModelProto) -> dict:
+def check_equivalent(before: ModelProto, after: ModelProto) -> EquivalenceProof:
     """Prove a form conversion changed no computation: every dequantized initializer is
     bit-identical and every Q/DQ node has the same effective parameters. Raises otherwise."""
     wa, wb = dequantized_weights(before), dequantized_weights(after)

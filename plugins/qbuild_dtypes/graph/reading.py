@@ -6,8 +6,9 @@ static shapes onnx can infer.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any, NamedTuple
 
-import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import GraphProto, ModelProto, NodeProto, TensorProto
 from qbuild_onnx_common.graph import attr
@@ -54,33 +55,49 @@ class Constants:
             return self.init[name]
         n = self.const_node.get(name)
         if n is not None:
-            t = attr(n, "value")
-            t = TensorProto.FromString(t.SerializeToString())
-            t.name = name
-            return t
+            value = attr(n, "value")
+            copy: TensorProto = TensorProto.FromString(value.SerializeToString())
+            copy.name = name
+            return copy
         return None
 
     def __contains__(self, name: str) -> bool:
         return name in self.init or name in self.const_node
 
-    def array(self, name: str) -> np.ndarray | None:
+    def array(self, name: str) -> npt.NDArray[Any] | None:
         t = self.tensor(name)
         if t is None:
             return None
-        if is_qtype(t.data_type):
-            return qtensor_values(t)
-        return onnx.numpy_helper.to_array(t)
+        return tensor_values(t)
 
 
-def inferred_types(model: ModelProto) -> tuple[dict[str, int], dict[str, tuple | None]]:
-    """Element type and static shape (None if unknown) of every value onnx can infer."""
+def tensor_values(t: TensorProto) -> npt.NDArray[Any]:
+    """A tensor's values: quantized types as :func:`qtensor_values` reads them, others as
+    onnx's numpy_helper does."""
+    if is_qtype(t.data_type):
+        return qtensor_values(t)
+    return onnx.numpy_helper.to_array(t)
+
+
+Shape = tuple[int, ...]
+
+
+class InferredTypes(NamedTuple):
+    """Element type and static shape by value name (a value onnx cannot infer is absent)."""
+
+    elem_types: dict[str, int]
+    shapes: dict[str, Shape]
+
+
+def inferred_types(model: ModelProto) -> InferredTypes:
+    """Element type and static shape of every value onnx can infer."""
     try:
         inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception:  # inference is only a hint here; the checker runs later
         inferred = model
     g = inferred.graph
     types: dict[str, int] = {}
-    shapes: dict[str, tuple | None] = {}
+    shapes: dict[str, Shape] = {}
     for vi in list(g.input) + list(g.value_info) + list(g.output):
         tt = vi.type.tensor_type
         if tt.elem_type:
@@ -96,4 +113,4 @@ def inferred_types(model: ModelProto) -> tuple[dict[str, int], dict[str, tuple |
             if isinstance(t, TensorProto):
                 types[n.output[0]] = t.data_type
                 shapes[n.output[0]] = tuple(t.dims)
-    return types, shapes
+    return InferredTypes(types, shapes)

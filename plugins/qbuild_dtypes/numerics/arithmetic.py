@@ -6,13 +6,24 @@ parameter broadcasting (per tensor, per axis, blocked), ``block_size`` validatio
 from __future__ import annotations
 
 import math
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
+import numpy.typing as npt
 from qbuild_onnx_common.errors import OnnxError
 
-from .qtypes import QType, float_to_qfloat
+from .qtypes import QType, QValues, float_to_qfloat
 
 GRANULARITIES = ("per_tensor", "per_channel", "blocked")
+
+ScalarT = TypeVar("ScalarT", bound=np.generic)
+
+
+class Reduction(Protocol):
+    """``np.max`` or ``np.min``: reduce an array over ``axis`` (every axis when None)."""
+
+    def __call__(self, a: npt.NDArray[np.float32],
+                 axis: int | tuple[int, ...] | None = ...) -> Any: ...
 
 
 def block_size_range(dim: int, n_scales: int) -> tuple[int, int | None]:
@@ -42,8 +53,8 @@ def normalize_axis(axis: int, rank: int, where: str) -> int:
     return axis % rank
 
 
-def expand_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size: int,
-                 where: str) -> np.ndarray:
+def expand_param(p: npt.NDArray[ScalarT], x_shape: tuple[int, ...], axis: int,
+                 block_size: int, where: str) -> npt.NDArray[ScalarT]:
     """Broadcast a scale or zero point to ``x_shape`` the way the spec defines it."""
     p = np.asarray(p)
     rank = len(x_shape)
@@ -65,43 +76,47 @@ def expand_param(p: np.ndarray, x_shape: tuple[int, ...], axis: int, block_size:
     return np.take(rep, np.arange(x_shape[ax]), axis=ax)
 
 
-def quantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, q: QType,
-             axis: int = 1, block_size: int = 0, saturate: bool = True,
-             where: str = "QuantizeLinear") -> np.ndarray:
+def quantize(x: npt.ArrayLike, scale: npt.ArrayLike, zero_point: npt.ArrayLike | None,
+             q: QType, axis: int = 1, block_size: int = 0, saturate: bool = True,
+             where: str = "QuantizeLinear") -> QValues:
     """QuantizeLinear: int32 codes for integer types, float32 grid values for float types."""
-    x = np.asarray(x, dtype=np.float32)
-    s = expand_param(np.asarray(scale, dtype=np.float32), x.shape, axis, block_size, where)
+    xf = np.asarray(x, dtype=np.float32)
+    s = expand_param(np.asarray(scale, dtype=np.float32), xf.shape, axis, block_size, where)
     if q.kind == "float":
         # A float8 zero point is ignored by QuantizeLinear (and must be 0 for Dequantize).
-        return float_to_qfloat(x / s, q, saturate=saturate)
-    v = np.rint(x / s).astype(np.float64)
+        return float_to_qfloat(xf / s, q, saturate=saturate)
+    v = np.rint(xf / s).astype(np.float64)
     if zero_point is not None:
-        v = v + expand_param(np.asarray(zero_point), x.shape, axis, block_size, where)
-    return np.clip(v, q.qmin, q.qmax).astype(np.int32)
+        v = v + expand_param(np.asarray(zero_point), xf.shape, axis, block_size, where)
+    codes: npt.NDArray[np.int32] = np.clip(v, q.qmin, q.qmax).astype(np.int32)
+    return codes
 
 
-def dequantize(v: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None,
+def dequantize(v: npt.ArrayLike, scale: npt.ArrayLike, zero_point: npt.ArrayLike | None,
                axis: int = 1, block_size: int = 0,
-               where: str = "DequantizeLinear") -> np.ndarray:
+               where: str = "DequantizeLinear") -> npt.NDArray[np.floating[Any]]:
     """DequantizeLinear: (v - zero_point) * scale, returned in the scale's float type."""
-    scale = np.asarray(scale)
-    v = np.asarray(v)
-    s = expand_param(scale.astype(np.float32), v.shape, axis, block_size, where)
-    x = v.astype(np.float32)
+    scale_array = np.asarray(scale)
+    values = np.asarray(v)
+    s = expand_param(scale_array.astype(np.float32), values.shape, axis, block_size, where)
+    x = values.astype(np.float32)
     if zero_point is not None:
-        x = x - expand_param(np.asarray(zero_point, np.float32), v.shape, axis, block_size,
-                             where)
-    return (x * s).astype(scale.dtype if scale.dtype.kind == "f" else np.float32)
+        x = x - expand_param(np.asarray(zero_point, np.float32), values.shape, axis,
+                             block_size, where)
+    out_type = scale_array.dtype if scale_array.dtype.kind == "f" else np.dtype(np.float32)
+    result: npt.NDArray[np.floating[Any]] = (x * s).astype(out_type)
+    return result
 
 
-def reduce_blocks(w: np.ndarray, fn, axis: int | None, block_size: int) -> np.ndarray:
+def reduce_blocks(w: npt.NDArray[np.float32], fn: Reduction, axis: int | None,
+                  block_size: int) -> npt.NDArray[np.float32]:
     """Apply a reduction (np.max / np.min) per tensor (axis None), per channel along ``axis``
     (block_size 0: reduce every other axis) or per block along ``axis``."""
     if axis is None:
         return np.asarray(fn(w))
     if block_size == 0:
         others = tuple(i for i in range(w.ndim) if i != axis)
-        return fn(w, axis=others) if others else w.copy()
+        return np.asarray(fn(w, axis=others)) if others else w.copy()
     d = w.shape[axis]
     n = math.ceil(d / block_size)
     pad = n * block_size - d
@@ -113,21 +128,21 @@ def reduce_blocks(w: np.ndarray, fn, axis: int | None, block_size: int) -> np.nd
     return np.moveaxis(fn(blocks, axis=-1), -1, axis)
 
 
-def choose_params(w: np.ndarray, q: QType, axis: int | None, block_size: int,
-                  symmetric: bool, scale_dtype: np.dtype,
-                  where: str) -> tuple[np.ndarray, np.ndarray | None]:
+def choose_params(w: npt.ArrayLike, q: QType, axis: int | None, block_size: int,
+                  symmetric: bool, scale_dtype: np.dtype[np.floating[Any]], where: str
+                  ) -> tuple[npt.NDArray[np.floating[Any]], npt.NDArray[np.int32] | None]:
     """Scale (in ``scale_dtype``) and zero point (None when it is 0) for a weight tensor.
 
     Symmetric signed integers and float types use zero point 0 and scale = amax / qmax;
     unsigned symmetric uses the mid code; asymmetric maps [min(w,0), max(w,0)] onto the range.
     """
-    w = np.asarray(w, dtype=np.float32)
-    if not np.all(np.isfinite(w)):
+    wf = np.asarray(w, dtype=np.float32)
+    if not np.all(np.isfinite(wf)):
         raise OnnxError(f"{where}: weight has non-finite values")
-    wmax = reduce_blocks(w, np.max, axis, block_size).astype(np.float64)
-    wmin = reduce_blocks(w, np.min, axis, block_size).astype(np.float64)
+    wmax = reduce_blocks(wf, np.max, axis, block_size).astype(np.float64)
+    wmin = reduce_blocks(wf, np.min, axis, block_size).astype(np.float64)
     tiny = float(np.finfo(scale_dtype).tiny)
-    zp = None
+    zp: npt.NDArray[np.int32] | None = None
     if q.kind == "float":
         if not symmetric:
             raise OnnxError(f"{where}: {q.name} has no zero point; use symmetric = true")
@@ -146,17 +161,17 @@ def choose_params(w: np.ndarray, q: QType, axis: int | None, block_size: int,
         scale = (hi - lo) / (q.qmax - q.qmin)
         safe = np.where(scale > 0, scale, 1.0)
         zp = np.clip(np.rint(q.qmin - lo / safe), q.qmin, q.qmax).astype(np.int32)
-    scale = np.where(scale > 0, np.maximum(scale, tiny), 1.0).astype(scale_dtype)
+    typed_scale = np.where(scale > 0, np.maximum(scale, tiny), 1.0).astype(scale_dtype)
     if zp is not None and not np.any(zp):
         zp = None
-    return np.asarray(scale), zp
+    return np.asarray(typed_scale), zp
 
 
-def sqnr_db(ref: np.ndarray, approx: np.ndarray) -> float:
+def sqnr_db(ref: npt.ArrayLike, approx: npt.ArrayLike) -> float:
     """Signal-to-quantization-noise ratio in dB (inf when exact)."""
-    ref = np.asarray(ref, dtype=np.float64)
-    err = np.sum((ref - np.asarray(approx, dtype=np.float64)) ** 2)
-    sig = np.sum(ref ** 2)
+    exact = np.asarray(ref, dtype=np.float64)
+    err = np.sum((exact - np.asarray(approx, dtype=np.float64)) ** 2)
+    sig = np.sum(exact ** 2)
     if err == 0:
         return math.inf
     if sig == 0:

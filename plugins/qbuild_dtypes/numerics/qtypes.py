@@ -9,11 +9,17 @@ about packing and ml_dtypes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from onnx import TensorProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.summary import onnx_type_name
+
+# Quantized values as numpy holds them: int32 codes (integer types) or float32 values on
+# the float8 / float4 grid (float types).
+QValues = npt.NDArray[np.int32] | npt.NDArray[np.float32]
 
 
 @dataclass(frozen=True)
@@ -64,8 +70,9 @@ _BY_ENUM: dict[int, QType] = {q.onnx: q for q in _TABLE}
 _TYPE_MIN_IR: dict[int, int] = {TensorProto.BFLOAT16: 4}
 _TYPE_MIN_IR.update({q.onnx: q.min_ir for q in _TABLE})
 for _name, _ir in (("FLOAT8E8M0", 12), ("FLOAT6E2M3", 14), ("FLOAT6E3M2", 14)):
-    if _opt(_name) is not None:
-        _TYPE_MIN_IR[_opt(_name)] = _ir
+    _enum = _opt(_name)
+    if _enum is not None:
+        _TYPE_MIN_IR[_enum] = _ir
 
 # Float types a scale may have, with the opset that first allows them.
 SCALE_TYPES: dict[int, int] = {TensorProto.FLOAT: 10, TensorProto.FLOAT16: 19,
@@ -95,19 +102,21 @@ def type_min_ir(elem_type: int) -> int:
     return _TYPE_MIN_IR.get(elem_type, 3)
 
 
-def _ml_dtype(q: QType):
+def _ml_dtype(q: QType) -> type[np.generic]:
     import ml_dtypes
 
-    return {
+    by_name: dict[str, type[np.generic]] = {
         "float8e4m3fn": ml_dtypes.float8_e4m3fn,
         "float8e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
         "float8e5m2": ml_dtypes.float8_e5m2,
         "float8e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
         "float4e2m1": ml_dtypes.float4_e2m1fn,
-    }[q.name]
+    }
+    return by_name[q.name]
 
 
-def float_to_qfloat(values: np.ndarray, q: QType, saturate: bool = True) -> np.ndarray:
+def float_to_qfloat(values: npt.ArrayLike, q: QType,
+                    saturate: bool = True) -> npt.NDArray[np.float32]:
     """Round float32 values to the float8/float4 grid (nearest, ties to even), returned as
     float32. With ``saturate`` out-of-range values clamp to ±max finite (NaN stays NaN)."""
     v = np.asarray(values, dtype=np.float32)
@@ -116,7 +125,7 @@ def float_to_qfloat(values: np.ndarray, q: QType, saturate: bool = True) -> np.n
     return v.astype(_ml_dtype(q)).astype(np.float32)
 
 
-def _pack(codes: np.ndarray, bits: int) -> bytes:
+def _pack(codes: npt.NDArray[np.integer[Any]], bits: int) -> bytes:
     """Pack unsigned codes (< 2**bits) little-end first: element i sits at bit offset
     (i % per_byte) * bits of byte i // per_byte; the last byte is zero-padded."""
     per = 8 // bits
@@ -131,7 +140,7 @@ def _pack(codes: np.ndarray, bits: int) -> bytes:
     return out.tobytes()
 
 
-def _unpack(raw: bytes, bits: int, count: int, signed: bool) -> np.ndarray:
+def _unpack(raw: bytes, bits: int, count: int, signed: bool) -> npt.NDArray[np.int32]:
     per = 8 // bits
     b = np.frombuffer(raw, dtype=np.uint8)
     mask = (1 << bits) - 1
@@ -142,19 +151,19 @@ def _unpack(raw: bytes, bits: int, count: int, signed: bool) -> np.ndarray:
     return codes
 
 
-def make_qtensor(name: str, q: QType, values: np.ndarray) -> TensorProto:
+def make_qtensor(name: str, q: QType, values: npt.ArrayLike) -> TensorProto:
     """A TensorProto of type ``q`` from quantized values (ints, or float8-grid floats)."""
-    values = np.asarray(values)
-    t = TensorProto(name=name, data_type=q.onnx, dims=list(values.shape))
+    array = np.asarray(values)
+    t = TensorProto(name=name, data_type=q.onnx, dims=list(array.shape))
     if q.kind == "float":
-        grid = float_to_qfloat(values, q, saturate=False)
+        grid = float_to_qfloat(array, q, saturate=False)
         if q.packed:
             codes = grid.astype(_ml_dtype(q)).view(np.uint8) & 0x0F
             t.raw_data = _pack(codes, q.bits)
         else:
             t.raw_data = grid.astype(_ml_dtype(q)).tobytes()
         return t
-    ints = values.astype(np.int64)
+    ints = array.astype(np.int64)
     if ints.size and (ints.min() < q.qmin or ints.max() > q.qmax):
         raise OnnxError(f"tensor {name!r}: values outside the {q.name} range "
                          f"[{int(q.qmin)}, {int(q.qmax)}]")
@@ -167,7 +176,7 @@ def make_qtensor(name: str, q: QType, values: np.ndarray) -> TensorProto:
     return t
 
 
-def qtensor_values(t: TensorProto) -> np.ndarray:
+def qtensor_values(t: TensorProto) -> QValues:
     """Values of a quantized TensorProto: int32 for integer types, float32 for float types.
 
     Reads raw_data (packed for sub-byte types) and the int32_data fallback that older writers
@@ -184,4 +193,6 @@ def qtensor_values(t: TensorProto) -> np.ndarray:
         codes = _unpack(t.raw_data, q.bits, count, False).astype(np.uint8)
         return codes.view(_ml_dtype(q)).astype(np.float32).reshape(shape)
     arr = numpy_helper.to_array(t)
-    return arr.astype(np.float32 if q.kind == "float" else np.int32)
+    if q.kind == "float":
+        return arr.astype(np.float32)
+    return arr.astype(np.int32)

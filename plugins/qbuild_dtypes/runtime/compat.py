@@ -17,11 +17,13 @@ checking that every operator exists (and every Q/DQ feature is available) at the
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TypedDict
 
 import onnx
 import onnx.defs
-from onnx import ModelProto
+from onnx import ModelProto, NodeProto, TypeProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr, min_ir_version, opset
 from qbuild_onnx_common.summary import onnx_type_name
@@ -39,7 +41,23 @@ _LATER_QTYPES = {getattr(onnx.TensorProto, n): v for n, v in
                  (("FLOAT6E2M3", 28), ("FLOAT6E3M2", 28)) if hasattr(onnx.TensorProto, n)}
 
 
-def _node_label(node) -> str:
+class OutputShape(TypedDict):
+    name: str
+    shape: list[int]
+
+
+class LoadCheck(TypedDict):
+    """What :func:`check_loadable` checked, and the outputs of the run (if it ran)."""
+
+    target: str
+    ir_version: int
+    opset: int | None
+    runtime: str | None
+    ran: bool
+    outputs: list[OutputShape]
+
+
+def _node_label(node: NodeProto) -> str:
     return f"{node.op_type} {node.name or (node.output[0] if node.output else '')!r}"
 
 
@@ -66,6 +84,7 @@ def _qdq_requirements(model: ModelProto) -> list[tuple[int, str]]:
         if "saturate" in names:
             reqs.append((19, f"{label} uses saturate"))
         # Quantized element type.
+        qe: int | None
         if is_q:
             od = attr(node, "output_dtype", 0)
             z = node.input[2] if len(node.input) > 2 and node.input[2] else None
@@ -75,7 +94,7 @@ def _qdq_requirements(model: ModelProto) -> list[tuple[int, str]]:
         if qe and is_qtype(qe):
             q = qtype(qe)
             reqs.append((q.min_opset, f"{label} uses {onnx_type_name(qe)}"))
-        elif qe in _LATER_QTYPES:
+        elif qe is not None and qe in _LATER_QTYPES:
             reqs.append((_LATER_QTYPES[qe], f"{label} uses {onnx_type_name(qe)}"))
         s = node.input[1] if len(node.input) > 1 else None
         se = elem.get(s) if s else None
@@ -180,13 +199,14 @@ def set_opset(model: ModelProto, version: int) -> ModelProto:
 
 def required_ir(model: ModelProto) -> tuple[int, str]:
     """Lowest IR version whose element types and fields the model uses, with the reason."""
-    best = [3, ""]
+    best_version, best_reason = 3, ""
 
     def need(v: int, why: str) -> None:
-        if v > best[0]:
-            best[0], best[1] = v, why
+        nonlocal best_version, best_reason
+        if v > best_version:
+            best_version, best_reason = v, why
 
-    def tensor_type(tp, where: str) -> None:
+    def tensor_type(tp: TypeProto, where: str) -> None:
         if tp.HasField("tensor_type"):
             e = tp.tensor_type.elem_type
             need(type_min_ir(e), f"{where} has type {onnx_type_name(e)}")
@@ -224,7 +244,7 @@ def required_ir(model: ModelProto) -> tuple[int, str]:
         need(8, "the model has local functions")
     if len(getattr(model, "configuration", [])):
         need(11, "the model has multi-device configurations")
-    return best[0], best[1]
+    return best_version, best_reason
 
 
 def _check_other_domains(model: ModelProto, target: DtypeTarget) -> None:
@@ -266,8 +286,8 @@ def make_loadable(model: ModelProto, target: DtypeTarget | str) -> ModelProto:
     return m
 
 
-def check_loadable(path: str | Path, target: DtypeTarget | str, input_dims: dict | None = None,
-                   run: bool = True) -> dict:
+def check_loadable(path: str | Path, target: DtypeTarget | str,
+                   input_dims: Mapping[str, int] | None = None, run: bool = True) -> LoadCheck:
     """Check that the model at ``path`` loads (and runs, if ``run``) in ``target``.
 
     Checks the IR / opset limits, onnx's full checker, then, for onnxruntime and onnx-reference
@@ -287,7 +307,7 @@ def check_loadable(path: str | Path, target: DtypeTarget | str, input_dims: dict
                          f"target {target.name!r} loads")
     _check_other_domains(m, target)
     full_check(m, path.name)
-    info = {"target": target.name, "ir_version": m.ir_version, "opset": cur,
+    info: LoadCheck = {"target": target.name, "ir_version": m.ir_version, "opset": cur,
             "runtime": target.runtime, "ran": False, "outputs": []}
     if not run or target.runtime is None:
         return info

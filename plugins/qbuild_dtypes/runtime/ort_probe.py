@@ -23,10 +23,17 @@ import os
 import platform
 import sys
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.ort import FATAL, session
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import onnxruntime
+    from onnx import ModelProto, NodeProto, TensorProto, ValueInfoProto
 
 PROBE_VERSION = 1
 # Domains whose highest loadable opset is measured (ai.onnx is "").
@@ -40,16 +47,16 @@ class OrtFacts:
     onnxruntime: str
     onnx: str
     max_ir: int
-    max_opset: dict
+    max_opset: dict[str, int]
     # onnxruntime issue 25526: QuantizeLinear with output_dtype=INT8 and an int8 zero point.
     output_dtype_with_int8_zero_point: bool
     # DQ(float8 weight) -> Conv -> Q groups load (1.31 fused them and rejected its own node).
     float8_weights_in_qdq_groups: bool
     # 8-bit activation types that need an explicit zero point for QLinearConv fusion or for
     # the DQ -> Reshape -> Q pair removal.
-    keep_activation_zero_point: tuple
+    keep_activation_zero_point: tuple[str, ...]
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -109,7 +116,9 @@ def measure() -> OrtFacts:
 
 # --- tiny models ----------------------------------------------------------------------------
 
-def _model(nodes, inputs, outputs, inits=(), opsets=(("", 21),), ir=10):
+def _model(nodes: Sequence[NodeProto], inputs: Sequence[ValueInfoProto],
+           outputs: Sequence[ValueInfoProto], inits: Sequence[TensorProto] = (),
+           opsets: Sequence[tuple[str, int]] = (("", 21),), ir: int = 10) -> ModelProto:
     import onnx.helper as h
 
     g = h.make_graph(nodes, "probe", inputs, outputs, list(inits))
@@ -118,13 +127,13 @@ def _model(nodes, inputs, outputs, inits=(), opsets=(("", 21),), ir=10):
     return m
 
 
-def _vi(name, elem, shape):
+def _vi(name: str, elem: int, shape: Sequence[int]) -> ValueInfoProto:
     import onnx.helper as h
 
     return h.make_tensor_value_info(name, elem, shape)
 
 
-def _identity(ir: int = 10, opsets=(("", 21),)):
+def _identity(ir: int = 10, opsets: Sequence[tuple[str, int]] = (("", 21),)) -> ModelProto:
     import onnx.helper as h
     from onnx import TensorProto as T
 
@@ -132,11 +141,12 @@ def _identity(ir: int = 10, opsets=(("", 21),)):
                   [_vi("y", T.FLOAT, [1])], opsets=opsets, ir=ir)
 
 
-def _session(model, optimized: str | None = None):
+def _session(model: ModelProto,
+             optimized: str | None = None) -> onnxruntime.InferenceSession:
     return session(model, log_severity=FATAL, optimized_path=optimized)
 
 
-def _loads(model) -> bool:
+def _loads(model: ModelProto) -> bool:
     try:
         _session(model)
         return True
@@ -144,7 +154,7 @@ def _loads(model) -> bool:
         return False
 
 
-def _highest(ok, low: int, high: int) -> int:
+def _highest(ok: Callable[[int], bool], low: int, high: int) -> int:
     """The highest v in [low, high] with ok(v), scanning down (0 if none)."""
     for v in range(high, low - 1, -1):
         if ok(v):
@@ -162,13 +172,22 @@ def _max_opset(domain: str) -> int:
     return _highest(lambda v: _loads(_identity(opsets=(("", 21), (domain, v)))), 1, 40)
 
 
-def _consts(**arrays):
+def _consts(**arrays: npt.NDArray[Any]) -> list[TensorProto]:
     import onnx.numpy_helper as nh
 
     return [nh.from_array(a, name) for name, a in arrays.items()]
 
 
-def _int8_zero_point_with_output_dtype():
+def _quantize_node(inputs: list[str], output: str, output_dtype: int | None) -> NodeProto:
+    """A QuantizeLinear, stating ``output_dtype`` when one is given."""
+    import onnx.helper as h
+
+    if output_dtype is None:
+        return h.make_node("QuantizeLinear", inputs, [output])
+    return h.make_node("QuantizeLinear", inputs, [output], output_dtype=output_dtype)
+
+
+def _int8_zero_point_with_output_dtype() -> ModelProto:
     import numpy as np
     import onnx.helper as h
     from onnx import TensorProto as T
@@ -179,7 +198,7 @@ def _int8_zero_point_with_output_dtype():
                   _consts(s=np.array(0.1, np.float32), z=np.array(0, np.int8)))
 
 
-def _conv_group(act: str, zero_point: bool, float8_weight: bool = False):
+def _conv_group(act: str, zero_point: bool, float8_weight: bool = False) -> ModelProto:
     import numpy as np
     import onnx.helper as h
     from onnx import TensorProto as T
@@ -197,22 +216,22 @@ def _conv_group(act: str, zero_point: bool, float8_weight: bool = False):
     if zero_point:
         inits += _consts(za=np.array(zero, dt), zo=np.array(zero, dt))
     za, zo = (["za"], ["zo"]) if zero_point else ([], [])
-    kw = {} if zero_point else {"output_dtype": elem}
-    nodes = [h.make_node("QuantizeLinear", ["x", "sa", *za], ["xq"], **kw),
+    output_dtype = None if zero_point else elem
+    nodes = [_quantize_node(["x", "sa", *za], "xq", output_dtype),
              h.make_node("DequantizeLinear", ["xq", "sa", *za], ["xd"]),
              h.make_node("DequantizeLinear", ["w", "sw", *wz], ["wd"]),
              h.make_node("Conv", ["xd", "wd"], ["c"]),
-             h.make_node("QuantizeLinear", ["c", "so", *zo], ["cq"], **kw),
+             _quantize_node(["c", "so", *zo], "cq", output_dtype),
              h.make_node("DequantizeLinear", ["cq", "so", *zo], ["y"])]
     return _model(nodes, [_vi("x", T.FLOAT, [1, 3, 8, 8])], [_vi("y", T.FLOAT, [1, 4, 6, 6])],
                   inits)
 
 
-def _float8_conv_group():
+def _float8_conv_group() -> ModelProto:
     return _conv_group("uint8", True, float8_weight=True)
 
 
-def _optimized_ops(model) -> list[str] | None:
+def _optimized_ops(model: ModelProto) -> list[str] | None:
     import onnx
 
     with tempfile.TemporaryDirectory() as d:

@@ -16,6 +16,9 @@ from .targets import DtypeTarget
 _FLOAT8 = {TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2,
            TensorProto.FLOAT8E5M2FNUZ}
 _GROUP_OPS = {"Conv", "ConvTranspose", "MatMul", "Gemm"}
+# Scale types as DtypeTarget.scale_types names them.
+_SCALE_TYPE_NAMES: dict[int, str] = {TensorProto.FLOAT: "float", TensorProto.FLOAT16: "float16",
+                                     TensorProto.BFLOAT16: "bfloat16"}
 
 
 def check_target_types(nodes: list[QdqNode], target: DtypeTarget,
@@ -32,9 +35,7 @@ def check_target_types(nodes: list[QdqNode], target: DtypeTarget,
                                  f"{onnx_type_name(qn.qelem)} (supported: "
                                  f"{', '.join(sorted(target.qtypes or []))})")
         if qn.scale_elem is not None:
-            sname = {TensorProto.FLOAT: "float", TensorProto.FLOAT16: "float16",
-                     TensorProto.BFLOAT16: "bfloat16"}.get(qn.scale_elem,
-                                                          onnx_type_name(qn.scale_elem).lower())
+            sname = _SCALE_TYPE_NAMES.get(qn.scale_elem, onnx_type_name(qn.scale_elem).lower())
             if not target.allows_scale_type(sname):
                 raise OnnxError(f"target {target.name!r} cannot run {qn.label} with a "
                                  f"{onnx_type_name(qn.scale_elem)} scale")

@@ -9,9 +9,14 @@ target is filled in from the probe only by :func:`get_target`, inside actions.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from qbuild_onnx_common.errors import OnnxError
+
+if TYPE_CHECKING:
+    import pluggy
 
 FORMS = ("output_dtype", "zero_point")
 RUNTIMES = ("onnxruntime", "onnx-reference", None)
@@ -30,15 +35,15 @@ class DtypeTarget:
     name: str
     description: str = ""
     runtime: str | None = None
-    max_opset: dict = field(default_factory=dict)
+    max_opset: dict[str, int] = field(default_factory=dict)
     max_ir: int | None = None
-    qtypes: frozenset | None = None
-    scale_types: frozenset | None = None
+    qtypes: frozenset[str] | None = None
+    scale_types: frozenset[str] | None = None
     # Quantized types whose activation Q/DQ keep an explicit zero point even in the
     # output_dtype form. onnxruntime 1.31 fuses DQ->Conv/MatMul->Q into QLinearConv only when
     # int8 activations carry one, and drops DQ->Reshape->Q pairs only when both state theirs
     # (measured with uint8 too).
-    keep_activation_zero_point: frozenset = frozenset()
+    keep_activation_zero_point: frozenset[str] = frozenset()
     # onnxruntime issue 25526: output_dtype=INT8 plus an int8 zero point fails session creation.
     output_dtype_with_int8_zero_point: bool = True
     # onnxruntime 1.31 fuses DQ(float8 weight) -> Conv -> Q into QLinearConv and then
@@ -60,6 +65,12 @@ class DtypeTarget:
             raise OnnxError(f"dtype target {self.name!r}: preferred_form must be one of "
                              f"{FORMS}")
 
+    @overload
+    def opset_limit(self, domain: Literal["", "ai.onnx"] = "") -> int: ...
+
+    @overload
+    def opset_limit(self, domain: str) -> int | None: ...
+
     def opset_limit(self, domain: str = "") -> int | None:
         """Highest loadable opset of ``domain``; for ai.onnx, defaults to onnx's latest."""
         if domain in ("", "ai.onnx"):
@@ -67,7 +78,8 @@ class DtypeTarget:
             if v is None:
                 import onnx.defs
 
-                return onnx.defs.onnx_opset_version()
+                latest: int = onnx.defs.onnx_opset_version()
+                return latest
             return v
         return self.max_opset.get(domain)
 
@@ -84,9 +96,9 @@ class DtypeTarget:
     def allows_scale_type(self, name: str) -> bool:
         return self.scale_types is None or name in self.scale_types
 
-    def to_info(self) -> dict:
+    def to_info(self) -> dict[str, object]:
         """JSON-friendly description, for reports."""
-        out = {}
+        out: dict[str, object] = {}
         for f in fields(self):
             v = getattr(self, f.name)
             if isinstance(v, frozenset):
@@ -152,7 +164,11 @@ GENERIC = DtypeTarget(
 BUILTIN_TARGETS: tuple[DtypeTarget, ...] = (ONNXRUNTIME_CPU, ONNX_REFERENCE, GENERIC)
 
 
-def _coerce(obj, source: str) -> DtypeTarget:
+# What a qbuild_dtype_targets implementation returns: targets, or dicts of their fields.
+TargetDefinition = DtypeTarget | dict[str, Any]
+
+
+def _coerce(obj: object, source: str) -> DtypeTarget:
     if isinstance(obj, DtypeTarget):
         return obj
     if isinstance(obj, dict):
@@ -168,10 +184,11 @@ def _coerce(obj, source: str) -> DtypeTarget:
                      f"got {type(obj).__name__}")
 
 
-def collect_targets(pluginmanager=None, extra=()) -> dict[str, DtypeTarget]:
+def collect_targets(pluginmanager: pluggy.PluginManager | None = None,
+                    extra: Iterable[TargetDefinition] = ()) -> dict[str, DtypeTarget]:
     """All known targets by name: built-ins, then hook results, then ``extra``."""
     found: dict[str, DtypeTarget] = {t.name: t for t in BUILTIN_TARGETS}
-    contributed = []
+    contributed: list[TargetDefinition] = []
     hook = getattr(getattr(pluginmanager, "hook", None), "qbuild_dtype_targets", None)
     if hook is not None:
         for result in hook():
@@ -185,7 +202,8 @@ def collect_targets(pluginmanager=None, extra=()) -> dict[str, DtypeTarget]:
     return dict(sorted(found.items()))
 
 
-def get_target(name: str | DtypeTarget, pluginmanager=None, extra=()) -> DtypeTarget:
+def get_target(name: str | DtypeTarget, pluginmanager: pluggy.PluginManager | None = None,
+               extra: Iterable[TargetDefinition] = ()) -> DtypeTarget:
     """Resolve a target by name (a DtypeTarget passes through), measuring it if needed."""
     if isinstance(name, DtypeTarget):
         return resolve_measured(name)

@@ -7,18 +7,25 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 import onnx
 from onnx import ModelProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.ort import session, short_message
 
-_NP_OF = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
-          onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
-          onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8,
-          onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.BOOL: np.bool_}
+# One synthetic value per graph input, by input name.
+Feeds = dict[str, npt.NDArray[Any]]
+
+_NP_OF: dict[int, type[np.generic]] = {
+    onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.FLOAT16: np.float16,
+    onnx.TensorProto.DOUBLE: np.float64, onnx.TensorProto.INT64: np.int64,
+    onnx.TensorProto.INT32: np.int32, onnx.TensorProto.INT8: np.int8,
+    onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.BOOL: np.bool_}
 
 
 def full_check(model: ModelProto, where: str = "model") -> None:
@@ -30,7 +37,8 @@ def full_check(model: ModelProto, where: str = "model") -> None:
         raise OnnxError(f"{where}: onnx checker (full_check) failed: {first}") from None
 
 
-def synthetic_feeds(model: ModelProto, dims: dict | None = None, seed: int = 0) -> dict:
+def synthetic_feeds(model: ModelProto, dims: Mapping[str, int] | None = None,
+                    seed: int = 0) -> Feeds:
     """One deterministic input per graph input: N(0, 1) floats, zeros for integers.
 
     Symbolic or unknown dimensions take their value from ``dims`` (by name), else 1.
@@ -38,7 +46,7 @@ def synthetic_feeds(model: ModelProto, dims: dict | None = None, seed: int = 0) 
     dims = dims or {}
     init = {t.name for t in model.graph.initializer}
     rng = np.random.default_rng(seed)
-    feeds = {}
+    feeds: Feeds = {}
     for vi in model.graph.input:
         if vi.name in init:
             continue
@@ -60,21 +68,24 @@ def synthetic_feeds(model: ModelProto, dims: dict | None = None, seed: int = 0) 
     return feeds
 
 
-def run_onnxruntime(model_path: str | Path, feeds: dict,
-                    optimized_path: str | Path | None = None) -> list[np.ndarray]:
+def run_onnxruntime(model_path: str | Path, feeds: Mapping[str, npt.NDArray[Any]],
+                    optimized_path: str | Path | None = None) -> list[npt.NDArray[Any]]:
     sess = session(model_path, optimized_path=optimized_path)
     try:
-        return sess.run(None, feeds)
+        outputs: list[npt.NDArray[Any]] = sess.run(None, feeds)
+        return outputs
     except Exception as e:
         raise OnnxError(f"{Path(model_path).name}: onnxruntime failed to run the model: "
                          f"{short_message(e)}") from None
 
 
-def run_reference(model: ModelProto, feeds: dict, where: str = "model") -> list[np.ndarray]:
+def run_reference(model: ModelProto, feeds: Feeds,
+                  where: str = "model") -> list[npt.NDArray[Any]]:
     from onnx.reference import ReferenceEvaluator
 
     try:
-        return ReferenceEvaluator(model).run(None, feeds)
+        # run() gives a dict only when asked for intermediate results.
+        return cast("list[npt.NDArray[Any]]", ReferenceEvaluator(model).run(None, feeds))
     except Exception as e:
         raise OnnxError(f"{where}: onnx reference evaluator failed: {short_message(e)}") from None
 
@@ -92,13 +103,13 @@ def fused_op_counts(model_path: str | Path, scratch: str | Path) -> dict[str, in
     return dict(sorted(counts.items()))
 
 
-def max_abs_diff(a: list[np.ndarray], b: list[np.ndarray]) -> float:
+def max_abs_diff(a: Sequence[npt.ArrayLike], b: Sequence[npt.ArrayLike]) -> float:
     worst = 0.0
     for x, y in zip(a, b):
-        x = np.asarray(x, np.float64)
-        y = np.asarray(y, np.float64)
-        if x.shape != y.shape:
+        xd = np.asarray(x, np.float64)
+        yd = np.asarray(y, np.float64)
+        if xd.shape != yd.shape:
             return float("inf")
-        if x.size:
-            worst = max(worst, float(np.max(np.abs(x - y))))
+        if xd.size:
+            worst = max(worst, float(np.max(np.abs(xd - yd))))
     return worst
