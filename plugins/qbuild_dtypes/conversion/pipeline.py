@@ -19,6 +19,7 @@ import onnx
 from onnx import ModelProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import opset
+from qbuild_onnx_common.models import load_model
 
 from ..graph import qdq
 from ..graph.qdq import EquivalenceProof
@@ -194,7 +195,7 @@ def _drift(source_path: str | Path, out_path: Path,
            input_dims: Mapping[str, int] | None) -> float | None:
     """Largest output difference against the source model on the same synthetic inputs
     (None if the source does not load in onnxruntime)."""
-    m = onnx.load(str(out_path), load_external_data=False)
+    m = load_model(out_path, external_data=False)
     feeds = checks.synthetic_feeds(m, input_dims)
     try:
         ref = checks.run_onnxruntime(source_path, feeds)
@@ -215,7 +216,7 @@ def retarget_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
                   run: bool = True) -> RetargetReport:
     """File-to-file :func:`retarget` with validation; returns (and writes) the report."""
     target = get_target(target)
-    model = onnx.load(str(src))
+    model = load_model(src)
     out, info = retarget(model, target, form)
     before = model_summary(model, src)
     validation = write_checked(out, dst, target, source_path=src, input_dims=input_dims,
@@ -235,7 +236,7 @@ def requantize_file(src: str | Path, dst: str | Path, target: DtypeTarget | str,
                     run: bool = True) -> RequantizeReport:
     """File-to-file :func:`requantize_weights` with validation; returns the report."""
     target = get_target(target)
-    model = onnx.load(str(src))
+    model = load_model(src)
     out, info = requantize_weights(model, target, form, policy, tensors, min_elements)
     before = model_summary(model, src)
     validation = write_checked(out, dst, target, source_path=src, input_dims=input_dims,

@@ -26,6 +26,7 @@ import onnx.defs
 from onnx import ModelProto, NodeProto, TypeProto
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr, min_ir_version, opset
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.summary import onnx_type_name
 
 from ..graph import editing, reading
@@ -296,7 +297,7 @@ def check_loadable(path: str | Path, target: DtypeTarget | str,
     """
     target = get_target(target)
     path = Path(path)
-    m = onnx.load(str(path))
+    m = load_model(path)
     ir_limit, op_limit = target.ir_limit(), target.opset_limit("")
     if m.ir_version > ir_limit:
         raise OnnxError(f"{path.name}: IR version {m.ir_version} is newer than the "

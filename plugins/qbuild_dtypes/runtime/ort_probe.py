@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.ort import FATAL, session
 
 if TYPE_CHECKING:
@@ -232,7 +233,6 @@ def _float8_conv_group() -> ModelProto:
 
 
 def _optimized_ops(model: ModelProto) -> list[str] | None:
-    import onnx
 
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "optimized.onnx")
@@ -240,7 +240,7 @@ def _optimized_ops(model: ModelProto) -> list[str] | None:
             _session(model, out)
         except Exception:
             return None
-        return [n.op_type for n in onnx.load(out).graph.node]
+        return [n.op_type for n in load_model(out).graph.node]
 
 
 def _fuses_without_zero_point(act: str) -> bool:

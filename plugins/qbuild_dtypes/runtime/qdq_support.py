@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from onnx import ModelProto, TensorProto
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.graph import consumers
+from qbuild_onnx_common.graph import GraphIndex
 from qbuild_onnx_common.summary import onnx_type_name
 
 from ..graph.qdq import QdqNode
@@ -42,7 +42,7 @@ def check_target_types(nodes: list[QdqNode], target: DtypeTarget,
 
 
 def _check_float8_groups(nodes: list[QdqNode], target: DtypeTarget, model: ModelProto) -> None:
-    readers = consumers(model.graph)
+    readers = GraphIndex(model.graph).consumers
     for qn in nodes:
         if qn.is_q or not qn.x_const or qn.qelem not in _FLOAT8:
             continue

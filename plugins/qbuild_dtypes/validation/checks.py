@@ -16,6 +16,7 @@ import numpy.typing as npt
 import onnx
 from onnx import ModelProto
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.ort import session, short_message
 
 # One synthetic value per graph input, by input name.
@@ -94,7 +95,7 @@ def fused_op_counts(model_path: str | Path, scratch: str | Path) -> dict[str, in
     """Op types of the graph onnxruntime actually runs after its optimizations (counted)."""
     opt = Path(scratch) / (Path(model_path).stem + ".ort_optimized.onnx")
     session(model_path, optimized_path=opt)
-    m = onnx.load(str(opt), load_external_data=False)
+    m = load_model(opt, external_data=False)
     counts = Counter(n.op_type for n in m.graph.node)
     try:
         os.remove(opt)
