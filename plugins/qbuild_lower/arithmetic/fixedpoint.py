@@ -27,6 +27,9 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike, NDArray
+
+Int64s = NDArray[np.int64]
 
 #: The graph adds a bias of ``2**BIAS_BITS`` before its truncating integer division so that
 #: the dividend is always positive (truncation then equals floor); the bias must be a
@@ -76,7 +79,7 @@ def decompose(m: float) -> Multiplier:
     return Multiplier(int(m0), int(shift))
 
 
-def decompose_all(ms) -> tuple[np.ndarray, np.ndarray]:
+def decompose_all(ms: ArrayLike) -> tuple[Int64s, Int64s]:
     """Vectorised ``decompose`` for per-channel multipliers: (M0 int64, shift int64)."""
     parts = [decompose(float(m)) for m in np.asarray(ms, dtype=np.float64).ravel()]
     return (
@@ -85,29 +88,29 @@ def decompose_all(ms) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def shared_shift(ms) -> tuple[np.ndarray, int]:
+def shared_shift(ms: ArrayLike) -> tuple[Int64s, int]:
     """Several multipliers on one accumulator (e.g. the two inputs of Add): one shift.
 
     The shift is chosen for the largest multiplier, so that one has 31 bits of precision
     and the others as many as their size allows.
     """
-    ms = np.asarray(ms, dtype=np.float64).ravel()
-    top = decompose(float(ms.max()))
-    m0 = np.array([round(math.ldexp(float(m), top.shift)) for m in ms], dtype=np.int64)
+    values = np.asarray(ms, dtype=np.float64).ravel()
+    top = decompose(float(values.max()))
+    m0 = np.array([round(math.ldexp(float(m), top.shift)) for m in values], dtype=np.int64)
     return m0, top.shift
 
 
-def round_shift(prod: np.ndarray, shift) -> np.ndarray:
+def round_shift(prod: ArrayLike, shift: ArrayLike) -> Int64s:
     """``floor((prod + 2**(shift-1)) / 2**shift)`` on int64: round half up."""
-    prod = np.asarray(prod, dtype=np.int64)
-    shift = np.asarray(shift, dtype=np.int64)
-    return (prod + (np.int64(1) << (shift - 1))) >> shift
+    p = np.asarray(prod, dtype=np.int64)
+    n = np.asarray(shift, dtype=np.int64)
+    return np.asarray((p + (np.int64(1) << (n - 1))) >> n, dtype=np.int64)
 
 
-def requantize(acc, m0, shift, zero_point, lo: int, hi: int) -> np.ndarray:
+def requantize(acc: ArrayLike, m0: ArrayLike, shift: ArrayLike, zero_point: ArrayLike, lo: int,
+               hi: int) -> Int64s:
     """The documented requantization, exactly: clamp(zp + round_half_up(acc*M0/2**n))."""
-    acc = np.asarray(acc, dtype=np.int64)
-    prod = acc * np.asarray(m0, dtype=np.int64)
+    prod = np.asarray(acc, dtype=np.int64) * np.asarray(m0, dtype=np.int64)
     if np.any(np.abs(prod) >= PRODUCT_LIMIT):
         raise OverflowError("acc * M0 exceeds the int64 requantization range")
     y = round_shift(prod, shift) + np.asarray(zero_point, dtype=np.int64)
@@ -125,41 +128,41 @@ POW2_FLOOR = np.array([1] + [1 << (m.bit_length() - 1) for m in range(1, 1026)],
 MIN_ORT_SHIFT = 16
 
 
-def exact_float32(m0, shift, scale) -> bool:
+def exact_float32(m0: ArrayLike, shift: ArrayLike, scale: ArrayLike) -> bool:
     """True when ``m0 * 2**-shift`` equals the float32 ``scale`` exactly (per channel)."""
-    m0, shift = np.ravel(m0), np.ravel(shift)
-    scale = np.broadcast_to(np.asarray(scale, np.float32).ravel(), m0.shape)
-    return all(math.ldexp(int(q), -int(n)) == float(s) for q, n, s in zip(m0, shift, scale))
+    m0s, shifts = np.ravel(m0), np.ravel(shift)
+    scales = np.broadcast_to(np.asarray(scale, np.float32).ravel(), m0s.shape)
+    return all(math.ldexp(int(q), -int(n)) == float(s) for q, n, s in zip(m0s, shifts, scales))
 
 
-def round_to_float32(acc) -> np.ndarray:
+def round_to_float32(acc: ArrayLike) -> Int64s:
     """Integers as float32 holds them: rounded to 24 significant bits, ties to even."""
-    acc = np.asarray(acc, dtype=np.int64)
-    return np.asarray(acc.astype(np.float32).astype(np.int64))
+    return np.asarray(acc, dtype=np.int64).astype(np.float32).astype(np.int64)
 
 
-def requantize_float32(acc, scale, zero_point, lo: int, hi: int) -> np.ndarray:
+def requantize_float32(acc: ArrayLike, scale: ArrayLike, zero_point: ArrayLike, lo: int,
+                       hi: int) -> Int64s:
     """onnxruntime's CPU requantization: clamp(zp + rint(float32(acc) * float32(scale)))."""
     v = np.asarray(acc).astype(np.float32) * np.asarray(scale, np.float32)
     z = np.asarray(zero_point, np.int64)
     v = np.clip(v, (lo - z).astype(np.float32), (hi - z).astype(np.float32))
-    return np.rint(v).astype(np.int64) + z
+    return np.asarray(np.rint(v).astype(np.int64) + z, dtype=np.int64)
 
 
-def requantize_onnxruntime(acc, m0, shift, zero_point, lo: int, hi: int) -> np.ndarray:
+def requantize_onnxruntime(acc: ArrayLike, m0: ArrayLike, shift: ArrayLike,
+                           zero_point: ArrayLike, lo: int, hi: int) -> Int64s:
     """``requantize_float32`` computed with integers only (the definition the lowered graph
     implements): round half up, then step to the even neighbour where float32 would have
     landed exactly on the half-integer between the two."""
-    acc = np.asarray(acc, dtype=np.int64)
-    shift = np.asarray(shift, dtype=np.int64)
-    prod = acc * np.asarray(m0, dtype=np.int64)
-    t = prod + (np.int64(1) << (shift - 1))
-    r0 = t >> shift
-    rem = t - (r0 << shift)
-    return np.clip(_correct(r0, rem, shift) + np.asarray(zero_point, np.int64), lo, hi)
+    n = np.asarray(shift, dtype=np.int64)
+    prod = np.asarray(acc, dtype=np.int64) * np.asarray(m0, dtype=np.int64)
+    t = prod + (np.int64(1) << (n - 1))
+    r0 = t >> n
+    rem = t - (r0 << n)
+    return np.clip(_correct(r0, rem, n) + np.asarray(zero_point, np.int64), lo, hi)
 
 
-def _correct(r0, rem, shift):
+def _correct(r0: Int64s, rem: Int64s, shift: Int64s) -> Int64s:
     r0c = np.clip(r0, -512, 512)
     k = np.int64(1) << (shift - MIN_ORT_SHIFT)
     w_lo = POW2_FLOOR[np.abs(2 * r0c - 1)] * k // 512
@@ -167,9 +170,9 @@ def _correct(r0, rem, shift):
     down = rem <= w_lo
     up = ((np.int64(1) << shift) - rem) <= w_hi
     odd = np.mod(r0, 2)
-    return r0 + odd * (up.astype(np.int64) - down.astype(np.int64))
+    return np.asarray(r0 + odd * (up.astype(np.int64) - down.astype(np.int64)), np.int64)
 
 
-def dtype_range(dtype) -> tuple[int, int]:
+def dtype_range(dtype: DTypeLike) -> tuple[int, int]:
     info = np.iinfo(dtype)
     return int(info.min), int(info.max)

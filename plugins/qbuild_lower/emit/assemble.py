@@ -10,8 +10,9 @@ from onnx import helper
 from ..qdq.graph import toposort
 
 
-def assemble(model: onnx.ModelProto, nodes: list, new_inits: list, graph_inputs: set
-             ) -> tuple[onnx.ModelProto, list]:
+def assemble(model: onnx.ModelProto, nodes: list[onnx.NodeProto],
+             new_inits: list[onnx.TensorProto], graph_inputs: set[str]
+             ) -> tuple[onnx.ModelProto, list[onnx.NodeProto]]:
     """A copy of ``model`` holding ``nodes`` (sorted topologically, which is also returned)
     and only the initializers they use, with com.microsoft imported when used."""
     nodes = toposort(nodes, graph_inputs)
@@ -30,7 +31,8 @@ def assemble(model: onnx.ModelProto, nodes: list, new_inits: list, graph_inputs:
     return out, nodes
 
 
-def rename_inputs(nodes, aliases: dict):
+def rename_inputs(nodes: list[onnx.NodeProto], aliases: dict[str, str]
+                  ) -> list[onnx.NodeProto]:
     """Point readers of ``aliases`` keys at their values; nodes that change are copies,
     so the source model (whose node protos these may be) is never modified."""
     if not aliases:
@@ -48,7 +50,8 @@ def rename_inputs(nodes, aliases: dict):
     return out
 
 
-def drop_dead_nodes(nodes, graph_outputs: set):
+def drop_dead_nodes(nodes: list[onnx.NodeProto], graph_outputs: set[str]
+                    ) -> list[onnx.NodeProto]:
     """Drop nodes none of whose outputs is read or is a graph output, until stable."""
     while True:
         used = {t for n in nodes for t in n.input if t} | graph_outputs

@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from qbuild_onnx_common.graph import attr, attrs, opset
+from qbuild_onnx_common.graph import attr, attrs
 
 from ..arithmetic import fixedpoint as fp
+from ..arithmetic.tables import TableRequest
+from ..qdq.graph import QParams, onnx_opset
 from ..qdq.groups import SCALE_MISMATCH, Group, Unsupported, need_act, same_params
 from .builder import Builder
 
 #: Ops that only move or select elements: they run on the quantized codes unchanged when
 #: input and output share scale and zero point. Value: index of the data input(s).
-DATA_MOVEMENT = {
+DATA_MOVEMENT: dict[str, tuple[int, ...] | None] = {
     "Reshape": (0,),
     "Transpose": (0,),
     "Flatten": (0,),
@@ -58,11 +60,11 @@ def lower_data_movement(grp: Group, b: Builder) -> list[str]:
         x = need_act(grp.ins[k], f"{n.op_type} input")
         same_params(x.qp, ref, f"{n.op_type} input {x.name!r} and output")
         inputs[k] = x.q
-    for k, x in enumerate(grp.ins):
+    for k, other in enumerate(grp.ins):
         if k in data_idx:
             continue
-        if x.kind in ("act", "qconst"):
-            raise Unsupported(f"{n.op_type} parameter input {x.name!r} is quantized")
+        if other.kind in ("act", "qconst"):
+            raise Unsupported(f"{n.op_type} parameter input {other.name!r} is quantized")
     if n.op_type == "Pad":
         inputs = _pad_inputs(grp, b, inputs, ref)
     if n.op_type == "MaxPool" and float(ref.scale.ravel()[0]) <= 0:
@@ -72,7 +74,7 @@ def lower_data_movement(grp: Group, b: Builder) -> list[str]:
     return [n.op_type]
 
 
-def _pad_inputs(grp: Group, b: Builder, inputs: list, qp) -> list:
+def _pad_inputs(grp: Group, b: Builder, inputs: list[str], qp: QParams) -> list[str]:
     n = grp.node
     if attr(n, "mode", b"constant") != b"constant":
         return inputs
@@ -92,7 +94,7 @@ def _pad_inputs(grp: Group, b: Builder, inputs: list, qp) -> list:
 
 def lower_lut(grp: Group, b: Builder) -> list[str]:
     """Elementwise op of one 8-bit input: Cast (+128 for int8) then Gather in a table of
-    the 256 output codes. The table is computed at build time (see ``lut.py``)."""
+    the 256 output codes. The table is computed at build time (``arithmetic.tables``)."""
     n = grp.node
     x = need_act(grp.ins[0], f"{n.op_type} input", const_ok=False)
     for k, extra in enumerate(grp.ins[1:], 1):
@@ -102,35 +104,37 @@ def lower_lut(grp: Group, b: Builder) -> list[str]:
         raise Unsupported(f"{n.op_type} with several outputs")
     out = grp.outs[0]
     table = b.fresh(f"{n.name or n.op_type}_table")
-    b.luts.append((table, grp, "unary"))
-    return gather_codes(b, x, table, out.q, n.name or n.op_type)
+    b.luts.append(TableRequest(table, grp, "unary"))
+    return gather_codes(b, x.q, x.qp, table, out.q, n.name or n.op_type)
 
 
-def gather_codes(b: Builder, x, table: str, out: str, name: str) -> list[str]:
-    """``out = table[code of x]``: Cast to int32 (+128 for int8 codes), then
-    GatherElements on the flattened codes and a Reshape back to ``x``'s shape.
+def gather_codes(b: Builder, codes: str, qp: QParams, table: str, out: str,
+                 name: str) -> list[str]:
+    """``out = table[codes]`` (``codes`` quantized as ``qp``): Cast to int32 (+128 for
+    int8 codes), then GatherElements on the flattened codes and a Reshape back to their
+    shape.
 
     GatherElements rather than Gather: onnxruntime 1.31's Gather copies one element per
     call (about 8-17 ns per element on this project's machine), GatherElements runs
     about 1.5-1.9 ns (``bench/bench_tables.py``). Below opset 11 (no GatherElements) it
     is a Gather."""
     idx = b.tmp(f"{name}_idx")
-    b.node("Cast", [x.q], [idx], f"{name}_cast", to=onnx.TensorProto.INT32)
+    b.node("Cast", [codes], [idx], f"{name}_cast", to=onnx.TensorProto.INT32)
     ops = ["Cast"]
-    if x.qp.dtype == np.int8:
+    if qp.dtype == np.int8:
         shifted = b.tmp(f"{name}_idx128")
         b.node("Add", [idx, b.const("lut_offset_128", np.array(128, np.int32))], [shifted],
                f"{name}_offset")
         idx = shifted
         ops.append("Add")
-    if opset(b.g.model, default=0) < 11:
+    if onnx_opset(b.g.model) < 11:
         b.node("Gather", [table, idx], [out], f"{name}_lut", axis=0)
         return ops + ["Gather"]
     flat, got, shape = (b.tmp(f"{name}_{s}") for s in ("flat", "lut", "shape"))
     b.node("Reshape", [idx, b.const("lut_flat_shape", np.array([-1], np.int64))], [flat],
            f"{name}_flatten")
     b.node("GatherElements", [table, flat], [got], f"{name}_lut", axis=0)
-    b.node("Shape", [x.q], [shape], f"{name}_shape")
+    b.node("Shape", [codes], [shape], f"{name}_shape")
     b.node("Reshape", [got, shape], [out], f"{name}_unflatten")
     return ops + ["Reshape", "GatherElements", "Shape", "Reshape"]
 

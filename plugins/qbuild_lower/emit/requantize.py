@@ -3,18 +3,24 @@ half up or as onnxruntime rounds) and biases as int32 codes at the accumulator s
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import onnx
-from qbuild_onnx_common.graph import opset
+from numpy.typing import ArrayLike, DTypeLike, NDArray
 
 from ..arithmetic import fixedpoint as fp
+from ..qdq.graph import onnx_opset
 from ..qdq.groups import Group, Unsupported
 from .builder import Builder
 
+#: Shapes an int64 constant to broadcast along the tensor it is applied to.
+Shaper = Callable[[ArrayLike], fp.Int64s]
 
-def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str,
-                 base: str, shape=(-1,), prod_bound: int = fp.PRODUCT_LIMIT,
-                 rounding: str = "half_up") -> list[str]:
+
+def requant_tail(b: Builder, prod: str, shift: ArrayLike, c_extra: ArrayLike, zp: int,
+                 dtype: DTypeLike, out: str, base: str, shape: tuple[int, ...] = (-1,),
+                 prod_bound: int = fp.PRODUCT_LIMIT, rounding: str = "half_up") -> list[str]:
     """int64 ``prod`` (already multiplied by M0) -> 8-bit ``out``:
     Add(2**(n-1) + 2**61 + c_extra) -> Div(2**n) -> Add(zp - 2**(61-n)) -> Clip -> Cast.
 
@@ -22,16 +28,16 @@ def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str
     floor; ``c_extra`` carries folded constants (bias * M0, -zero point * M0). With
     ``rounding="onnxruntime"`` the half-up result is corrected to onnxruntime's float32
     rounding (``fixedpoint.requantize_onnxruntime``) before the zero point is added."""
-    shift = np.asarray(shift, dtype=np.int64)
+    shifts = np.asarray(shift, dtype=np.int64)
     # Split the folded constant into whole output steps (added after the division) and a
     # remainder in [0, 2**n) (added before it): exact, and keeps the dividend small.
-    c_extra = np.asarray(c_extra, dtype=object)
-    div_o = np.asarray(1, dtype=object) << shift.astype(object)
-    whole, rest = np.floor_divide(c_extra, div_o), np.mod(c_extra, div_o)
+    folded = np.asarray(c_extra, dtype=object)
+    div_o = np.asarray(1, dtype=object) << shifts.astype(object)
+    whole, rest = np.floor_divide(folded, div_o), np.mod(folded, div_o)
     # onnxruntime 1.31's int64 Clip/Max mis-compare some values beyond the int32 range, so
     # the value reaching Clip must stay inside it. Limiting the folded whole steps to
     # +-lim changes nothing: beyond lim the output saturates either way.
-    reach = (int(prod_bound) >> shift.astype(object)) + 2 + abs(int(zp)) + 256
+    reach = (int(prod_bound) >> shifts.astype(object)) + 2 + abs(int(zp)) + 256
     lim = (2**31 - 1) - reach
     clamp = lim > 2**20  # only where the accumulator's reach is known to be small
     whole = np.where(clamp, np.minimum(np.maximum(whole, -lim), lim), whole)
@@ -39,9 +45,11 @@ def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str
     c = (div_o >> 1) + big + rest
     div = div_o
     off = zp + whole - big // div_o
-    def shaped(a):
-        a = np.asarray(np.asarray(a, dtype=object).astype(np.int64), dtype=np.int64)
-        return a.reshape(shape) if a.size > 1 else a.reshape(())
+
+    def shaped(a: ArrayLike) -> fp.Int64s:
+        v = np.asarray(np.asarray(a, dtype=object).astype(np.int64), dtype=np.int64)
+        return v.reshape(shape) if v.size > 1 else v.reshape(())
+
     lo, hi = fp.dtype_range(dtype)
     t1, t2, t3, t4 = (b.tmp(f"{base}_{s}") for s in ("rnd", "shr", "zp", "clip"))
     b.node("Add", [prod, b.const(f"{base}_round", shaped(c))], [t1], f"{base}_round")
@@ -50,7 +58,7 @@ def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str
     if rounding == "onnxruntime":
         r0 = b.tmp(f"{base}_r0")
         b.node("Add", [t2, b.const(f"{base}_offset", shaped(off - zp))], [r0], f"{base}_r0")
-        r, extra = _float32_rounding(b, t1, t2, r0, shift, shaped, base)
+        r, extra = _float32_rounding(b, t1, t2, r0, shifts, shaped, base)
         b.node("Add", [r, b.const(f"zp_i64_{zp}", np.array(zp, np.int64))], [t3], f"{base}_zp")
         ops += ["Add", *extra, "Add"]
     else:
@@ -64,16 +72,17 @@ def requant_tail(b: Builder, prod: str, shift, c_extra, zp: int, dtype, out: str
     return ops + ["Clip", "Cast"]
 
 
-def _float32_rounding(b: Builder, t1: str, t2: str, r0: str, shift, shaped, base: str):
+def _float32_rounding(b: Builder, t1: str, t2: str, r0: str, shift: fp.Int64s,
+                      shaped: Shaper, base: str) -> tuple[str, list[str]]:
     """Emit ``fixedpoint._correct``: r0 (rounded half up) -> onnxruntime's result.
 
     ``t1`` is the biased dividend and ``t2 = t1 / 2**n``, so the remainder is
     ``t1 - t2 * 2**n`` (in [0, 2**n)); the window around each half-integer comes from the
     ``POW2_FLOOR`` table. Returns (result tensor, op types emitted)."""
     i64 = onnx.TensorProto.INT64
-    shift = np.asarray(shift, dtype=object)
-    pow2 = shaped(np.asarray(1, dtype=object) << shift)
-    k = shaped(np.asarray(1, dtype=object) << (shift - fp.MIN_ORT_SHIFT))
+    shifts = np.asarray(shift, dtype=object)
+    pow2 = shaped(np.asarray(1, dtype=object) << shifts)
+    k = shaped(np.asarray(1, dtype=object) << (shifts - fp.MIN_ORT_SHIFT))
     t = {s: b.tmp(f"{base}_{s}") for s in (
         "q2n", "rem", "r0c", "r0x2", "mlo", "mhi", "alo", "ahi", "tlo", "thi", "klo", "khi",
         "wlo", "whi", "gap", "down", "up", "downi", "upi", "step", "odd", "corr", "r")}
@@ -94,7 +103,7 @@ def _float32_rounding(b: Builder, t1: str, t2: str, r0: str, shift, shaped, base
         b.node("Div", [t[f"k{side}"], c("i64_512", np.array(512, np.int64))], [t[f"w{side}"]],
                f"{base}_w{side}")
     b.node("Sub", [c(f"{base}_pow2", pow2), t["rem"]], [t["gap"]], f"{base}_gap")
-    if opset(b.g.model, default=0) >= 12:
+    if onnx_opset(b.g.model) >= 12:
         b.node("LessOrEqual", [t["rem"], t["wlo"]], [t["down"]], f"{base}_down")
         b.node("LessOrEqual", [t["gap"], t["whi"]], [t["up"]], f"{base}_up")
         cmp_ops = ["LessOrEqual", "LessOrEqual"]
@@ -116,20 +125,22 @@ def _float32_rounding(b: Builder, t1: str, t2: str, r0: str, shift, shaped, base
     return t["r"], ops
 
 
-def bias_codes(grp: Group, b: Builder, k: int, acc_scale: np.ndarray,
-               beta: float = 1.0) -> np.ndarray | None:
+def bias_codes(grp: Group, b: Builder, k: int, acc_scale: ArrayLike,
+               beta: float = 1.0) -> NDArray[np.int32] | None:
     """The bias input ``k`` as int32 at the accumulator scale ``acc_scale`` (= S_x * S_w,
     per output channel), or None when absent. A bias already quantized at that scale is
     kept bit for bit; anything else is rescaled (rounded half to even)."""
     if k >= len(grp.ins) or grp.ins[k].kind == "none":
         return None
     x = grp.ins[k]
-    acc_scale = np.asarray(acc_scale, dtype=np.float64)
+    acc = np.asarray(acc_scale, dtype=np.float64)
+    real: NDArray[np.float64]
     if x.kind == "qconst":
-        q = x.value(b.g).astype(np.int64) - x.qp.zero_point.astype(np.int64)
-        s = x.qp.scale.astype(np.float64)
-        if beta == 1.0 and x.qp.dtype == np.int32 and np.array_equal(
-            np.asarray(s, np.float32), np.asarray(acc_scale, np.float32) * np.ones_like(s)
+        qp = x.quantized().qp
+        q = x.value(b.g).astype(np.int64) - qp.zero_point.astype(np.int64)
+        s = qp.scale.astype(np.float64)
+        if beta == 1.0 and qp.dtype == np.int32 and np.array_equal(
+            np.asarray(s, np.float32), np.asarray(acc, np.float32) * np.ones_like(s)
         ):
             return q.astype(np.int32)
         real = q * s
@@ -137,7 +148,7 @@ def bias_codes(grp: Group, b: Builder, k: int, acc_scale: np.ndarray,
         real = x.value(b.g).astype(np.float64)
     else:
         raise Unsupported(f"bias {x.name!r} is not a constant")
-    codes = np.rint(beta * real / acc_scale)
+    codes = np.rint(beta * real / acc)
     if np.any(np.abs(codes) > 2**31 - 1):
         raise Unsupported(f"bias {x.name!r} does not fit int32 at the accumulator scale")
     return codes.astype(np.int32)

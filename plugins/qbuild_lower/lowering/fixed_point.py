@@ -9,16 +9,33 @@ Each lowered layer also yields a parameter record for ``fixed_point_params.json`
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypedDict
+
 import numpy as np
 import onnx
-from qbuild_onnx_common.graph import attrs, opset
+from numpy.typing import ArrayLike, NDArray
+from qbuild_onnx_common.graph import attrs
 
 from ..arithmetic import fixedpoint as fp
-from ..emit.builder import Builder
+from ..arithmetic.tables import Chained, Codes, ConcatInput, TableRequest
+from ..emit.builder import Builder, Handler, ParamRecord, RecordExtras, TensorParams
 from ..emit.quantized import DATA_MOVEMENT, LUT_OPS, gather_codes, lower_data_movement, lower_lut
 from ..emit.requantize import bias_codes, requant_tail
-from ..qdq.graph import Graph
-from ..qdq.groups import DTYPE, RANGE, UNSUPPORTED_OP, Group, Unsupported, need_act
+from ..qdq.graph import Graph, QParams, Shape, onnx_opset
+from ..qdq.groups import (
+    DTYPE,
+    RANGE,
+    UNSUPPORTED_OP,
+    Group,
+    Out,
+    Quantized,
+    Unsupported,
+    is_8bit,
+    need_act,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 I64 = onnx.TensorProto.INT64
 
@@ -29,7 +46,7 @@ def prepare(g: Graph, b: Builder) -> None:
         inferred = onnx.shape_inference.infer_shapes(g.model)
     except Exception:  # shape inference is a convenience; ops that need it will say so
         inferred = g.model
-    shapes = {}
+    shapes: dict[str, Shape] = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input):
         dims = vi.type.tensor_type.shape.dim
         shapes[vi.name] = [d.dim_value if d.HasField("dim_value")
@@ -37,84 +54,71 @@ def prepare(g: Graph, b: Builder) -> None:
     g.shapes = shapes
 
 
-def _f32_ratio(num, den) -> np.ndarray:
+def _f32_ratio(num: ArrayLike, den: ArrayLike) -> NDArray[np.float32]:
     """A scale ratio computed as onnxruntime computes its requantization scale: float32."""
     return (np.asarray(num, np.float32) / np.asarray(den, np.float32)).astype(np.float32)
 
 
-def _span(qp) -> int:
+def _span(qp: QParams) -> int:
     """Largest |q - zero point| an input can have."""
     lo, hi = fp.dtype_range(qp.dtype)
     z = int(qp.zero_point.ravel()[0])
     return max(z - lo, hi - z)
 
 
-def _zp_name(b: Builder, qp) -> str:
+def _zp_name(b: Builder, qp: QParams) -> str:
     return qp.zp_name or b.const("zp_" + str(qp.dtype), qp.zero_point)
 
 
-def _record(b: Builder, grp: Group, kind: str, ins: list, out, m0, shift, real, **extra):
+def _tensor_params(tensor: str, qp: QParams) -> TensorParams:
+    return {"tensor": tensor, "dtype": str(qp.dtype),
+            "zero_point": int(qp.zero_point.ravel()[0]), "scale": float(qp.scale.ravel()[0])}
+
+
+def _record(b: Builder, grp: Group, kind: str, ins: list[Quantized], out: Out,
+            m0: ArrayLike | None, right_shift: ArrayLike | None, real: ArrayLike | None,
+            **extra: Unpack[RecordExtras]) -> None:
+    """Add the layer's parameter record (``m0`` None: a table, no multiplier)."""
     lo, hi = fp.dtype_range(out.qp.dtype)
-    rec = {
+    core: ParamRecord = {
         "node": grp.node.name or grp.node.op_type,
         "op_type": grp.node.op_type,
         "kind": kind,
-        "inputs": [
-            {
-                "tensor": x.q,
-                "dtype": str(x.qp.dtype),
-                "zero_point": int(x.qp.zero_point.ravel()[0]),
-                "scale": float(x.qp.scale.ravel()[0]),
-            }
-            for x in ins
-        ],
-        "output": {
-            "tensor": out.q,
-            "dtype": str(out.qp.dtype),
-            "zero_point": int(out.qp.zero_point.ravel()[0]),
-            "scale": float(out.qp.scale.ravel()[0]),
-        },
+        "inputs": [_tensor_params(x.q, x.qp) for x in ins],
+        "output": _tensor_params(out.q, out.qp),
         "clamp": [lo, hi],
         "rounding": "half_up" if m0 is not None else "table",
     }
-    if m0 is not None:
-        rec["multiplier"] = [int(v) for v in np.ravel(m0)]
-        rec["shift"] = (
-            [int(v) for v in np.ravel(shift)]
-            if np.size(shift) > 1
-            else int(shift if np.ndim(shift) == 0 else np.ravel(shift)[0])
-        )
-        rec["real_multiplier"] = [float(v) for v in np.ravel(real)]
-    rec.update(extra)
-    b.params.append(rec)
+    if m0 is not None and right_shift is not None and real is not None:
+        core["multiplier"] = [int(v) for v in np.ravel(m0)]
+        shifts = np.ravel(right_shift)
+        core["shift"] = [int(v) for v in shifts] if shifts.size > 1 else int(shifts[0])
+        core["real_multiplier"] = [float(v) for v in np.ravel(real)]
+    b.params.append({**core, **extra})
 
 
-def _note(why: str | None) -> dict:
+class RoundingNote(TypedDict, total=False):
+    """Why a layer does not round as onnxruntime does, when it was asked to."""
+
+    rounding_note: str
+
+
+def _note(why: str | None) -> RoundingNote:
     return {"rounding_note": why} if why else {}
 
 
-def _half_up_note(b: Builder, why: str) -> dict:
+def _half_up_note(b: Builder, why: str) -> RoundingNote:
     """For layers that always round half up: say why, when onnxruntime was asked for."""
     return _note(why if b.rounding == "onnxruntime" else None)
 
 
-def _bcast(rank: int | None, axis: int, n: int) -> tuple:
-    """Shape that broadcasts a per-channel vector of length n along ``axis`` of a
-    tensor of rank ``rank``."""
-    if n == 1:
-        return ()
-    rank = rank or 4
-    shape = [1] * rank
-    shape[axis] = n
-    return tuple(shape[axis:]) if axis >= 0 else (n,)
-
-
-def _check_range(bound: np.ndarray, m0: np.ndarray, what: str) -> None:
+def _check_range(bound: NDArray[Any], m0: NDArray[Any], what: str) -> None:
     if np.any(bound.astype(object) * m0.astype(object) >= fp.PRODUCT_LIMIT):
         raise Unsupported(f"{what}: accumulator * M0 could exceed the int64 range", RANGE)
 
 
-def _rounding(b: Builder, m0, shift, real, acc_bound: int, exact_op: bool = True):
+def _rounding(b: Builder, m0: ArrayLike, shift: ArrayLike, real: ArrayLike, acc_bound: int,
+              exact_op: bool = True) -> tuple[str, str | None, bool]:
     """How this layer requantizes: (rounding, why not onnxruntime, round the accumulator
     to float32 first). onnxruntime converts the int32 accumulator to float32, which
     rounds it once ``|acc| >= 2**24``; that matters only if such values can still land
@@ -132,8 +136,8 @@ def _rounding(b: Builder, m0, shift, real, acc_bound: int, exact_op: bool = True
     return "onnxruntime", None, round_acc
 
 
-def _accumulator(b: Builder, acc64: str, bias, shape, bound: int, round_acc: bool,
-                 name: str):
+def _accumulator(b: Builder, acc64: str, bias: fp.Int64s, shape: tuple[int, ...], bound: int,
+                 round_acc: bool, name: str) -> tuple[str, list[str], fp.Int64s]:
     """(accumulator, ops, bias still to fold after M0). Without float32 rounding the bias
     is folded into the rounding constant; with it, the bias must be in the accumulator
     before float32 rounds it."""
@@ -146,7 +150,7 @@ def _accumulator(b: Builder, acc64: str, bias, shape, bound: int, round_acc: boo
     return acc64, ["Add", *ops], np.zeros_like(bias)
 
 
-def _float32_acc(b: Builder, acc: str, bound: int, base: str) -> tuple[str, list]:
+def _float32_acc(b: Builder, acc: str, bound: int, base: str) -> tuple[str, list[str]]:
     """int64 ``acc`` -> float32(acc) as an integer: rounded to 24 significant bits, ties
     to even (``fixedpoint.round_to_float32``), for |acc| up to ``bound``."""
     extra_bits = max(int(bound).bit_length() - 24, 0)
@@ -189,12 +193,12 @@ def _float32_acc(b: Builder, acc: str, bound: int, base: str) -> tuple[str, list
     return out, ops
 
 
-def _shape(b: Builder, x) -> list | None:
-    shapes = getattr(b.g, "shapes", {})
-    return shapes.get(x.name) or shapes.get(x.q)
+def _shape(b: Builder, x: Quantized) -> Shape | None:
+    return b.g.shapes.get(x.name) or b.g.shapes.get(x.q)
 
 
-def _pair_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
+def _pair_table(grp: Group, b: Builder, xa: Quantized, xb: Quantized,
+                name: str) -> list[str] | None:
     """Rounding onnxruntime: an elementwise op of two 8-bit activations of one shape as a
     65,536-entry table computed by onnxruntime (index a * 256 + b); None when the inputs
     do not qualify (constants, broadcasting, unknown shapes)."""
@@ -207,7 +211,7 @@ def _pair_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
     if not sa or sa != sb or any(d is None for d in sa):
         return None
     table = b.fresh(f"{name}_table")
-    b.luts.append((table, grp, "pair"))
+    b.luts.append(TableRequest(table, grp, "pair"))
     i32 = onnx.TensorProto.INT32
     ia, ib, hi, idx, idx2 = (b.tmp(f"{name}_{t}") for t in ("ia", "ib", "hi", "idx", "idx2"))
     b.node("Cast", [xa.q], [ia], f"{name}_cast_a", to=i32)
@@ -227,20 +231,22 @@ def _pair_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
     return ops + ["Gather"]
 
 
-def _chained_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
+def _chained_table(grp: Group, b: Builder, xa: Quantized, xb: Quantized,
+                   name: str) -> list[str] | None:
     """``op(x, f(x))`` with ``f`` a lookup table lowered earlier (SiLU: ``x * Sigmoid(x)``)
     is a function of the codes of ``x`` alone: one 256-entry table, computed by onnxruntime
     running both groups, replaces the 65,536-entry one."""
-    for _table, ugrp, kind in b.luts:
-        if kind != "unary":
+    for request in b.luts:
+        if request.kind != "unary":
             continue
+        ugrp = request.group
         src, dst = ugrp.ins[0].q, ugrp.outs[0].q
         for j, (x, fx) in enumerate(((xa, xb), (xb, xa))):
             if fx.q == dst and x.q == src:
                 lut_input = 1 - j  # the pair input the unary table produces
                 new = b.fresh(f"{name}_table")
-                b.luts.append((new, grp, ("chain", lut_input, ugrp)))
-                ops = gather_codes(b, x, new, grp.outs[0].q, name)
+                b.luts.append(TableRequest(new, grp, Chained(lut_input, ugrp)))
+                ops = gather_codes(b, x.q, x.qp, new, grp.outs[0].q, name)
                 _record(b, grp, "lookup_table", [x], grp.outs[0], None, None, None,
                         rounding="onnxruntime", composed_with=ugrp.node.name or "",
                         table_name=new)
@@ -248,12 +254,12 @@ def _chained_table(grp: Group, b: Builder, xa, xb, name: str) -> list | None:
     return None
 
 
-def conv(grp: Group, b: Builder):
+def conv(grp: Group, b: Builder) -> list[str]:
     x = need_act(grp.ins[0], "Conv input", const_ok=False)
-    w = grp.ins[1]
-    if w.kind != "qconst":
-        raise Unsupported(f"Conv weight {w.name!r} is not a quantized constant")
-    if w.qp.dtype not in (np.int8, np.uint8):
+    if grp.ins[1].kind != "qconst":
+        raise Unsupported(f"Conv weight {grp.ins[1].name!r} is not a quantized constant")
+    w = grp.ins[1].quantized()
+    if not is_8bit(w.qp):
         raise Unsupported(f"Conv weight is {w.qp.dtype}, not 8-bit", DTYPE)
     wz = np.unique(w.qp.zero_point)
     if wz.size != 1:
@@ -267,8 +273,8 @@ def conv(grp: Group, b: Builder):
     real = _f32_ratio(np.float32(x.qp.scale.ravel()[0]) * ws, out.qp.scale.ravel()[0])
     m0, shift = fp.decompose_all(real)
     acc_scale = x.qp.scale.astype(np.float64).ravel()[0] * ws.astype(np.float64)
-    bias = bias_codes(grp, b, 2, acc_scale)
-    bias = np.zeros(cout, np.int64) if bias is None else bias.astype(np.int64)
+    bias_i32 = bias_codes(grp, b, 2, acc_scale)
+    bias = np.zeros(cout, np.int64) if bias_i32 is None else bias_i32.astype(np.int64)
     wabs = np.abs(wv.astype(np.int64) - int(wz[0])).reshape(cout, -1).sum(axis=1)
     _check_range(wabs * _span(x.qp), m0, "Conv")
     bound = int((wabs * _span(x.qp) + np.abs(bias)).max())
@@ -318,13 +324,16 @@ def conv(grp: Group, b: Builder):
     return ["ConvInteger", "Cast", "Mul", *ops]
 
 
-def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: float, bias_k):
+def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: float,
+                 bias_k: int | None) -> list[str]:
     a = need_act(grp.ins[0], f"{grp.node.op_type} input A")
-    wb = grp.ins[1]
     out = grp.outs[0]
     name = grp.node.name or grp.node.op_type
-    if wb.kind == "qconst":
-        if wb.qp.dtype not in (np.int8, np.uint8):
+    bs: NDArray[np.float32]
+    babs: NDArray[np.int64] | None
+    if grp.ins[1].kind == "qconst":
+        wb = grp.ins[1].quantized()
+        if not is_8bit(wb.qp):
             raise Unsupported(f"{grp.node.op_type} B is {wb.qp.dtype}, not 8-bit", DTYPE)
         bv = wb.value(b.g)
         if bv.ndim != 2:
@@ -345,13 +354,13 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
     else:
         if trans_b:
             raise Unsupported("Gemm with transB on an activation")
-        wb = need_act(wb, f"{grp.node.op_type} input B")
+        wb = need_act(grp.ins[1], f"{grp.node.op_type} input B")
         n = 1
         bs = wb.qp.scale.astype(np.float32).ravel()
         b_name, bz_name = wb.q, _zp_name(b, wb.qp)
         babs = None
-    real = _f32_ratio(np.float32(a.qp.scale.ravel()[0]) * bs, out.qp.scale.ravel()[0])
-    real = real.astype(np.float64) * alpha
+    real = (_f32_ratio(np.float32(a.qp.scale.ravel()[0]) * bs, out.qp.scale.ravel()[0])
+            .astype(np.float64) * alpha)
     m0, shift = fp.decompose_all(real)
     bias = np.zeros(n, np.int64)
     if bias_k is not None:
@@ -390,11 +399,11 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
     return ["MatMulInteger", "Cast", "Mul", *ops]
 
 
-def matmul(grp: Group, b: Builder):
+def matmul(grp: Group, b: Builder) -> list[str]:
     return _matmul_like(grp, b, False, 1.0, 1.0, None)
 
 
-def gemm(grp: Group, b: Builder):
+def gemm(grp: Group, b: Builder) -> list[str]:
     if grp.attr("transA", 0):
         raise Unsupported("Gemm with transA")
     return _matmul_like(
@@ -407,7 +416,8 @@ def gemm(grp: Group, b: Builder):
     )
 
 
-def _scaled(b: Builder, x, m0: int, base: str) -> tuple[str | None, np.ndarray | int]:
+def _scaled(b: Builder, x: Quantized, m0: int, base: str
+            ) -> tuple[str | None, fp.Int64s | np.int64]:
     """(int64 tensor q*M0, constant -zp*M0); a quantized constant folds entirely."""
     z = int(x.qp.zero_point.ravel()[0])
     if x.kind == "qconst":
@@ -419,31 +429,33 @@ def _scaled(b: Builder, x, m0: int, base: str) -> tuple[str | None, np.ndarray |
     return p, np.int64(-z * m0)
 
 
-def add(grp: Group, b: Builder):
+def add(grp: Group, b: Builder) -> list[str]:
     xa = need_act(grp.ins[0], "Add input A")
     xb = need_act(grp.ins[1], "Add input B")
     out = grp.outs[0]
     name = grp.node.name or "Add"
     if b.rounding == "onnxruntime":
-        ops = _pair_table(grp, b, xa, xb, name)
-        if ops:
-            return ops
+        table_ops = _pair_table(grp, b, xa, xb, name)
+        if table_ops:
+            return table_ops
     ys = out.qp.scale.ravel()[0]
     reals = [_f32_ratio(xa.qp.scale.ravel()[0], ys), _f32_ratio(xb.qp.scale.ravel()[0], ys)]
     m0s, shift = fp.shared_shift(reals)
     _check_range(np.array([_span(xa.qp) + _span(xb.qp)]), np.array([int(m0s.max())]), "Add")
     pa, ca = _scaled(b, xa, int(m0s[0]), f"{name}_a")
     pb, cb = _scaled(b, xb, int(m0s[1]), f"{name}_b")
-    ops = []
-    if pa is None and pb is None:
+    tensors = [t for t in (pa, pb) if t is not None]
+    if not tensors:
         raise Unsupported("Add of two constants")
-    if pa is not None and pb is not None:
+    extra: fp.Int64s | np.int64
+    if len(tensors) == 2:
         s = b.tmp(f"{name}_sum")
-        b.node("Add", [pa, pb], [s], f"{name}_sum")
+        b.node("Add", tensors, [s], f"{name}_sum")
         extra = np.int64(ca + cb)
         ops = ["Cast", "Mul", "Cast", "Mul", "Add"]
-    else:
-        s, const = (pa, cb) if pa is not None else (pb, ca)
+    else:  # the constant input folds into the rounding constant
+        s = tensors[0]
+        const = cb if pa is not None else ca
         extra = (ca if pa is not None else cb) + np.asarray(const, np.int64)
         ops = ["Cast", "Mul"]
     ops += requant_tail(
@@ -462,24 +474,24 @@ def add(grp: Group, b: Builder):
     return ops
 
 
-def mul(grp: Group, b: Builder):
+def mul(grp: Group, b: Builder) -> list[str]:
     xa = need_act(grp.ins[0], "Mul input A")
     xb = need_act(grp.ins[1], "Mul input B")
     out = grp.outs[0]
     name = grp.node.name or "Mul"
     if b.rounding == "onnxruntime":
-        ops = _pair_table(grp, b, xa, xb, name)
-        if ops:
-            return ops
+        table_ops = _pair_table(grp, b, xa, xb, name)
+        if table_ops:
+            return table_ops
     real = _f32_ratio(
         np.float32(xa.qp.scale.ravel()[0]) * np.float32(xb.qp.scale.ravel()[0]),
         out.qp.scale.ravel()[0],
     )
     mm = fp.decompose(float(real))
     _check_range(np.array([_span(xa.qp) * _span(xb.qp)]), np.array([mm.m0]), "Mul")
-    ops = []
+    ops: list[str] = []
 
-    def centered(x, base):
+    def centered(x: Quantized, base: str) -> str:
         z = int(x.qp.zero_point.ravel()[0])
         if x.kind == "qconst":
             return b.const(f"{base}_c", x.value(b.g).astype(np.int64) - z)
@@ -506,7 +518,8 @@ def mul(grp: Group, b: Builder):
     return ops
 
 
-def _rescale(b: Builder, x, out, base: str) -> tuple[str, list, object]:
+def _rescale(b: Builder, x: Quantized, out: Out, base: str
+             ) -> tuple[str, list[str], tuple[fp.Multiplier, NDArray[np.float32]]]:
     """Requantize one tensor to the output parameters: q -> zy + round((q - zx) * M)."""
     real = _f32_ratio(x.qp.scale.ravel()[0], out.qp.scale.ravel()[0])
     mm = fp.decompose(float(real))
@@ -521,13 +534,14 @@ def _rescale(b: Builder, x, out, base: str) -> tuple[str, list, object]:
     return y, ops, (mm, real)
 
 
-def concat(grp: Group, b: Builder):
+def concat(grp: Group, b: Builder) -> list[str]:
     out = grp.outs[0]
     xs = [need_act(x, "Concat input") for x in grp.ins]
     if all(x.qp.same_as(out.qp) for x in xs):
         return lower_data_movement(grp, b)
     name = grp.node.name or "Concat"
-    names, ops = [], []
+    names: list[str] = []
+    ops: list[str] = []
     for k, x in enumerate(xs):
         if x.qp.same_as(out.qp):
             names.append(x.q)
@@ -535,8 +549,8 @@ def concat(grp: Group, b: Builder):
         if b.rounding == "onnxruntime":
             y = b.tmp(f"{name}_in{k}_rq")
             table = b.fresh(f"{name}_in{k}_table")
-            b.luts.append((table, grp, ("concat", k)))
-            ops += gather_codes(b, x, table, y, f"{name}_in{k}")
+            b.luts.append(TableRequest(table, grp, ConcatInput(k)))
+            ops += gather_codes(b, x.q, x.qp, table, y, f"{name}_in{k}")
             names.append(y)
             _record(b, grp, "lookup_table", [x], out, None, None, None, input_index=k,
                     rounding="onnxruntime", table_name=table)
@@ -549,7 +563,7 @@ def concat(grp: Group, b: Builder):
     return ops + ["Concat"]
 
 
-def average_pool(grp: Group, b: Builder):
+def average_pool(grp: Group, b: Builder) -> list[str]:
     x = need_act(grp.ins[0], "AveragePool input", const_ok=False)
     out = grp.outs[0]
     n = grp.node
@@ -561,10 +575,10 @@ def average_pool(grp: Group, b: Builder):
         raise Unsupported("AveragePool with padding excluded from the count (varying divisor)")
     if grp.attr("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID"):
         raise Unsupported("AveragePool with SAME auto padding")
-    shape = b.g.shapes.get(grp.ins[0].name) if hasattr(b.g, "shapes") else None
+    shape = b.g.shapes.get(grp.ins[0].name)
     if not shape or shape[1] is None:
         raise Unsupported("AveragePool: channel count unknown (shape inference failed)")
-    c = shape[1]
+    c = int(shape[1])
     count = int(np.prod(k))
     real = _f32_ratio(
         x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count)
@@ -592,13 +606,13 @@ def average_pool(grp: Group, b: Builder):
     return ["ConvInteger", "Cast", "Mul", *ops]
 
 
-def global_average_pool(grp: Group, b: Builder):
+def global_average_pool(grp: Group, b: Builder) -> list[str]:
     x = need_act(grp.ins[0], "GlobalAveragePool input", const_ok=False)
     out = grp.outs[0]
-    shape = b.g.shapes.get(grp.ins[0].name) if hasattr(b.g, "shapes") else None
+    shape = b.g.shapes.get(grp.ins[0].name)
     if not shape or any(d is None for d in shape[2:]):
         raise Unsupported("GlobalAveragePool: spatial size unknown (shape inference failed)")
-    count = int(np.prod(shape[2:]))
+    count = int(np.prod([int(d) for d in shape[2:] if d is not None]))
     if b.rounding == "onnxruntime":  # onnxruntime's order: float32(float32(Sx / N) / Sy)
         real = _f32_ratio(_f32_ratio(x.qp.scale.ravel()[0], count), out.qp.scale.ravel()[0])
     else:
@@ -612,7 +626,7 @@ def global_average_pool(grp: Group, b: Builder):
     axes = list(range(2, len(shape)))
     c32, s, s64, prod = (b.tmp(f"{name}_{t}") for t in ("i32", "sum", "sum64", "prod"))
     b.node("Cast", [x.q], [c32], f"{name}_cast32", to=onnx.TensorProto.INT32)
-    if opset(b.g.model, default=0) >= 13:
+    if onnx_opset(b.g.model) >= 13:
         b.node(
             "ReduceSum",
             [c32, b.const(f"{name}_axes", np.array(axes, np.int64))],
@@ -642,27 +656,25 @@ def global_average_pool(grp: Group, b: Builder):
     return ["Cast", "ReduceSum", "Cast", "Mul", *ops]
 
 
-def region_record(b: Builder, xqp, x: str, yqp, y: str, table, op_types: list,
-                  nodes: list) -> None:
-    """The parameter record of an element-wise chain lowered as one table (fuse.py)."""
-    def side(t, qp):
-        return {"tensor": t, "dtype": str(qp.dtype), "scale": float(qp.scale.ravel()[0]),
-                "zero_point": int(qp.zero_point.ravel()[0])}
-
+def region_record(b: Builder, xqp: QParams, x: str, yqp: QParams, y: str, table: Codes,
+                  op_types: list[str], nodes: list[str]) -> None:
+    """The parameter record of an element-wise chain lowered as one table
+    (``patterns.fuse``)."""
     b.params.append({"node": nodes[-1], "op_type": "+".join(op_types), "kind": "lookup_table",
-                     "inputs": [side(x, xqp)], "output": side(y, yqp),
+                     "inputs": [_tensor_params(x, xqp)], "output": _tensor_params(y, yqp),
                      "clamp": list(fp.dtype_range(yqp.dtype)), "rounding": "table",
                      "composed_of": nodes, "table": [int(v) for v in table]})
 
 
-def lut(grp: Group, b: Builder):
+def lut(grp: Group, b: Builder) -> list[str]:
     ops = lower_lut(grp, b)
-    table = b.luts[-1][0]
-    _record(b, grp, "lookup_table", [grp.ins[0]], grp.outs[0], None, None, None, table_name=table)
+    table = b.luts[-1].name
+    _record(b, grp, "lookup_table", [grp.ins[0].quantized()], grp.outs[0], None, None, None,
+            table_name=table)
     return ops
 
 
-def handler(op_type: str):
+def handler(op_type: str) -> Handler | None:
     if op_type in HANDLERS:
         return HANDLERS[op_type]
     if op_type in DATA_MOVEMENT:
@@ -672,7 +684,7 @@ def handler(op_type: str):
     return None
 
 
-HANDLERS = {
+HANDLERS: dict[str, Handler] = {
     "Conv": conv,
     "MatMul": matmul,
     "Gemm": gemm,

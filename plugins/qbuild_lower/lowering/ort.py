@@ -7,36 +7,40 @@ and 8-bit initializers as those operators expect; no float tensor flows between 
 
 from __future__ import annotations
 
-import numpy as np
-from qbuild_onnx_common.graph import opset
+from typing import Any
 
-from ..emit.builder import Builder
+import numpy as np
+from qbuild_onnx_common.graph import attrs
+
+from ..emit.builder import Builder, Handler
 from ..emit.quantized import DATA_MOVEMENT, LUT_OPS, lower_data_movement, lower_lut
 from ..emit.requantize import bias_codes
-from ..qdq.groups import DTYPE, UNSUPPORTED_OP, Group, Unsupported, need_act
+from ..qdq.graph import QParams, onnx_opset
+from ..qdq.groups import DTYPE, UNSUPPORTED_OP, Group, Quantized, Unsupported, is_8bit, need_act
 
 MS = "com.microsoft"
 
 
-def _sz(b: Builder, qp):
+def _sz(b: Builder, qp: QParams) -> tuple[str, str]:
     """(scale name, zero point name) for a per-tensor/per-axis QParams, materialising a zero
     point initializer when the source elided it."""
     zp = qp.zp_name or b.const("zp_" + str(qp.dtype), qp.zero_point)
     return qp.scale_name, zp
 
 
-def _weight(grp: Group, k: int, axis: int | None, what: str):
-    w = grp.ins[k]
-    if w.kind != "qconst":
-        need_act(w, what, per_tensor=False)  # raises with the right reason
-    if w.qp.dtype not in (np.int8, np.uint8):
+def _weight(grp: Group, k: int, axis: int | None, what: str) -> Quantized:
+    x = grp.ins[k]
+    # not a quantized constant: need_act raises with the right reason, or it is an
+    # activation (any axis)
+    w = x.quantized() if x.kind == "qconst" else need_act(x, what, per_tensor=False)
+    if not is_8bit(w.qp):
         raise Unsupported(f"{what} {w.name!r} is {w.qp.dtype}, not 8-bit", DTYPE)
     if not w.qp.per_tensor and w.qp.axis != axis:
         raise Unsupported(f"{what} {w.name!r} is quantized along axis {w.qp.axis}", DTYPE)
     return w
 
 
-def conv(grp: Group, b: Builder):
+def conv(grp: Group, b: Builder) -> list[str]:
     x = need_act(grp.ins[0], "Conv input", const_ok=False)
     w = _weight(grp, 1, 0, "Conv weight")
     out = grp.outs[0]
@@ -45,13 +49,11 @@ def conv(grp: Group, b: Builder):
     ins = [x.q, *_sz(b, x.qp), w.q, *_sz(b, w.qp), *_sz(b, out.qp)]
     if bias is not None:
         ins.append(b.const(f"{grp.node.name or 'conv'}_bias_i32", bias))
-    from qbuild_onnx_common.graph import attrs
-
     b.node("QLinearConv", ins, [out.q], grp.node.name or "QLinearConv", **attrs(grp.node))
     return ["QLinearConv"]
 
 
-def matmul(grp: Group, b: Builder):
+def matmul(grp: Group, b: Builder) -> list[str]:
     a = need_act(grp.ins[0], "MatMul input A")
     if grp.ins[1].kind == "qconst":
         bb = _weight(grp, 1, 1, "MatMul input B")
@@ -63,7 +65,7 @@ def matmul(grp: Group, b: Builder):
     return ["QLinearMatMul"]
 
 
-def gemm(grp: Group, b: Builder):
+def gemm(grp: Group, b: Builder) -> list[str]:
     a = need_act(grp.ins[0], "Gemm input A")
     trans_b = grp.attr("transB", 0)
     wb = _weight(grp, 1, 0 if trans_b else 1, "Gemm input B")
@@ -79,8 +81,8 @@ def gemm(grp: Group, b: Builder):
     return ["QGemm"]
 
 
-def binary(op: str):
-    def lower(grp: Group, b: Builder):
+def binary(op: str) -> Handler:
+    def lower(grp: Group, b: Builder) -> list[str]:
         xa = need_act(grp.ins[0], f"{grp.node.op_type} input A")
         xb = need_act(grp.ins[1], f"{grp.node.op_type} input B")
         if xa.qp.dtype != xb.qp.dtype:
@@ -93,7 +95,7 @@ def binary(op: str):
     return lower
 
 
-def concat(grp: Group, b: Builder):
+def concat(grp: Group, b: Builder) -> list[str]:
     out = grp.outs[0]
     xs = [need_act(x, "Concat input") for x in grp.ins]
     if all(x.qp.same_as(out.qp) for x in xs):
@@ -106,8 +108,8 @@ def concat(grp: Group, b: Builder):
     return ["QLinearConcat"]
 
 
-def unary(op: str, **fixed):
-    def lower(grp: Group, b: Builder):
+def unary(op: str, **fixed: Any) -> Handler:
+    def lower(grp: Group, b: Builder) -> list[str]:
         x = need_act(grp.ins[0], f"{grp.node.op_type} input", const_ok=False)
         out = grp.outs[0]
         kw = dict(fixed)
@@ -115,12 +117,10 @@ def unary(op: str, **fixed):
         if n.op_type == "LeakyRelu":
             kw["alpha"] = float(grp.attr("alpha", 0.01))
         if n.op_type == "AveragePool":
-            from qbuild_onnx_common.graph import attrs
-
             kw.update(attrs(n))
         if n.op_type == "Softmax":
             kw["axis"] = int(grp.attr("axis", -1))
-            kw["opset"] = opset(b.g.model, default=0)
+            kw["opset"] = onnx_opset(b.g.model)
         b.node(op, [x.q, *_sz(b, x.qp), *_sz(b, out.qp)], [out.q], n.name or op, domain=MS,
                **kw)
         return [op]
@@ -128,7 +128,7 @@ def unary(op: str, **fixed):
     return lower
 
 
-def handler(op_type: str):
+def handler(op_type: str) -> Handler | None:
     if op_type in HANDLERS:
         return HANDLERS[op_type]
     if op_type in DATA_MOVEMENT:
@@ -138,7 +138,7 @@ def handler(op_type: str):
     return None
 
 
-HANDLERS = {
+HANDLERS: dict[str, Handler] = {
     "Conv": conv,
     "MatMul": matmul,
     "Gemm": gemm,

@@ -16,20 +16,29 @@ are the same bit for bit, and onnxruntime runs it in a fraction of the six Slice
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import numpy as np
 import onnx
+from numpy.typing import NDArray
 from onnx import numpy_helper
 from qbuild_onnx_common.graph import attr
 
 BIG = 2**30  # an end at or beyond this is "to the end of the axis"
 
+#: A QuantizeLinear's constants and attributes, comparable.
+ParamsKey = tuple[tuple[tuple[str, tuple[int, ...], bytes] | None, ...], tuple[bytes, ...]]
 
-def _const(inits: dict, name: str):
+
+def _const(inits: dict[str, onnx.TensorProto], name: str) -> NDArray[Any] | None:
     t = inits.get(name)
-    return None if t is None else numpy_helper.to_array(t)
+    return None if t is None else np.asarray(numpy_helper.to_array(t))
 
 
-def _slice_offsets(node, inits: dict) -> dict | None:
+def _slice_offsets(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto]
+                   ) -> dict[int, int] | None:
     """{axis: start} of a Slice taking every 2nd element from start 0/1 to the end on
     axes 2/3 only, or None."""
     if node.op_type != "Slice" or node.domain not in ("", "ai.onnx") or len(node.input) < 4:
@@ -48,9 +57,9 @@ def _slice_offsets(node, inits: dict) -> dict | None:
     return out
 
 
-def _params_key(q, inits: dict):
+def _params_key(q: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> ParamsKey | None:
     """Scale, zero point and attributes of a QuantizeLinear (constants) as a hashable key."""
-    vals = []
+    vals: list[tuple[str, tuple[int, ...], bytes] | None] = []
     for t in q.input[1:]:
         a = _const(inits, t) if t else None
         if t and a is None:
@@ -59,98 +68,172 @@ def _params_key(q, inits: dict):
     return tuple(vals), tuple(sorted(a.SerializeToString() for a in q.attribute))
 
 
-def focus_space_to_depth(nodes: list, model: onnx.ModelProto, fresh, const,
-                         protected: set) -> tuple[list, list, list]:
+@dataclass
+class _Nodes:
+    """The node list being rewritten, by tensor, with the model's constants and shapes."""
+
+    inits: dict[str, onnx.TensorProto]
+    producer: dict[str, onnx.NodeProto]
+    readers: dict[str, list[onnx.NodeProto]]
+    shapes: dict[str, onnx.TypeProto.Tensor]
+
+    @classmethod
+    def index(cls, nodes: list[onnx.NodeProto], model: onnx.ModelProto) -> _Nodes:
+        readers: dict[str, list[onnx.NodeProto]] = {}
+        for n in nodes:
+            for t in n.input:
+                readers.setdefault(t, []).append(n)
+        return cls(inits={t.name: t for t in model.graph.initializer},
+                   producer={t: n for n in nodes for t in n.output if t},
+                   readers=readers,
+                   shapes={v.name: v.type.tensor_type for v in list(model.graph.input)
+                           + list(model.graph.value_info)})
+
+
+@dataclass
+class _Focus:
+    """One Focus found: a Concat of four Slice -> Slice chains of ``root`` (``quantized``:
+    each through a QuantizeLinear, the ``ends``), taking the blocks at ``offsets``."""
+
+    concat: onnx.NodeProto
+    ends: list[onnx.NodeProto]  # the Concat's producers: QuantizeLinear or Slice nodes
+    quantized: bool
+    root: str
+    channels: int
+    offsets: list[tuple[int, int]]
+    chain: list[onnx.NodeProto]  # the Slice nodes
+
+
+def _concat_ends(cat: onnx.NodeProto, index: _Nodes, protected: set[str]
+                 ) -> tuple[list[onnx.NodeProto], bool] | None:
+    """A 4-input channel Concat whose inputs all come from QuantizeLinear nodes sharing
+    their parameters (quantized) or from Slice nodes, each read by it alone: (those
+    producers, quantized), else None."""
+    if cat.op_type != "Concat" or len(cat.input) != 4:
+        return None
+    if attr(cat, "axis") not in (1, -3):
+        return None
+    found = [index.producer.get(t) for t in cat.input]
+    ends = [q for q in found if q is not None]
+    if len(ends) != len(found):
+        return None
+    quantized = all(q.op_type == "QuantizeLinear" for q in ends)
+    if not quantized and not all(q.op_type == "Slice" for q in ends):
+        return None
+    if any(len(index.readers.get(t, [])) != 1 or t in protected for t in cat.input):
+        return None
+    if quantized:
+        params = {_params_key(q, index.inits) for q in ends}
+        if None in params or len(params) != 1:
+            return None
+    return ends, quantized
+
+
+def _slice_chains(cat: onnx.NodeProto, ends: list[onnx.NodeProto], quantized: bool,
+                  index: _Nodes) -> tuple[str, list[tuple[int, int]], list[onnx.NodeProto]] | None:
+    """(root, (h, w) offset of each chain, the Slice nodes) when every input of the Concat
+    is a Slice -> Slice chain of one root taking a distinct 2x2 block, else None."""
+    roots: set[str] = set()
+    offsets: list[tuple[int, int]] = []
+    chain: list[onnx.NodeProto] = []
+    for q, leaf in zip(ends, cat.input):
+        t, ok = (q.input[0] if quantized else leaf), True
+        off: dict[int, int] = {}
+        while t in index.producer and index.producer[t].op_type == "Slice":
+            s = index.producer[t]
+            o = _slice_offsets(s, index.inits)
+            if o is None or set(o) & set(off):
+                ok = False
+                break
+            off.update(o)
+            chain.append(s)
+            t = s.input[0]
+        if not ok or set(off) != {2, 3}:
+            break
+        roots.add(t)
+        offsets.append((off[2], off[3]))
+    if len(roots) != 1 or len(offsets) != 4 or len(set(offsets)) != 4:
+        return None
+    return roots.pop(), offsets, chain
+
+
+def _match(cat: onnx.NodeProto, index: _Nodes, protected: set[str]) -> _Focus | None:
+    """The Focus whose Concat is ``cat``, if it is one and can be rewritten."""
+    found = _concat_ends(cat, index, protected)
+    if found is None:
+        return None
+    ends, quantized = found
+    chains = _slice_chains(cat, ends, quantized, index)
+    if chains is None:
+        return None
+    root, offsets, chain = chains
+    tt = index.shapes.get(root)
+    dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim] if tt else []
+    if len(dims) != 4 or not dims[1]:
+        return None
+    inside = {id(x) for x in chain} | {id(cat)}
+    if not quantized and any(
+            s.output[0] in protected
+            or any(id(r) not in inside for r in index.readers.get(s.output[0], []))
+            for s in chain):
+        return None  # a Slice read elsewhere: the float chain must stay
+    return _Focus(cat, ends, quantized, root, dims[1], offsets, chain)
+
+
+def _space_to_depth(focus: _Focus, fresh: Callable[[str], str],
+                    const: Callable[[str, NDArray[Any]], str]) -> list[onnx.NodeProto]:
+    """The nodes replacing the Concat: [QuantizeLinear,] SpaceToDepth[, Gather]."""
+    cat, root, c = focus.concat, focus.root, focus.channels
+    q0 = focus.ends[0]
+    s2d = fresh(f"{cat.output[0]}_s2d")
+    emitted = []
+    src = root
+    if focus.quantized:
+        src = fresh(f"{root}_quantized")
+        emitted.append(onnx.helper.make_node("QuantizeLinear", [root, *q0.input[1:]],
+                                             [src], name=fresh(f"{root}_QuantizeLinear"),
+                                             domain=q0.domain))
+    emitted.append(onnx.helper.make_node("SpaceToDepth", [src], [s2d],
+                                         name=fresh(f"{cat.name or 'Focus'}_SpaceToDepth"),
+                                         blocksize=2))
+    # SpaceToDepth puts block (h, w) at channels (2h + w) * C ..; Concat wants the
+    # blocks in the order of its inputs.
+    perm = [(2 * h + w) * c + k for h, w in focus.offsets for k in range(c)]
+    if perm == list(range(4 * c)):
+        emitted[-1].output[0] = cat.output[0]
+    else:
+        idx = const("focus_channel_order", np.array(perm, np.int64))
+        emitted.append(onnx.helper.make_node("Gather", [s2d, idx], [cat.output[0]],
+                                             name=fresh(f"{cat.name or 'Focus'}_order"),
+                                             axis=1))
+    return emitted
+
+
+def focus_space_to_depth(nodes: list[onnx.NodeProto], model: onnx.ModelProto,
+                         fresh: Callable[[str], str],
+                         const: Callable[[str, NDArray[Any]], str], protected: set[str]
+                         ) -> tuple[list[onnx.NodeProto], list[onnx.NodeProto],
+                                    list[onnx.NodeProto]]:
     """Rewrite every Focus pattern in ``nodes``. ``fresh(base)`` names a tensor/node,
     ``const(base, array)`` adds an initializer; ``protected`` are tensors that must keep
     their value (graph outputs). Returns (nodes, the source Slice nodes the quantized
     rewrite replaced, those the float rewrite replaced; they are dead code unless
     something else reads them)."""
-    inits = {t.name: t for t in model.graph.initializer}
-    producer = {t: n for n in nodes for t in n.output if t}
-    readers: dict = {}
-    for n in nodes:
-        for t in n.input:
-            readers.setdefault(t, []).append(n)
-    shapes = {v.name: v.type.tensor_type for v in list(model.graph.input)
-              + list(model.graph.value_info)}
-    replaced, replaced_float, drop, new_nodes = [], [], set(), {}
+    index = _Nodes.index(nodes, model)
+    replaced: list[onnx.NodeProto] = []
+    replaced_float: list[onnx.NodeProto] = []
+    drop: set[int] = set()
+    new_nodes: dict[int, list[onnx.NodeProto]] = {}
     for cat in nodes:
-        if cat.op_type != "Concat" or len(cat.input) != 4:
+        focus = _match(cat, index, protected)
+        if focus is None:
             continue
-        axis = attr(cat, "axis")
-        if axis not in (1, -3):
-            continue
-        qs = [producer.get(t) for t in cat.input]
-        if any(q is None for q in qs):
-            continue
-        quantized = all(q.op_type == "QuantizeLinear" for q in qs)
-        if not quantized and not all(q.op_type == "Slice" for q in qs):
-            continue
-        if any(len(readers.get(t, [])) != 1 or t in protected for t in cat.input):
-            continue
-        if quantized:
-            params = {_params_key(q, inits) for q in qs}
-            if None in params or len(params) != 1:
-                continue
-        roots, offsets, chain = set(), [], []
-        for q, leaf in zip(qs, cat.input):
-            t, off, ok = (q.input[0] if quantized else leaf), {}, True
-            while t in producer and producer[t].op_type == "Slice":
-                s = producer[t]
-                o = _slice_offsets(s, inits)
-                if o is None or set(o) & set(off):
-                    ok = False
-                    break
-                off.update(o)
-                chain.append(s)
-                t = s.input[0]
-            if not ok or set(off) != {2, 3}:
-                break
-            roots.add(t)
-            offsets.append((off[2], off[3]))
-        if len(roots) != 1 or len(offsets) != 4 or len(set(offsets)) != 4:
-            continue
-        root = roots.pop()
-        tt = shapes.get(root)
-        dims = [d.dim_value if d.HasField("dim_value") else 0 for d in tt.shape.dim] if tt else []
-        if len(dims) != 4 or not dims[1]:
-            continue
-        inside = {id(x) for x in chain} | {id(cat)}
-        if not quantized and any(
-                s.output[0] in protected
-                or any(id(r) not in inside for r in readers.get(s.output[0], []))
-                for s in chain):
-            continue  # a Slice read elsewhere: the float chain must stay
-        c = dims[1]
-        q0 = qs[0]
-        s2d = fresh(f"{cat.output[0]}_s2d")
-        emitted = []
-        src = root
-        if quantized:
-            src = fresh(f"{root}_quantized")
-            emitted.append(onnx.helper.make_node("QuantizeLinear", [root, *q0.input[1:]],
-                                                 [src], name=fresh(f"{root}_QuantizeLinear"),
-                                                 domain=q0.domain))
-        emitted.append(onnx.helper.make_node("SpaceToDepth", [src], [s2d],
-                                             name=fresh(f"{cat.name or 'Focus'}_SpaceToDepth"),
-                                             blocksize=2))
-        # SpaceToDepth puts block (h, w) at channels (2h + w) * C ..; Concat wants the
-        # blocks in the order of its inputs.
-        perm = [(2 * h + w) * c + k for h, w in offsets for k in range(c)]
-        if perm == list(range(4 * c)):
-            emitted[-1].output[0] = cat.output[0]
+        new_nodes[id(cat)] = _space_to_depth(focus, fresh, const)
+        if focus.quantized:
+            drop.update(id(q) for q in focus.ends)
+            replaced.extend(focus.chain)
         else:
-            idx = const("focus_channel_order", np.array(perm, np.int64))
-            emitted.append(onnx.helper.make_node("Gather", [s2d, idx], [cat.output[0]],
-                                                 name=fresh(f"{cat.name or 'Focus'}_order"),
-                                                 axis=1))
-        new_nodes[id(cat)] = emitted
-        if quantized:
-            drop.update(id(q) for q in qs)
-            replaced.extend(chain)
-        else:
-            replaced_float.extend(chain)
+            replaced_float.extend(focus.chain)
     if not new_nodes:
         return nodes, [], []
     out = []

@@ -21,19 +21,24 @@ model on its own (the ``fuse_lut`` rule); ``lower_model`` calls ``fuse_regions``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypedDict
 
 import numpy as np
 import onnx
+from numpy.typing import DTypeLike
 from onnx import numpy_helper
 from qbuild_onnx_common.errors import OnnxError
 
+from ..arithmetic.tables import Codes
 from ..emit.assemble import assemble, drop_dead_nodes, rename_inputs
 from ..emit.builder import Builder
 from ..emit.quantized import gather_codes
-from ..qdq.graph import Graph
+from ..qdq.graph import Graph, QParams
 from ..qdq.groups import is_dq, is_q
-from .region_tables import region_tables
+from .region_tables import LookupOp, region_tables
 from .regions import Region, find_regions
 
 FORMS = ("fastest", "table")
@@ -48,20 +53,12 @@ _QLINEAR_UNARY = {"Sigmoid", "LeakyRelu"}
 _QLINEAR_BINARY = {"Add", "Mul"}
 
 
-@dataclass
-class _Codes:
-    """What ``gather_codes`` needs of the tensor it indexes."""
-
-    q: str
-    qp: object
-
-
 def cost_as_is(g: Graph, reg: Region) -> float:
     """Estimated per-element cost of the region as onnxruntime runs it (after its QDQ
     fusions)."""
     inside = set(reg.nodes)
     total = 0.0
-    fused_io = set()
+    fused_io: set[int] = set()
     for i in reg.compute_nodes(g):
         n = g.nodes[i]
         ins = [g.producer_node(t) for t in n.input if t and not g.is_const(t)]
@@ -99,7 +96,8 @@ def _keepable_in_integer(g: Graph, reg: Region) -> bool:
     return True
 
 
-def _choose(y_table, x_dtype, y_dtype, cands: dict) -> tuple[str, tuple | None]:
+def _choose(y_table: Codes, x_dtype: DTypeLike, y_dtype: DTypeLike,
+            cands: dict[LookupOp, Codes]) -> Choice:
     ident = np.arange(256) if np.dtype(x_dtype) == np.uint8 else np.arange(256) - 128
     if np.dtype(x_dtype) == np.dtype(y_dtype) and np.array_equal(y_table.astype(int), ident):
         return "identity", None
@@ -126,15 +124,43 @@ def _float_inside(g: Graph, reg: Region) -> bool:
     return False
 
 
+class RegionRecord(TypedDict, total=False):
+    """A region in the report: what it is, the form it got and, when kept, why."""
+
+    root: str
+    exports: list[str]
+    nodes: list[str]
+    op_types: list[str]
+    form: str | list[str]
+    reason: str
+    cost_as_is: float
+    cost_realized: float
+    tables: dict[str, list[int]]  # left out of the reports
+
+
+@dataclass
+class FusedRegions:
+    """What ``fuse_regions`` did."""
+
+    replaced: set[int] = field(default_factory=set)  # nodes the emitted ones compute
+    absorbed_q: set[int] = field(default_factory=set)  # Q nodes whose outputs they produce
+    aliases: dict[str, str] = field(default_factory=dict)  # export -> root (identity)
+    regions: list[RegionRecord] = field(default_factory=list)
+
+
+#: How one export is realized: (form, the lookup operator when the form is "lookup").
+Choice = tuple[str, LookupOp | None]
+#: Called for every table emitted: (root parameters, root, export parameters, export,
+#: table, op types, node names).
+TableRecorder = Callable[[QParams, str, QParams, str, Codes, list[str], list[str]], None]
+
+
 def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
                  integer_only: bool = False, float_chains_only: bool = False,
-                 record=None) -> dict:
-    """Emit the chosen form of every region into ``b``. Returns {"replaced": node indices
-    now computed by the emitted nodes (compute, Q and DQ), "absorbed_q": Q nodes whose
-    outputs the emitted nodes produce, "aliases": {export: root}, "regions": report
-    records}. ``float_chains_only``: only regions with float tensors between their ops
-    (fixed-point mode lowers the others node by node); ``record(x_qparams, export,
-    y_qparams, table initializer name, op types)`` is called for every table emitted."""
+                 record: TableRecorder | None = None) -> FusedRegions:
+    """Emit the chosen form of every region into ``b``. ``float_chains_only``: only
+    regions with float tensors between their ops (fixed-point mode lowers the others node
+    by node); ``record`` is called for every table emitted."""
     if form not in FORMS:
         raise OnnxError(f"form must be one of {', '.join(FORMS)}, got {form!r}")
     regions = find_regions(g)
@@ -142,89 +168,118 @@ def fuse_regions(g: Graph, b: Builder, form: str = "fastest",
         regions = [r for r in regions if _float_inside(g, r)]
     usable = [r for r in regions if r.reason is None]
     tables, cands = region_tables(g, usable)
-    out = {"replaced": set(), "absorbed_q": set(), "aliases": {}, "regions": []}
+    out = FusedRegions()
     for reg in regions:
-        rec = {"root": reg.root, "exports": list(reg.exports),
-               "nodes": [g.node_name(i) for i in reg.compute_nodes(g)],
-               "op_types": [g.nodes[i].op_type for i in reg.compute_nodes(g)]}
-        out["regions"].append(rec)
+        compute = reg.compute_nodes(g)
+        rec: RegionRecord = {"root": reg.root, "exports": list(reg.exports),
+                             "nodes": [g.node_name(i) for i in compute],
+                             "op_types": [g.nodes[i].op_type for i in compute]}
+        out.regions.append(rec)
         if reg.reason is not None:
-            rec.update(form="kept", reason=reg.reason)
+            rec["form"], rec["reason"] = "kept", reg.reason
             continue
-        dq = next(g.nodes[i] for i in reg.members
-                  if is_dq(g.nodes[i]) and g.nodes[i].input[0] == reg.root)
-        xqp = g.qparams(dq)
-        choice = {}
-        for y in reg.exports:
-            yqp = g.qparams(g.producer_node(y))
-            if form == "table":
-                choice[y] = ("table", None)
-            else:
-                choice[y] = _choose(tables[y], xqp.dtype, yqp.dtype, cands.get(y, {}))
+        xqp = g.qparams(reg.root_dequantize(g))
+        choice = _choices(g, reg, form, xqp, tables, cands)
         realized = sum(COSTS[c[0]] for c in choice.values())
         as_is = cost_as_is(g, reg)
-        rec.update(cost_as_is=as_is, cost_realized=round(realized, 3))
+        rec["cost_as_is"], rec["cost_realized"] = as_is, round(realized, 3)
         if form == "fastest" and as_is <= realized and (
                 not integer_only or _keepable_in_integer(g, reg)):
-            rec.update(form="kept", reason=f"{'+'.join(rec['op_types'])} as onnxruntime "
-                       f"runs it (~{as_is} ns/element) is cheaper than its tables "
-                       f"(~{realized:.2f})")
+            rec["form"] = "kept"
+            rec["reason"] = (f"{'+'.join(rec['op_types'])} as onnxruntime runs it "
+                             f"(~{as_is} ns/element) is cheaper than its tables "
+                             f"(~{realized:.2f})")
             continue
-        forms = []
-        for y in reg.exports:
-            kind, key = choice[y]
-            name = g.node_name(reg.compute_nodes(g)[-1])
-            if kind == "identity" and y not in g.outputs:
-                out["aliases"][y] = reg.root
-            elif kind in ("identity", "lookup"):
-                if kind == "identity":
-                    b.node("Identity", [reg.root], [y], f"{name}_identity")
-                else:
-                    op, alpha = key
-                    q = g.producer_node(y)
-                    attrs = {} if alpha is None else {"alpha": alpha}
-                    b.node(op, [reg.root, dq.input[1], dq.input[2], q.input[1], q.input[2]],
-                           [y], f"{name}_{op}", domain="com.microsoft", **attrs)
-            else:
-                tname = b.fresh(f"{name}_table")
-                b.inits.append(numpy_helper.from_array(tables[y], tname))
-                gather_codes(b, _Codes(reg.root, xqp), tname, y, name)
-                if record is not None:
-                    record(xqp, reg.root, g.qparams(g.producer_node(y)), y, tables[y],
-                           rec["op_types"], rec["nodes"])
-            forms.append(kind if key is None else f"{kind}:{key[0]}")
-            out["absorbed_q"].add(g.producer[y])
+        forms = [_emit_export(g, b, reg, y, choice[y], tables[y], rec, out, record)
+                 for y in reg.exports]
         rec["form"] = forms[0] if len(set(forms)) == 1 else forms
         rec["tables"] = {y: [int(v) for v in tables[y]] for y in reg.exports}
-        out["replaced"].update(reg.nodes)
+        out.replaced.update(reg.nodes)
     return out
 
 
-def fuse_model(model: onnx.ModelProto, form: str = "fastest") -> tuple[onnx.ModelProto, dict]:
+def _choices(g: Graph, reg: Region, form: str, xqp: QParams, tables: dict[str, Codes],
+             cands: dict[str, dict[LookupOp, Codes]]) -> dict[str, Choice]:
+    """The form of each export: always a table with ``form="table"``, else the fastest."""
+    choice: dict[str, Choice] = {}
+    for y in reg.exports:
+        yqp = g.qparams(g.producer_of(y))
+        if form == "table":
+            choice[y] = ("table", None)
+        else:
+            choice[y] = _choose(tables[y], xqp.dtype, yqp.dtype, cands.get(y, {}))
+    return choice
+
+
+def _emit_export(g: Graph, b: Builder, reg: Region, y: str, choice: Choice, table: Codes,
+                 rec: RegionRecord, out: FusedRegions, record: TableRecorder | None) -> str:
+    """Realize export ``y`` of ``reg`` as ``choice`` says; returns the form's name."""
+    kind, key = choice
+    name = g.node_name(reg.compute_nodes(g)[-1])
+    dq = reg.root_dequantize(g)
+    if kind == "identity" and y not in g.outputs:
+        out.aliases[y] = reg.root
+    elif kind == "identity":
+        b.node("Identity", [reg.root], [y], f"{name}_identity")
+    elif kind == "lookup" and key is not None:
+        op, alpha = key
+        q = g.producer_of(y)
+        attrs = {} if alpha is None else {"alpha": alpha}
+        b.node(op, [reg.root, dq.input[1], dq.input[2], q.input[1], q.input[2]],
+               [y], f"{name}_{op}", domain="com.microsoft", **attrs)
+    else:
+        xqp = g.qparams(dq)
+        tname = b.fresh(f"{name}_table")
+        b.inits.append(numpy_helper.from_array(table, tname))
+        gather_codes(b, reg.root, xqp, tname, y, name)
+        if record is not None:
+            record(xqp, reg.root, g.qparams(g.producer_of(y)), y, table,
+                   rec["op_types"], rec["nodes"])
+    out.absorbed_q.add(g.producer[y])
+    return kind if key is None else f"{kind}:{key[0]}"
+
+
+class FuseReport(TypedDict):
+    """report.json of ``fuse_lut`` (before the check)."""
+
+    form: str
+    regions: int
+    by_form: dict[str, int]
+    per_region: list[RegionRecord]
+
+
+def fuse_model(model: onnx.ModelProto, form: str = "fastest"
+               ) -> tuple[onnx.ModelProto, FuseReport]:
     """The pass on its own: a QDQ model with its element-wise regions in ``form``; the
     rest of the graph is untouched. Returns (model, report)."""
     g = Graph.from_model(model)
     b = Builder(g, "ort")
     res = fuse_regions(g, b, form)
     keep = [n for i, n in enumerate(g.nodes)
-            if i not in res["absorbed_q"] and i not in res["replaced"]]
+            if i not in res.absorbed_q and i not in res.replaced]
     # replaced DQ/compute nodes other regions' exports no longer need are dead code
-    nodes = drop_dead_nodes(rename_inputs(keep + b.nodes, res["aliases"]), g.outputs)
+    nodes = drop_dead_nodes(rename_inputs(keep + b.nodes, res.aliases), g.outputs)
     out, nodes = assemble(model, nodes, b.inits, g.inputs)
-    regions = res["regions"]
-    report = {
+    regions = res.regions
+    report: FuseReport = {
         "form": form,
         "regions": len(regions),
         "by_form": count_forms(regions),
-        "per_region": [{k: v for k, v in r.items() if k != "tables"} for r in regions],
+        "per_region": [without_tables(r) for r in regions],
     }
     return out, report
 
 
-def count_forms(regions: list) -> dict:
-    from collections import Counter
+def without_tables(rec: RegionRecord) -> RegionRecord:
+    """A region's record as the reports give it (its tables left out)."""
+    short = rec.copy()
+    short.pop("tables", None)
+    return short
 
-    c = Counter()
+
+def count_forms(regions: list[RegionRecord]) -> dict[str, int]:
+    """How many exports got each form (``lookup:QLinearSigmoid`` counts as lookup)."""
+    c: Counter[str] = Counter()
     for r in regions:
         f = r.get("form")
         for x in (f if isinstance(f, list) else [f]):

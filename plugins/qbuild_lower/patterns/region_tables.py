@@ -4,23 +4,30 @@ single onnxruntime lookup operators a region's table may equal."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import onnx
 from onnx import helper
-from qbuild_onnx_common.graph import opset
 from qbuild_onnx_common.ort import session
 
-from ..arithmetic.tables import ONNX_CODE_TYPE, all_codes
-from ..qdq.graph import Graph
-from ..qdq.groups import is_dq
+from ..arithmetic.tables import ONNX_CODE_TYPE, Codes, all_codes
+from ..qdq.graph import Graph, onnx_opset
+from .regions import Region
+
+#: A single onnxruntime lookup operator and its ``alpha`` (None: it has none).
+LookupOp = tuple[str, float | None]
 
 #: Single onnxruntime lookup operators a region's table may equal: (op, alpha). Their
 #: kernels index a 256-entry table they build themselves, which onnxruntime runs about
 #: four times faster per element than a Gather/GatherElements on the codes.
-LOOKUP_OPS = (("QLinearSigmoid", None), ("QLinearLeakyRelu", 0.0), ("QLinearLeakyRelu", 1.0))
+LOOKUP_OPS: tuple[LookupOp, ...] = (("QLinearSigmoid", None), ("QLinearLeakyRelu", 0.0),
+                                    ("QLinearLeakyRelu", 1.0))
 
 
-def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
-    """Tables of every export of ``regions`` (``regions.Region``) computed by onnxruntime
+def region_tables(g: Graph, regions: list[Region]
+                  ) -> tuple[dict[str, Codes], dict[str, dict[LookupOp, Codes]]]:
+    """Tables of every export of ``regions`` computed by onnxruntime
     running the regions' own nodes on all 256 codes of their root, and the tables of the
     single lookup operators (``LOOKUP_OPS`` plus each region's LeakyRelu alpha) from the
     root's to the export's parameters. Returns ({export: codes}, {export: {(op, alpha):
@@ -28,18 +35,22 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
     if not regions:
         return {}, {}
 
-    nodes, inputs, outputs, inits, feeds, seen = [], [], [], [], {}, set()
-    probes: dict = {}
+    nodes: list[onnx.NodeProto] = []
+    inputs: list[onnx.ValueInfoProto] = []
+    outputs: list[onnx.ValueInfoProto] = []
+    inits: list[onnx.TensorProto] = []
+    feeds: dict[str, Codes] = {}
+    seen: set[str] = set()
+    probes: dict[str, dict[LookupOp, str]] = {}
     added: set[int] = set()
 
-    def init(name):
+    def init(name: str) -> None:
         if name and name in g.inits and name not in seen:
             seen.add(name)
             inits.append(g.inits[name])
 
     for reg in regions:
-        dq = next(g.nodes[i] for i in reg.members
-                  if is_dq(g.nodes[i]) and g.nodes[i].input[0] == reg.root)
+        dq = reg.root_dequantize(g)
         xqp = g.qparams(dq)
         feeds[reg.root] = all_codes(xqp.dtype)
         inputs.append(helper.make_tensor_value_info(reg.root, ONNX_CODE_TYPE[xqp.dtype], [256]))
@@ -54,7 +65,7 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
         alphas = {float(a.f) for i in reg.members for a in g.nodes[i].attribute
                   if g.nodes[i].op_type == "LeakyRelu" and a.name == "alpha"}
         for y in reg.exports:
-            q = g.producer_node(y)
+            q = g.producer_of(y)
             yqp = g.qparams(q)
             outputs.append(helper.make_tensor_value_info(y, ONNX_CODE_TYPE[yqp.dtype], None))
             xz = dq.input[2] if len(dq.input) > 2 and dq.input[2] else None
@@ -64,14 +75,14 @@ def region_tables(g: Graph, regions: list) -> tuple[dict, dict]:
             for k, (op, alpha) in enumerate(
                     list(LOOKUP_OPS) + [("QLinearLeakyRelu", a) for a in sorted(alphas)]):
                 out = f"{y}__probe{k}"
-                extra = {} if alpha is None else {"alpha": alpha}
+                extra: dict[str, Any] = {} if alpha is None else {"alpha": alpha}
                 nodes.append(helper.make_node(op, [reg.root, dq.input[1], xz, q.input[1], yz],
                                               [out], domain="com.microsoft", **extra))
                 outputs.append(helper.make_tensor_value_info(out, ONNX_CODE_TYPE[yqp.dtype], None))
                 probes.setdefault(y, {})[(op, alpha)] = out
     model = helper.make_model(
         helper.make_graph(nodes, "region_tables", inputs, outputs, inits),
-        opset_imports=[helper.make_opsetid("", max(opset(g.model, default=0), 13)),
+        opset_imports=[helper.make_opsetid("", max(onnx_opset(g.model), 13)),
                        helper.make_opsetid("com.microsoft", 1)],
         ir_version=min(g.model.ir_version or 8, 10),
     )

@@ -19,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import onnx
 
 from ..emit.quantized import LUT_OPS
-from ..qdq.graph import Graph
+from ..qdq.graph import Array, Graph
 from ..qdq.groups import is_dq, is_q
 
 #: Two-input element-wise ops (the other input derived from the root, or a scalar).
@@ -33,13 +34,18 @@ PASS_OPS = {"Identity"}
 @dataclass
 class Region:
     root: str  # the 8-bit tensor every node derives from
-    nodes: list = field(default_factory=list)  # node indices replaced, in graph order
-    members: list = field(default_factory=list)  # nodes the tables are computed from
-    exports: list = field(default_factory=list)  # tensors read outside / graph outputs
+    nodes: list[int] = field(default_factory=list)  # node indices replaced, in graph order
+    members: list[int] = field(default_factory=list)  # nodes the tables are computed from
+    exports: list[str] = field(default_factory=list)  # tensors read outside / graph outputs
     reason: str | None = None  # why it cannot become tables (None: it can)
 
-    def compute_nodes(self, g: Graph) -> list:
+    def compute_nodes(self, g: Graph) -> list[int]:
         return [i for i in self.nodes if not (is_q(g.nodes[i]) or is_dq(g.nodes[i]))]
+
+    def root_dequantize(self, g: Graph) -> onnx.NodeProto:
+        """The region's DequantizeLinear of its root."""
+        return next(g.nodes[i] for i in self.members
+                    if is_dq(g.nodes[i]) and g.nodes[i].input[0] == self.root)
 
 
 def _scalar_const(g: Graph, t: str) -> bool:
@@ -52,7 +58,7 @@ def _scalar_const(g: Graph, t: str) -> bool:
             and all(not x or g.is_const(x) for x in p.input[1:]))
 
 
-def _per_tensor(g: Graph, node) -> bool:
+def _per_tensor(g: Graph, node: onnx.NodeProto) -> bool:
     try:
         qp = g.qparams(node)
     except ValueError:
@@ -60,7 +66,7 @@ def _per_tensor(g: Graph, node) -> bool:
     return qp.per_tensor
 
 
-def _eligible(g: Graph, node) -> bool:
+def _eligible(g: Graph, node: onnx.NodeProto) -> bool:
     if node.domain not in ("", "ai.onnx"):
         return False
     if is_q(node) or is_dq(node):
@@ -71,8 +77,8 @@ def _eligible(g: Graph, node) -> bool:
 def find_regions(g: Graph) -> list[Region]:
     """Every element-wise region with at least one compute node, in graph order."""
     root: dict[str, str] = {}  # tensor -> root tensor
-    members: dict[str, list] = {}
-    consts: dict[str, set] = {}
+    members: dict[str, list[int]] = {}
+    consts: dict[str, set[int]] = {}
     for i, n in enumerate(g.nodes):
         if not _eligible(g, n) or len([t for t in n.output if t]) != 1:
             continue
@@ -112,7 +118,7 @@ def find_regions(g: Graph) -> list[Region]:
     return sorted(regions, key=lambda reg: reg.nodes[0])
 
 
-def _is_8bit_dq(g: Graph, n) -> bool:
+def _is_8bit_dq(g: Graph, n: onnx.NodeProto) -> bool:
     try:
         qp = g.qparams(n)
     except ValueError:
@@ -120,7 +126,7 @@ def _is_8bit_dq(g: Graph, n) -> bool:
     return qp.per_tensor and qp.dtype in (np.uint8, np.int8)
 
 
-def _close(g: Graph, r: str, idx: list) -> Region | None:
+def _close(g: Graph, r: str, idx: list[int]) -> Region | None:
     """Drop DequantizeLinear nodes read outside the region (they stay in the graph and read
     an export), then find the exports."""
     inside = set(idx)
@@ -136,7 +142,8 @@ def _close(g: Graph, r: str, idx: list) -> Region | None:
         inside -= drop
     if not any(not (is_q(g.nodes[i]) or is_dq(g.nodes[i])) for i in inside):
         return None
-    exports, reason = [], None
+    exports: list[str] = []
+    reason: str | None = None
     for i in sorted(inside):
         n = g.nodes[i]
         t = n.output[0]
@@ -162,7 +169,7 @@ def _close(g: Graph, r: str, idx: list) -> Region | None:
     return Region(r, sorted(inside), sorted(idx), exports, reason)
 
 
-def _const_value(g: Graph, t: str):
+def _const_value(g: Graph, t: str) -> Array | None:
     if not t:
         return None
     if g.is_const(t):
@@ -184,6 +191,6 @@ def _rank(g: Graph, t: str) -> int | None:
     return None
 
 
-def _quantized_8bit(g: Graph, q) -> bool:
+def _quantized_8bit(g: Graph, q: onnx.NodeProto) -> bool:
     qp = g.qparams(q)
     return qp.per_tensor and qp.dtype in (np.uint8, np.int8)

@@ -7,14 +7,23 @@ parameters read from QuantizeLinear/DequantizeLinear nodes and the final topolog
 
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
+from numpy.typing import NDArray
 from onnx import numpy_helper
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.graph import attr
+from qbuild_onnx_common.graph import attr, opset
+
+#: A tensor's values of any numpy type (initializers, feeds, run results).
+Array = NDArray[Any]
+#: Tensor shapes as shape inference gives them: a dimension is a size, a symbolic name or
+#: unknown (None).
+Shape = list[int | str | None]
 
 FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE}
 
@@ -23,14 +32,14 @@ FLOAT_TYPES = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProt
 class QParams:
     """Affine quantization parameters of one quantized tensor."""
 
-    scale: np.ndarray  # float32, scalar or 1-D (per-axis)
-    zero_point: np.ndarray  # int8/uint8/int32 with the same shape as scale
+    scale: NDArray[np.float32]  # scalar or 1-D (per-axis)
+    zero_point: NDArray[np.integer[Any]]  # int8/uint8/int32 with the same shape as scale
     axis: int | None  # None when per-tensor
     scale_name: str
     zp_name: str | None
 
     @property
-    def dtype(self) -> np.dtype:
+    def dtype(self) -> np.dtype[np.integer[Any]]:
         return self.zero_point.dtype
 
     @property
@@ -46,7 +55,7 @@ class QParams:
             and int(self.zero_point.ravel()[0]) == int(other.zero_point.ravel()[0])
         )
 
-    def key(self) -> tuple:
+    def key(self) -> tuple[str, tuple[float, ...], tuple[int, ...]]:
         return (
             str(self.dtype),
             tuple(float(s) for s in self.scale.ravel()),
@@ -56,14 +65,20 @@ class QParams:
 
 @dataclass
 class Graph:
+    """The source graph by node position: who produces and reads each tensor, graph
+    inputs and outputs, initializers (their arrays read once, on demand) and, for the
+    fixed-point mode, tensor shapes from shape inference."""
+
     model: onnx.ModelProto
-    nodes: list = field(default_factory=list)
-    producer: dict = field(default_factory=dict)  # tensor -> node index
-    consumers: dict = field(default_factory=lambda: defaultdict(list))  # tensor -> [idx]
-    outputs: set = field(default_factory=set)
-    inputs: set = field(default_factory=set)
-    inits: dict = field(default_factory=dict)  # name -> TensorProto
-    _arrays: dict = field(default_factory=dict)
+    nodes: list[onnx.NodeProto] = field(default_factory=list)
+    producer: dict[str, int] = field(default_factory=dict)  # tensor -> node index
+    consumers: defaultdict[str, list[int]] = field(
+        default_factory=lambda: defaultdict(list))  # tensor -> [node index]
+    outputs: set[str] = field(default_factory=set)
+    inputs: set[str] = field(default_factory=set)
+    inits: dict[str, onnx.TensorProto] = field(default_factory=dict)
+    shapes: dict[str, Shape] = field(default_factory=dict)  # filled by fixed_point.prepare
+    _arrays: dict[str, Array] = field(default_factory=dict)
 
     @classmethod
     def from_model(cls, model: onnx.ModelProto) -> Graph:
@@ -84,9 +99,9 @@ class Graph:
                     g.consumers[t].append(i)
         return g
 
-    def array(self, name: str) -> np.ndarray:
+    def array(self, name: str) -> Array:
         if name not in self._arrays:
-            self._arrays[name] = numpy_helper.to_array(self.inits[name])
+            self._arrays[name] = np.asarray(numpy_helper.to_array(self.inits[name]))
         return self._arrays[name]
 
     def is_const(self, name: str) -> bool:
@@ -96,19 +111,24 @@ class Graph:
         n = self.nodes[i]
         return n.name or f"{n.op_type}_{i}"
 
-    def producer_node(self, t: str):
+    def producer_node(self, t: str) -> onnx.NodeProto | None:
         i = self.producer.get(t)
         return None if i is None else self.nodes[i]
 
-    def qparams(self, node) -> QParams:
+    def producer_of(self, t: str) -> onnx.NodeProto:
+        """The node producing ``t``, which must have one."""
+        return self.nodes[self.producer[t]]
+
+    def qparams(self, node: onnx.NodeProto) -> QParams:
         """Parameters of a QuantizeLinear or DequantizeLinear node (constants required)."""
         scale_name = node.input[1]
-        zp_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        zp_name: str | None = node.input[2] if len(node.input) > 2 and node.input[2] else None
         if not self.is_const(scale_name) or (zp_name and not self.is_const(zp_name)):
             raise OnnxError(
                 f"{node.op_type} {node.name!r}: scale/zero point must be initializers"
             )
         scale = self.array(scale_name).astype(np.float32)
+        zp: NDArray[np.integer[Any]]
         if zp_name:
             zp = self.array(zp_name)
         else:
@@ -122,26 +142,30 @@ class Graph:
         return QParams(scale, zp, axis, scale_name, zp_name)
 
 
-_ONNX_TO_NP = {onnx.TensorProto.UINT8: np.uint8, onnx.TensorProto.INT8: np.int8}
+_ONNX_TO_NP: dict[int, type[np.integer[Any]]] = {onnx.TensorProto.UINT8: np.uint8,
+                                                  onnx.TensorProto.INT8: np.int8}
 
 
-def toposort(nodes: list, graph_inputs: set) -> list:
+def onnx_opset(model: onnx.ModelProto) -> int:
+    """The model's default-domain opset, 0 when it imports none."""
+    return opset(model, default=0) or 0
+
+
+def toposort(nodes: list[onnx.NodeProto], graph_inputs: set[str]) -> list[onnx.NodeProto]:
     """Kahn's algorithm over tensor edges, stable in the given order. Every node is kept;
     a cycle or a missing producer raises."""
-    produced = {}
+    produced: dict[str, int] = {}
     for i, n in enumerate(nodes):
         for t in n.output:
             if t:
                 produced[t] = i
     indeg = [0] * len(nodes)
-    users = defaultdict(list)
+    users: defaultdict[int, list[int]] = defaultdict(list)
     for i, n in enumerate(nodes):
         deps = {produced[t] for t in n.input if t and t in produced}
         indeg[i] = len(deps)
         for d in deps:
             users[d].append(i)
-    import heapq
-
     ready = [i for i in range(len(nodes)) if indeg[i] == 0]
     heapq.heapify(ready)
     order = []

@@ -11,10 +11,13 @@ QuantizeLinear nodes with different parameters is never folded away.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+import onnx
+from qbuild_onnx_common.graph import attr
 
-from .graph import FLOAT_TYPES, Graph, QParams
+from .graph import FLOAT_TYPES, Array, Graph, QParams
 
 
 class Unsupported(Exception):
@@ -35,44 +38,67 @@ FLOAT_INPUT = "float_input"
 RANGE = "range"
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """An input read through a DequantizeLinear (kind ``act`` or ``qconst``)."""
+
+    name: str  # the tensor the compute node reads
+    kind: str  # act | qconst
+    q: str  # the quantized tensor the DequantizeLinear reads
+    qp: QParams
+
+    def value(self, g: Graph) -> Array:
+        return g.array(self.q if self.kind == "qconst" else self.name)
+
+
 @dataclass
 class In:
+    """One input of a compute node, classified."""
+
     name: str  # the tensor the compute node reads
     kind: str  # act | qconst | fconst | raw | none | other
     q: str | None = None  # quantized tensor (DQ input) for act/qconst
     qp: QParams | None = None
 
-    def value(self, g: Graph) -> np.ndarray:
-        return g.array(self.q if self.kind == "qconst" else self.name)
+    def value(self, g: Graph) -> Array:
+        return self.quantized().value(g) if self.kind == "qconst" else g.array(self.name)
+
+    def quantized(self) -> Quantized:
+        """This input as ``Quantized`` (it must be an ``act`` or ``qconst``)."""
+        if self.q is None or self.qp is None:
+            raise ValueError(f"input {self.name!r} ({self.kind}) is not quantized")
+        return Quantized(self.name, self.kind, self.q, self.qp)
 
 
 @dataclass
 class Out:
+    """One output of a compute node and the QuantizeLinear nodes that read it."""
+
     name: str  # float output of the compute node
-    q: str | None = None  # the QuantizeLinear output the lowered node will produce
-    qp: QParams | None = None
-    q_nodes: list = field(default_factory=list)  # indices of the Q nodes absorbed
-    aliases: list = field(default_factory=list)  # other Q outputs renamed to ``q``
+    q: str  # the QuantizeLinear output the lowered node will produce
+    qp: QParams
+    q_nodes: list[int] = field(default_factory=list)  # indices of the Q nodes absorbed
+    aliases: list[str] = field(default_factory=list)  # other Q outputs renamed to ``q``
 
 
 @dataclass
 class Group:
+    """A compute node (at ``index``) with its classified inputs and quantized outputs."""
+
     index: int
-    node: object
-    ins: list
-    outs: list
+    node: onnx.NodeProto
+    ins: list[In]
+    outs: list[Out]
 
-    def attr(self, name, default=None):
-        from qbuild_onnx_common.graph import attr
-
+    def attr(self, name: str, default: Any = None) -> Any:
         return attr(self.node, name, default)
 
 
-def is_q(node) -> bool:
+def is_q(node: onnx.NodeProto) -> bool:
     return node.op_type == "QuantizeLinear" and node.domain in ("", "ai.onnx")
 
 
-def is_dq(node) -> bool:
+def is_dq(node: onnx.NodeProto) -> bool:
     return node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx")
 
 
@@ -107,7 +133,7 @@ def analyze(g: Graph, i: int, optional_outputs: int | None = None) -> Group:
     return Group(i, node, ins, outs)
 
 
-def _output(g: Graph, node, t: str) -> Out:
+def _output(g: Graph, node: onnx.NodeProto, t: str) -> Out:
     if t in g.outputs:
         raise Unsupported(
             f"output {t!r} is a graph output: folding its QuantizeLinear would change it",
@@ -131,7 +157,7 @@ def _output(g: Graph, node, t: str) -> Out:
         )
     if not qps[0].per_tensor:
         raise Unsupported(f"output {t!r} is quantized per axis", DTYPE)
-    if qps[0].dtype not in (np.uint8, np.int8):
+    if not is_8bit(qps[0]):
         raise Unsupported(f"output {t!r} is quantized to {qps[0].dtype}, not 8-bit", DTYPE)
     first = g.nodes[q_users[0]].output[0]
     aliases = [g.nodes[u].output[0] for u in q_users[1:]]
@@ -144,7 +170,7 @@ def _output(g: Graph, node, t: str) -> Out:
     return Out(t, first, qps[0], list(q_users), aliases)
 
 
-def need_act(x: In, what: str, per_tensor: bool = True, const_ok: bool = True) -> In:
+def need_act(x: In, what: str, per_tensor: bool = True, const_ok: bool = True) -> Quantized:
     """The input must be quantized (activation or, if allowed, constant), 8-bit."""
     ok = x.kind == "act" or (const_ok and x.kind == "qconst")
     if not ok:
@@ -155,11 +181,17 @@ def need_act(x: In, what: str, per_tensor: bool = True, const_ok: bool = True) -
             "none": "missing",
         }.get(x.kind, x.kind)
         raise Unsupported(f"{what} {x.name!r} is {why}", FLOAT_INPUT)
-    if x.qp.dtype not in (np.uint8, np.int8):
-        raise Unsupported(f"{what} {x.name!r} is quantized to {x.qp.dtype}, not 8-bit", DTYPE)
-    if per_tensor and not x.qp.per_tensor:
+    quantized = x.quantized()
+    if not is_8bit(quantized.qp):
+        raise Unsupported(f"{what} {x.name!r} is quantized to {quantized.qp.dtype}, not 8-bit",
+                          DTYPE)
+    if per_tensor and not quantized.qp.per_tensor:
         raise Unsupported(f"{what} {x.name!r} is quantized per axis", DTYPE)
-    return x
+    return quantized
+
+
+def is_8bit(qp: QParams) -> bool:
+    return qp.dtype in (np.dtype(np.uint8), np.dtype(np.int8))
 
 
 def same_params(a: QParams, b: QParams, what: str) -> None:

@@ -7,48 +7,54 @@ image pre-processing shared by the tests, the check step's fallback inputs and t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from qbuild_onnx_common.graph import opset
+from numpy.typing import NDArray
+from qbuild_onnx_common.models import load_model
 
-#: Per-model image pre-processing: (layout, channel order, value mapping).
-_PREP = {
+from .graph import onnx_opset
+
+ImageBatch = NDArray[np.float32]
+
+#: Per-model image pre-processing: (channel order, value mapping).
+_PREP: dict[str, tuple[str, Callable[[ImageBatch], ImageBatch]]] = {
     "mobilenet": ("RGB", lambda a: a / 127.5 - 1.0),
     "yolox": ("BGR", lambda a: a),
 }
 
 
-def load_image(path: Path, shape: tuple[int, int], kind: str) -> np.ndarray:
+def load_image(path: Path, shape: tuple[int, int], kind: str) -> ImageBatch:
     """One image as a float32 NCHW batch of 1, resized to ``shape`` (height, width)."""
-    from PIL import Image
+    from PIL import Image as PilImage
 
     order, scale = _PREP[kind]
-    with Image.open(path) as im:
-        im = im.convert("RGB").resize((shape[1], shape[0]), Image.BILINEAR)
-        a = np.asarray(im, dtype=np.float32)
+    with PilImage.open(path) as im:
+        rgb = im.convert("RGB").resize((shape[1], shape[0]), PilImage.Resampling.BILINEAR)
+        a = np.asarray(rgb, dtype=np.float32)
     if order == "BGR":
         a = a[:, :, ::-1]
     a = scale(a).astype(np.float32)
     return np.ascontiguousarray(a.transpose(2, 0, 1)[None])
 
 
-def image_batches(images: list[Path], shape: tuple[int, int], kind: str) -> list[np.ndarray]:
+def image_batches(images: list[Path], shape: tuple[int, int], kind: str) -> list[ImageBatch]:
     return [load_image(p, shape, kind) for p in sorted(images)]
 
 
 class _Reader:
-    def __init__(self, name: str, batches: list[np.ndarray]):
+    def __init__(self, name: str, batches: list[ImageBatch]):
         self._it = iter([{name: b} for b in batches])
 
-    def get_next(self):
+    def get_next(self) -> dict[str, ImageBatch] | None:
         return next(self._it, None)
 
 
 def make_qdq(
     model: Path,
     out: Path,
-    batches: list[np.ndarray],
+    batches: list[ImageBatch],
     activation: str = "uint8",
     scratch: Path | None = None,
 ) -> Path:
@@ -64,8 +70,8 @@ def make_qdq(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     scratch = Path(scratch or out.parent)
-    m = onnx.load(str(model))
-    version = opset(m)
+    m = load_model(model)
+    version = onnx_opset(m)
     src = model
     inits = {t.name for t in m.graph.initializer}
     if any(i.name in inits for i in m.graph.input):
@@ -84,7 +90,7 @@ def make_qdq(
     quant_pre_process(str(src), str(pre))
     name = m.graph.input[0].name
 
-    class Reader(_Reader, CalibrationDataReader):
+    class Reader(_Reader, CalibrationDataReader):  # type: ignore[misc]  # untyped base
         pass
 
     quantize_static(
