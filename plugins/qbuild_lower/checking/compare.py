@@ -8,12 +8,48 @@ The inputs are the caller's (``feeds``: a dataset, or seeded random codes).
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 import numpy as np
 import onnx
 from qbuild_onnx_common.ort import session
 
 from ..qdq.graph import Graph
 from ..qdq.groups import is_dq
+from .feeds import Feed
+
+
+class _Tally(TypedDict):
+    elements: int
+    within_1lsb: int
+    exact: int
+    max_lsb: float
+
+
+class OutputAgreement(TypedDict):
+    """One output's agreement: shares of its elements within 1 LSB and equal."""
+
+    elements: int
+    within_1lsb: float
+    exact: float
+    max_lsb: float
+
+
+class _CheckCore(TypedDict):
+    samples: int
+    elements: int
+    within_1lsb: float
+    exact: float
+    max_error_lsb: float
+    min_agreement: float
+    passed: bool
+    per_output: dict[str, OutputAgreement]
+
+
+class CheckResult(_CheckCore, total=False):
+    """report.json["check"]: the agreement of a lowered model with its source."""
+
+    inputs: str  # "dataset" or "synthetic", added by the rule
 
 
 def output_scales(model: onnx.ModelProto) -> dict[str, float]:
@@ -28,12 +64,13 @@ def output_scales(model: onnx.ModelProto) -> dict[str, float]:
     return scales
 
 
-def compare(source: onnx.ModelProto, lowered: onnx.ModelProto, feeds: list[dict],
-            min_agreement: float = 0.999) -> dict:
+def compare(source: onnx.ModelProto, lowered: onnx.ModelProto, feeds: list[Feed],
+            min_agreement: float = 0.999) -> CheckResult:
     s_src, s_low = session(source), session(lowered)
     scales = output_scales(lowered) or output_scales(source)
     names = [o.name for o in s_src.get_outputs()]
-    per = {n: {"elements": 0, "within_1lsb": 0, "exact": 0, "max_lsb": 0.0} for n in names}
+    per: dict[str, _Tally] = {n: {"elements": 0, "within_1lsb": 0, "exact": 0, "max_lsb": 0.0}
+                              for n in names}
     for feed in feeds:
         ra = dict(zip(names, s_src.run(names, feed)))
         rb = dict(zip(names, s_low.run(names, feed)))
@@ -59,9 +96,11 @@ def compare(source: onnx.ModelProto, lowered: onnx.ModelProto, feeds: list[dict]
         "max_error_lsb": max((p["max_lsb"] for p in per.values()), default=0.0),
         "min_agreement": min_agreement,
         "passed": share >= min_agreement,
-        "per_output": {n: {**p, "within_1lsb": round(p["within_1lsb"] / p["elements"], 6)
-                           if p["elements"] else 1.0,
-                           "exact": round(p["exact"] / p["elements"], 6)
-                           if p["elements"] else 1.0}
-                       for n, p in sorted(per.items())},
+        "per_output": {n: _shares(p) for n, p in sorted(per.items())},
     }
+
+
+def _shares(p: _Tally) -> OutputAgreement:
+    n = p["elements"]
+    return {"elements": n, "within_1lsb": round(p["within_1lsb"] / n, 6) if n else 1.0,
+            "exact": round(p["exact"] / n, 6) if n else 1.0, "max_lsb": p["max_lsb"]}

@@ -11,11 +11,14 @@ import numpy as np
 import onnx
 from qbuild_onnx_common.errors import OnnxError
 
-from ..qdq.graph import Graph
+from ..qdq.graph import Array, Graph
+
+#: One sample: an array per model input.
+Feed = dict[str, Array]
 
 
 def load_dataset(path: Path, max_samples: int | None = None,
-                 model: onnx.ModelProto | None = None) -> list[dict]:
+                 model: onnx.ModelProto | None = None) -> list[Feed]:
     """Read a qbuild dataset directory into a list of feeds (batch of 1 each). With the
     ``model``, an array one rank higher than its input holds whole inputs (streaming
     states, scalars), as ``calibrate`` feeds it."""
@@ -39,12 +42,12 @@ def load_dataset(path: Path, max_samples: int | None = None,
              for k, a in arrays.items()} for i in range(n)]
 
 
-def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict]:
+def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[Feed]:
     """Random inputs covering each float input's quantization range (the first
     QuantizeLinear reading it), shapes from the graph with unknown dims set to 1."""
     g = Graph.from_model(model)
     rng = np.random.default_rng(seed)
-    feeds = [{} for _ in range(count)]
+    feeds: list[Feed] = [{} for _ in range(count)]
     for vi in model.graph.input:
         if vi.name in g.inits:
             continue
@@ -62,7 +65,7 @@ def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[d
     return feeds
 
 
-def random_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict]:
+def random_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[Feed]:
     """``synthetic_feeds`` for a QDQ model; for a float model seeded uniform [0, 1) float
     inputs (integer inputs zero) with unknown dims set to 1."""
     g = Graph.from_model(model)
@@ -74,7 +77,7 @@ def random_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[dict
              2: np.uint8, 3: np.int8, 9: np.bool_}
     feeds = []
     for _ in range(count):
-        f = {}
+        f: Feed = {}
         for vi in model.graph.input:
             if vi.name in g.inits:
                 continue

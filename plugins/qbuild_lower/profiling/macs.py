@@ -4,29 +4,34 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import onnx
 
 
-def macs(model) -> dict:
+def macs(model: onnx.ModelProto | Path | str) -> dict[str, int]:
     """Multiply-accumulates of Conv, ConvInteger, QLinearConv, MatMul-like and Gemm nodes
     (shapes from onnx shape inference), total and by kind (dense/depthwise/grouped conv,
     matmul)."""
     import numpy as np
     import onnx
     from onnx import numpy_helper, shape_inference
-    from qbuild_onnx_common.graph import attr
+    from qbuild_onnx_common.graph import GraphIndex, attr
+    from qbuild_onnx_common.models import load_model
 
     m = shape_inference.infer_shapes(model if isinstance(model, onnx.ModelProto)
-                                     else onnx.load(str(model)))
-    shapes = {}
+                                     else load_model(model))
+    shapes: dict[str, list[int]] = {}
     for vi in list(m.graph.value_info) + list(m.graph.input) + list(m.graph.output):
         dims = [d.dim_value if d.HasField("dim_value") else 1
                 for d in vi.type.tensor_type.shape.dim]
         shapes[vi.name] = dims
     inits = {t.name: numpy_helper.to_array(t).shape for t in m.graph.initializer}
-    producer = {o: n for n in m.graph.node for o in n.output}
+    producer = GraphIndex(m.graph).producers
 
-    def shape(t):
-
+    def shape(t: str) -> list[int] | None:
         if t in inits:
             return list(inits[t])
         if t in shapes:
@@ -36,7 +41,7 @@ def macs(model) -> dict:
             return shape(p.input[0])
         return None
 
-    by = defaultdict(int)
+    by: defaultdict[str, int] = defaultdict(int)
     unresolved = 0
     for n in m.graph.node:
         if n.op_type in ("Conv", "ConvInteger", "QLinearConv"):

@@ -23,14 +23,76 @@ import os
 import statistics
 import tempfile
 from collections import defaultdict
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
 
 from qbuild_onnx_common.latency import interleaved_latency_ms, slower_verdict
 from qbuild_onnx_common.ort import session
 
+if TYPE_CHECKING:
+    import onnx
 
-def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 30,
-                        warmup: int = 3, reference: str | None = None) -> dict:
+    from ..checking.feeds import Feed
+
+#: A model to run: in memory or its file.
+ModelSource: TypeAlias = "onnx.ModelProto | Path | str"
+
+
+class Latency(TypedDict):
+    """``interleaved_latency``'s result; each model's summary is
+    ``qbuild_onnx_common.latency``'s, with the comparisons to the reference added."""
+
+    threads: int
+    runs: int
+    warmup: int
+    order: str
+    models: dict[str, dict[str, Any]]
+    noisy: bool
+
+
+class OpTypeTime(TypedDict):
+    ms: float  # median per run
+    nodes: int
+    min_ms: float  # the sum of each node's fastest run
+    share: float  # of all kernels' time
+
+
+class NodeTime(TypedDict):
+    node: str
+    op_type: str
+    ms: float
+
+
+class _ProfileCore(TypedDict):
+    runs: int
+    run_ms: float
+    kernel_ms: float
+    kernel_min_ms: float
+    op_types: dict[str, OpTypeTime]
+    top_nodes: list[NodeTime]
+
+
+class OpProfile(_ProfileCore, total=False):
+    """onnxruntime's profile of a model, per run (medians)."""
+
+    node_ms: dict[str, float]  # every node, when asked for
+
+
+class Conditions(TypedDict):
+    """The machine, the versions and the load a measurement ran under."""
+
+    cpus: int | None
+    machine: str
+    processor: str | None
+    python: str
+    onnxruntime: str
+    load_average_1_5_15min: list[float] | None
+
+
+def interleaved_latency(models: Mapping[str, ModelSource], feed: Feed, threads: int = 1,
+                        runs: int = 30, warmup: int = 3, reference: str | None = None
+                        ) -> Latency:
     """Time ``models`` ({name: ModelProto or path}) in turn on one feed.
 
     Every round runs each model once, in an order rotated from round to round; the first
@@ -42,15 +104,15 @@ def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 
     then decided on CPU time (``slower_basis``: "cpu", else "wall")."""
     sessions = {name: session(m, threads) for name, m in models.items()}
     names = list(sessions)
-    out = {"threads": threads, "runs": runs, "warmup": warmup, "order": "interleaved",
-           "models": interleaved_latency_ms(sessions, feed, runs, warmup, reference)}
+    summaries: dict[str, dict[str, Any]] = interleaved_latency_ms(sessions, feed, runs, warmup,
+                                                                 reference)
     if threads != 1:  # the calling thread's CPU time is not the run's: not reported
-        for m in out["models"].values():
+        for m in summaries.values():
             m.pop("cpu", None)
     if reference is not None:
-        ref = out["models"][reference]
+        ref = summaries[reference]
         for n in names:
-            m = out["models"][n]
+            m = summaries[n]
             m["speedup"] = round(ref["median_ms"] / m["median_ms"], 3) if m["median_ms"] else None
             if "cpu" in m:
                 c, rc = m["cpu"], ref["cpu"]
@@ -60,12 +122,12 @@ def interleaved_latency(models: dict, feed: dict, threads: int = 1, runs: int = 
             v = slower_verdict(m, ref)
             m["slower_than_reference"] = n != reference and v["slower"]
             m["slower_basis"] = v["basis"]
-    out["noisy"] = any(m["noisy"] for m in out["models"].values())
-    return out
+    return {"threads": threads, "runs": runs, "warmup": warmup, "order": "interleaved",
+            "models": summaries, "noisy": any(m["noisy"] for m in summaries.values())}
 
 
-def op_profile(model, feed: dict, threads: int = 1, runs: int = 10, warmup: int = 3,
-               top: int = 15, all_nodes: bool = False) -> dict:
+def op_profile(model: ModelSource, feed: Feed, threads: int = 1, runs: int = 10,
+               warmup: int = 3, top: int = 15, all_nodes: bool = False) -> OpProfile:
     """onnxruntime's profiler over ``runs`` runs (after ``warmup``): per op type the
     median time per run and node count, and the ``top`` nodes by median time (with
     ``all_nodes``, also ``node_ms``: every node's median time)."""
@@ -81,8 +143,8 @@ def op_profile(model, feed: dict, threads: int = 1, runs: int = 10, warmup: int 
     return aggregate(events, runs, top, all_nodes)
 
 
-def op_profiles(models: dict, feed: dict, threads: int = 1, runs: int = 10,
-                warmup: int = 3, top: int = 15) -> dict:
+def op_profiles(models: Mapping[str, ModelSource], feed: Feed, threads: int = 1,
+                runs: int = 10, warmup: int = 3, top: int = 15) -> dict[str, OpProfile]:
     """``op_profile`` of several models with their runs interleaved (one run of each model
     in turn), so that load from other processes falls on all profiles alike."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,7 +162,8 @@ def op_profiles(models: dict, feed: dict, threads: int = 1, runs: int = 10,
     return out
 
 
-def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -> dict:
+def aggregate(events: list[dict[str, Any]], runs: int, top: int = 15,
+              all_nodes: bool = False) -> OpProfile:
     """Reduce onnxruntime profiler events to per-run medians (the last ``runs`` runs)."""
     run_starts = [e["ts"] for e in events if e.get("cat") == "Session"
                   and e.get("name") == "model_run"]
@@ -111,15 +174,17 @@ def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -
             run_ends.append((e["ts"], e["ts"] + e["dur"], e["dur"]))
     run_ends.sort()
 
-    def run_of(ts):
+    def run_of(ts: float) -> int | None:
         for i, (a, b, _) in enumerate(run_ends):
             if a <= ts <= b:
                 return i
         return None
 
-    per_type = defaultdict(lambda: defaultdict(float))  # type -> run -> us
-    per_node = defaultdict(lambda: defaultdict(float))
-    node_type, type_nodes = {}, defaultdict(set)
+    per_type: defaultdict[str, defaultdict[int, float]] = defaultdict(
+        lambda: defaultdict(float))  # type -> run -> us
+    per_node: defaultdict[str, defaultdict[int, float]] = defaultdict(lambda: defaultdict(float))
+    node_type: dict[str, str] = {}
+    type_nodes: defaultdict[str, set[str]] = defaultdict(set)
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time"):
             continue
@@ -134,10 +199,10 @@ def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -
         type_nodes[op].add(node)
     n = len(run_ends)
 
-    def med(d):
+    def med(d: Mapping[int, float]) -> float:
         return statistics.median([d.get(i, 0.0) for i in range(n)]) / 1000.0 if n else 0.0
 
-    def least(d):
+    def least(d: Mapping[int, float]) -> float:
         return min(d.get(i, 0.0) for i in range(n)) / 1000.0 if n else 0.0
 
     total = statistics.median([d for _, _, d in run_ends]) / 1000.0 if n else 0.0
@@ -145,17 +210,16 @@ def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -
     # the time its thread waited for a core. The sum of each node's fastest run is the
     # steadier estimate of what the kernels cost.
     node_min = {k: least(d) for k, d in per_node.items()}
-    types = {op: {"ms": round(med(d), 4), "nodes": len(type_nodes[op]),
-                  "min_ms": round(sum(node_min[k] for k in type_nodes[op]), 4)}
-             for op, d in per_type.items()}
-    kernels = sum(t["ms"] for t in types.values())
-    for t in types.values():
-        t["share"] = round(t["ms"] / kernels, 4) if kernels else 0.0
+    type_ms = {op: round(med(d), 4) for op, d in per_type.items()}
+    kernels = sum(type_ms.values())
+    types: dict[str, OpTypeTime] = {
+        op: {"ms": type_ms[op], "nodes": len(type_nodes[op]),
+             "min_ms": round(sum(node_min[k] for k in type_nodes[op]), 4),
+             "share": round(type_ms[op] / kernels, 4) if kernels else 0.0}
+        for op in per_type}
     ranked = sorted(((med(d), k) for k, d in per_node.items()), reverse=True)
     nodes = ranked[:top]
-    extra = {"node_ms": {k: round(v, 4) for v, k in ranked}} if all_nodes else {}
-    return {
-        **extra,
+    profile: OpProfile = {
         "runs": n,
         "run_ms": round(total, 4),
         "kernel_ms": round(kernels, 4),
@@ -164,9 +228,12 @@ def aggregate(events: list, runs: int, top: int = 15, all_nodes: bool = False) -
         "top_nodes": [{"node": k, "op_type": node_type[k], "ms": round(v, 4)}
                       for v, k in nodes],
     }
+    if all_nodes:
+        profile["node_ms"] = {k: round(v, 4) for v, k in ranked}
+    return profile
 
 
-def conditions() -> dict:
+def conditions() -> Conditions:
     """The measurement conditions: machine, versions, load from other processes."""
     import platform
 

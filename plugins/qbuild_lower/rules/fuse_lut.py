@@ -56,6 +56,7 @@ class FuseLut(OnnxRule):
 def fuse_lut(ctx: RunContext) -> OnnxModelInfo:
     """The action of ``fuse_lut``: fuse, check bit-exactness, report."""
     import onnx
+    from qbuild_onnx_common.models import load_model
 
     from ..checking.compare import compare
     from ..patterns.fuse import fuse_model
@@ -63,18 +64,18 @@ def fuse_lut(ctx: RunContext) -> OnnxModelInfo:
     p = ctx.params
     src_path = model_file(ctx, ctx.inputs["model"], p["source"])
     try:
-        source = onnx.load(str(src_path))
-        fused, report = fuse_model(source, p["form"])
+        source = load_model(src_path)
+        fused, fusion = fuse_model(source, p["form"])
         feeds, inputs = action_feeds(ctx, source)
         result = compare(source, fused, feeds, 0.0)
     except OnnxError as e:
         raise ctx.fail(f"{src_path.name}: {e.message}", attr="model") from e
     result["inputs"] = inputs
-    report = {"source": p["source"], **report, "check": result}
+    report = {"source": p["source"], **fusion, "check": result}
     out = ctx.output(p["model_out"])
     onnx.save(fused, str(out))
     ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
-    ctx.log(f"{report['regions']} element-wise regions: {report['by_form']}; "
+    ctx.log(f"{fusion['regions']} element-wise regions: {fusion['by_form']}; "
             f"{result['exact']:.4%} of output elements bit-exact")
     if result["exact"] < p["min_exact"]:
         raise ctx.fail(f"fused model is bit-exact with its source on {result['exact']:.4%}"

@@ -7,6 +7,9 @@ given as one.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import (
@@ -16,9 +19,15 @@ from qbuild_onnx_common.providers import (
 )
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import AnalysisContext, RunContext, attr
+from qbuild import AnalysisContext, Dep, RunContext, attr
 
 from .inputs import dataset_dir, model_file
+
+if TYPE_CHECKING:
+    import onnx
+
+    from ..checking.feeds import Feed
+    from ..profiling.timing import OpProfile
 
 REQUANTIZATION = {
     "half_up": "y = clamp(zp + floor((acc*M0 + 2^(shift-1)) / 2^shift))",
@@ -82,13 +91,13 @@ class LowerInteger(OnnxRule):
     outputs = ["{name}.onnx", "report.json", "lowering.json"]
     provides = (OnnxModelInfo,)
 
-    def declared_outputs(self, name, attrs):
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         outs = [f"{name}.onnx", "report.json", "lowering.json"]
         if attrs.get("mode") == "fixed_point":
             outs.append("fixed_point_params.json")
         return outs
 
-    def is_reproducible(self, attrs) -> bool:
+    def is_reproducible(self, attrs: Mapping[str, Any]) -> bool:
         return not attrs.get("profile_runs")  # measured timings differ run to run
 
     def analyze(self, ctx: AnalysisContext) -> None:
@@ -111,12 +120,13 @@ class LowerInteger(OnnxRule):
 def lower_integer(ctx: RunContext) -> OnnxModelInfo:
     """The first action of ``lower_integer``: lower the QDQ model."""
     import onnx
+    from qbuild_onnx_common.models import load_model
 
     from ..lowering.driver import lower_model
 
     p = ctx.params
     src_path = model_file(ctx, ctx.inputs["model"], "the model")
-    source = onnx.load(str(src_path))
+    source = load_model(src_path)
     if p["float_model"] == "copy" and p["mode"] == "ort" and not _has_qdq(source):
         return _copy_float(ctx, src_path, source)
     try:
@@ -133,13 +143,13 @@ def lower_integer(ctx: RunContext) -> OnnxModelInfo:
              "requantization": REQUANTIZATION[p["rounding"]],
              "layers": params}, indent=1, sort_keys=True))
     ctx.log(f"lowered {report['nodes']['lowered']}/{report['nodes']['compute']} nodes")
-    for e in report["per_node"]:
-        if e["status"] == "float":
-            ctx.log(f"float: {e['node']} ({e['op_type']}): {e['reason']}")
+    for entry in report["per_node"]:
+        if entry["status"] == "float":
+            ctx.log(f"float: {entry['node']} ({entry['op_type']}): {entry['reason']}")
     return onnx_model_info(out, lowered, **_recorded(ctx.inputs["model"]))
 
 
-def _recorded(dep) -> dict:
+def _recorded(dep: Dep) -> dict[str, tuple[str, ...]]:
     """What the source's quantize recorded (tensors kept float or promoted, joins kept
     float), passed on: lowering changes operators, not those decisions."""
     info = dep.get(OnnxModelInfo) if OnnxModelInfo in dep else None
@@ -148,12 +158,12 @@ def _recorded(dep) -> dict:
     return {"promoted": info.promoted, "float_joins": info.float_joins}
 
 
-def _has_qdq(model) -> bool:
+def _has_qdq(model: onnx.ModelProto) -> bool:
     ops = {n.op_type for n in model.graph.node}
     return "QuantizeLinear" in ops and "DequantizeLinear" in ops
 
 
-def _copy_float(ctx: RunContext, src_path, source) -> OnnxModelInfo:
+def _copy_float(ctx: RunContext, src_path: Path, source: onnx.ModelProto) -> OnnxModelInfo:
     """``float_model = "copy"``: nothing to lower; the model is copied unchanged."""
     import shutil
 
@@ -170,7 +180,7 @@ def _copy_float(ctx: RunContext, src_path, source) -> OnnxModelInfo:
 def check_lowered(ctx: RunContext) -> None:
     """The second action of ``lower_integer``: compare the lowered model with its QDQ
     source in onnxruntime, write report.json, fail below min_agreement."""
-    import onnx
+    from qbuild_onnx_common.models import load_model
 
     from ..checking.compare import compare
     from ..checking.feeds import load_dataset, synthetic_feeds
@@ -184,8 +194,8 @@ def check_lowered(ctx: RunContext) -> None:
             indent=1, sort_keys=True))
         return
     try:
-        source = onnx.load(str(src_path))
-        lowered = onnx.load(str(ctx.inputs[p["model_out"]]))
+        source = load_model(src_path)
+        lowered = load_model(ctx.inputs[p["model_out"]])
         n = p["max_samples"] or None
         if ctx.inputs["dataset"] is not None:
             feeds = load_dataset(dataset_dir(ctx), n, source)
@@ -209,12 +219,13 @@ def check_lowered(ctx: RunContext) -> None:
             attr="min_agreement")
 
 
-def _unfused_cost(lowered, report: dict, feed: dict, runs: int) -> dict:
+def _unfused_cost(lowered: onnx.ModelProto, report: Mapping[str, Any], feed: Feed,
+                  runs: int) -> dict[str, Any]:
     """onnxruntime's profile of the lowered model, and what the nodes left in float (and
     the element-wise chains kept as they were) cost in it."""
     from ..profiling.timing import op_profile
 
-    prof = op_profile(lowered, feed, threads=1, runs=runs, top=15, all_nodes=True)
+    prof: OpProfile = op_profile(lowered, feed, threads=1, runs=runs, top=15, all_nodes=True)
     floats = [e for e in report["per_node"] if e["status"] == "float"]
     by_node = prof.pop("node_ms")
     unfused = [{"node": e["node"], "op_type": e["op_type"], "category": e["category"],

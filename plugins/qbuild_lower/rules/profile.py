@@ -4,6 +4,8 @@ profiles and multiply-accumulate counts side by side (``profiling``)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from typing import Any
 
 from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo
 from qbuild_onnx_common.rule import OnnxRule
@@ -44,7 +46,7 @@ class Profile(OnnxRule):
     }
     outputs = ["report.json", "report.md"]
 
-    def validate(self, attrs) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         for name in ("threads", "runs"):
             if attrs[name] < 1:
                 raise ConfigError("threads and runs must be >= 1", attr=name)
@@ -61,11 +63,11 @@ class Profile(OnnxRule):
 
 def profile(ctx: RunContext) -> None:
     """The action of ``profile``: interleaved latency and per-op profiles."""
-    import onnx
     from qbuild_onnx_common.latency import slower_verdict
+    from qbuild_onnx_common.models import load_model
 
     from ..profiling.macs import macs
-    from ..profiling.report import render
+    from ..profiling.report import ModelProfile, ProfileReport, render
     from ..profiling.timing import conditions, interleaved_latency, op_profiles
 
     p = ctx.params
@@ -74,20 +76,22 @@ def profile(ctx: RunContext) -> None:
         deps = {p["reference"]: ctx.inputs["reference"], **deps}
     ref_label = p["reference"] if p["reference"] is not None else next(iter(deps))
     paths = {label: model_file(ctx, dep, label, "models") for label, dep in deps.items()}
-    first = onnx.load(str(paths[ref_label]))
+    first = load_model(paths[ref_label])
     feeds, inputs = action_feeds(ctx, first, count=1)
     before = conditions()
     lat = interleaved_latency(paths, feeds[0], p["threads"], p["runs"], p["warmup"],
                               reference=ref_label)
-    report = {"reference": ref_label, "inputs": inputs, "latency": lat, "models": {}}
     profs = (op_profiles(paths, feeds[0], p["threads"], p["profile_runs"], p["warmup"],
                          p["top"]) if p["profile_runs"] > 0 else {})
+    models: dict[str, ModelProfile] = {}
     for label, path in paths.items():
-        entry = {"macs": macs(onnx.load(str(path)))}
+        entry: ModelProfile = {"macs": macs(load_model(path))}
         if label in profs:
             entry["profile"] = profs[label]
-        report["models"][label] = entry
-    report["conditions"] = {"before": before, "after": conditions()}
+        models[label] = entry
+    report: ProfileReport = {"reference": ref_label, "inputs": inputs, "latency": lat,
+                             "models": models,
+                             "conditions": {"before": before, "after": conditions()}}
     ctx.output("report.json").write_text(json.dumps(report, indent=1, sort_keys=True))
     ctx.output("report.md").write_text(render(report))
     for label, m in lat["models"].items():
