@@ -7,9 +7,9 @@ round half up::
 
     y = clamp(zp + floor((acc * M0 + 2**(n - 1)) / 2**n), lo, hi)
 
-computed in int64. ``requantize`` is the exact numpy definition; ``lower_fixed`` emits the
-same computation as standard ONNX integer ops and ``reference`` executes those ops, and the
-tests hold all three to ``fractions.Fraction`` arithmetic.
+computed in int64. ``requantize`` is the exact numpy definition; ``lowering.fixed_point``
+emits the same computation as standard ONNX integer ops and ``checking.reference``
+executes those ops, and the tests hold all three to ``fractions.Fraction`` arithmetic.
 
 Rounding ``onnxruntime`` reproduces onnxruntime's CPU requantization instead, still in
 integers: onnxruntime computes ``rint_half_even(float32(float32(acc) * S))`` with the

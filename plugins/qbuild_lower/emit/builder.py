@@ -80,7 +80,7 @@ class Builder:
         self.used = set(g.inits) | set(g.producer) | set(g.inputs) | set(g.outputs)
         self.used |= {n.name for n in g.nodes if n.name}
         self.luts: list[TableRequest] = []  # computed by arithmetic.tables at the end
-        self.rounding = "half_up"  # fixed_point: or "onnxruntime" (see fixedpoint.py)
+        self.rounding = "half_up"  # fixed_point: or "onnxruntime" (arithmetic.fixedpoint)
         self.params: list[ParamRecord] = []  # fixed-point parameter records
         self._const_cache: dict[tuple[str, tuple[int, ...], bytes], str] = {}
 

@@ -1,8 +1,8 @@
 """Mode ``fixed_point``: standard ONNX integer operators only, no float arithmetic.
 
 Conv/MatMul/Gemm accumulate with ConvInteger/MatMulInteger in int32; every rescale is
-``Cast(int64) -> Mul(M0) -> requant_tail`` (see ``emit.requant_tail`` and
-``fixedpoint``); Add/Mul/Concat rescale each input the same way; average pools sum with
+``Cast(int64) -> Mul(M0) -> requant_tail`` (see ``emit.requantize`` and
+``arithmetic.fixedpoint``); Add/Mul/Concat rescale each input the same way; average pools sum with
 ConvInteger/ReduceSum; elementwise non-linearities become 256-entry tables (Gather).
 Each lowered layer also yields a parameter record for ``fixed_point_params.json``.
 """

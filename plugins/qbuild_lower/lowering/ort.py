@@ -1,7 +1,7 @@
 """Mode ``ort``: DQ -> op -> Q groups become integer operators onnxruntime runs.
 
 QLinearConv and QLinearMatMul (ai.onnx), the com.microsoft QLinear* family, QGemm, and the
-data-movement and lookup-table emitters of ``emit``. Scales and zero points stay float
+data-movement and lookup-table emitters of ``emit.quantized``. Scales and zero points stay float
 and 8-bit initializers as those operators expect; no float tensor flows between them.
 """
 

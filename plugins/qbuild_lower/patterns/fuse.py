@@ -1,7 +1,7 @@
-"""Replacing element-wise regions (``regions.py``) by their tables, in the fastest form.
+"""Replacing element-wise regions (``regions``) by their tables, in the fastest form.
 
 Every export of a region is a 256-entry table of its root's codes, computed by
-onnxruntime running the region's own nodes (``lut.region_tables``), so any realization of
+onnxruntime running the region's own nodes (``region_tables``), so any realization of
 that table is bit-exact with the source. The forms, fastest first (per element, one
 thread, onnxruntime 1.31 on the project's machine; ``bench/bench_tables.py``):
 

@@ -1,8 +1,8 @@
 """The rules of ``qbuild_lower`` (the entry point ``lower = "qbuild_lower.rules"`` loads
-this module): ``lower_integer`` (``lower_integer``), ``fuse_lut`` (``fuse_lut``) and
-``profile`` (``profile``), rule API v2. Each declares its actions at analysis; the actions
-are thin wrappers over ``lowering``, ``patterns.fuse``, ``checking`` and ``profiling``.
-``inputs`` holds what the actions share: model files, the dataset folder, feeds.
+this module): ``lower_integer``, ``fuse_lut`` and ``profile``, rule API v2, one module
+each. Each declares its actions at analysis; the actions are thin wrappers over
+``lowering``, ``patterns.fuse``, ``checking`` and ``profiling``. ``inputs`` holds what the
+actions share: model files, the dataset folder, feeds.
 
 Imports only qbuild and the shared providers at module level; onnx, onnxruntime and numpy
 load inside the actions.
