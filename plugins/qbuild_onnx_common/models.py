@@ -33,11 +33,14 @@ import os
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
     from google.protobuf.message import Message
     from onnx import ModelProto, TensorProto
+
+# a model file, or the model itself (the accuracy helpers take either)
+ModelSource: TypeAlias = "str | Path | ModelProto"
 
 SMALL = 1 << 16  # external tensors up to this many bytes are loaded by lean_load
 

@@ -17,15 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import GraphIndex
+from qbuild_onnx_common.models import ModelSource
 
 from .stats import collect, load_model
 
+if TYPE_CHECKING:
+    from onnx import GraphProto, NodeProto, TensorProto
+    from qbuild_onnx_common.arrays import Float64Array
 
-def _dequantize(graph, inits, tensor: str):
+
+def _dequantize(graph: GraphProto, inits: Mapping[str, TensorProto], tensor: str
+                ) -> tuple[Float64Array, NodeProto] | None:
     """(float array, DQ node) if ``tensor`` is DequantizeLinear(initializer...), else None."""
     import numpy as np
     from onnx import numpy_helper
@@ -38,7 +44,7 @@ def _dequantize(graph, inits, tensor: str):
         return None
     q = numpy_helper.to_array(inits[producer.input[0]]).astype(np.float64)
     scale = numpy_helper.to_array(inits[producer.input[1]]).astype(np.float64)
-    zp = 0.0
+    zp: float | Float64Array = 0.0
     if len(producer.input) > 2 and producer.input[2]:
         zp = numpy_helper.to_array(inits[producer.input[2]]).astype(np.float64)
     axis = attr(producer, "axis", 1)
@@ -47,11 +53,12 @@ def _dequantize(graph, inits, tensor: str):
         shape[axis] = -1
         scale = scale.reshape(shape)
         if np.ndim(zp):
-            zp = zp.reshape(shape)
+            zp = np.reshape(zp, shape)
     return (q - zp) * scale, producer
 
 
-def _conv_mean_error(node, x_mean, dw):
+def _conv_mean_error(node: NodeProto, x_mean: Float64Array, dw: Float64Array
+                     ) -> Float64Array:
     """Spatial mean of Conv(x̄, ΔW) per output channel, computed by onnxruntime."""
     import numpy as np
     import onnx
@@ -71,10 +78,13 @@ def _conv_mean_error(node, x_mean, dw):
     m.ir_version = 8
     sess = session(m.SerializeToString(), optimize=False)
     y = sess.run(None, {"x": x_mean.astype(np.float32)})[0]
-    return y.astype(np.float64).mean(axis=tuple(i for i in range(y.ndim) if i != 1))
+    spatial = tuple(i for i in range(y.ndim) if i != 1)
+    means: Float64Array = y.astype(np.float64).mean(axis=spatial)
+    return means
 
 
-def _gemm_mean_error(node, x_mean, dw):
+def _gemm_mean_error(node: NodeProto, x_mean: Float64Array, dw: Float64Array
+                     ) -> Float64Array:
     import numpy as np
 
     att = {a.name: a for a in node.attribute}
@@ -83,12 +93,13 @@ def _gemm_mean_error(node, x_mean, dw):
         x = x.T
     w = dw.T if ("transB" in att and att["transB"].i) else dw
     alpha = att["alpha"].f if "alpha" in att else 1.0
-    return (alpha * (x.astype(np.float64) @ w)).mean(axis=0)
+    means: Float64Array = (alpha * (x.astype(np.float64) @ w)).mean(axis=0)
+    return means
 
 
 def bias_correct(
-    qdq_model: str | Path | Any,
-    float_model: str | Path | Any,
+    qdq_model: ModelSource,
+    float_model: ModelSource,
     feeds: Iterable[Mapping[str, Any]],
     out_path: str | Path | None = None,
     op_types: tuple[str, ...] = ("Conv", "Gemm"),

@@ -20,10 +20,15 @@ done (bias_correction covers the bias shift after quantization).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.graph import GraphIndex, attr
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto, TensorProto
+    from qbuild_onnx_common.arrays import Float64Array
 
 HOMOGENEOUS = ("Relu", "LeakyRelu", "PRelu")
 CLIP_POLICIES = ("skip", "relu")
@@ -31,12 +36,13 @@ CLIP_POLICIES = ("skip", "relu")
 
 @dataclass
 class _Pair:
-    a: Any  # producer Conv
-    act: Any | None  # activation between them (None: direct)
-    b: Any  # consumer Conv
+    a: NodeProto  # producer Conv
+    act: NodeProto | None  # activation between them (None: direct)
+    b: NodeProto  # consumer Conv
 
 
-def _clip_bounds(node, inits) -> tuple[float | None, float | None]:
+def _clip_bounds(node: NodeProto, inits: Mapping[str, TensorProto]
+                 ) -> tuple[float | None, float | None]:
     from onnx import numpy_helper
 
     lo = attr(node, "min")
@@ -50,7 +56,8 @@ def _clip_bounds(node, inits) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def _is_equalizable_activation(node, inits, clip: str) -> bool:
+def _is_equalizable_activation(node: NodeProto, inits: Mapping[str, TensorProto], clip: str
+                               ) -> bool:
     if node.op_type in ("Relu", "LeakyRelu"):
         return True
     if node.op_type == "PRelu":
@@ -62,14 +69,14 @@ def _is_equalizable_activation(node, inits, clip: str) -> bool:
     return False
 
 
-def _size(tensor) -> int:
+def _size(tensor: TensorProto) -> int:
     n = 1
     for d in tensor.dims:
         n *= d
     return n
 
 
-def _conv_ok(node, index: GraphIndex) -> bool:
+def _conv_ok(node: NodeProto, index: GraphIndex) -> bool:
     inits = index.initializers
     if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits:
         return False
@@ -81,7 +88,7 @@ def _conv_ok(node, index: GraphIndex) -> bool:
     return len(inits[node.input[1]].dims) >= 3
 
 
-def find_pairs(model, clip: str = "skip") -> list[_Pair]:
+def find_pairs(model: ModelProto, clip: str = "skip") -> list[_Pair]:
     """Conv pairs CLE can equalize, in graph order."""
     index = GraphIndex(model.graph)
     inits, cons, outs = index.initializers, index.consumers, index.outputs
@@ -109,7 +116,7 @@ def find_pairs(model, clip: str = "skip") -> list[_Pair]:
     return pairs
 
 
-def _input_channel_view(w, group: int):
+def _input_channel_view(w: Float64Array, group: int) -> list[Float64Array]:
     """(Cin, rest) view of a Conv weight [Cout, Cin/group, k...] by input channel."""
     import numpy as np
 
@@ -122,19 +129,19 @@ def _input_channel_view(w, group: int):
     return parts  # list of [cin_g, cout_g * k] per group, input channels g*cin_g + j
 
 
-def _scale_input_channels(w, group: int, s):
+def _scale_input_channels(w: Float64Array, group: int, s: Float64Array) -> Float64Array:
     """w with input channel c multiplied by s[c] (grouped convolutions too)."""
     cout, cin_g = w.shape[0], w.shape[1]
     cout_g = cout // group
-    out = w.copy()
+    out: Float64Array = w.copy()
     shape = (1, cin_g) + (1,) * (w.ndim - 2)
     for g in range(group):
         out[g * cout_g:(g + 1) * cout_g] *= s[g * cin_g:(g + 1) * cin_g].reshape(shape)
     return out
 
 
-def equalize(model, clip: str = "skip", max_sweeps: int = 20, tol: float = 1e-3
-             ) -> tuple[Any, dict[str, Any]]:
+def equalize(model: ModelProto, clip: str = "skip", max_sweeps: int = 20, tol: float = 1e-3
+             ) -> tuple[ModelProto, dict[str, Any]]:
     """Equalize ``model`` (a ModelProto, edited in place and returned) and a report."""
     import numpy as np
     import onnx
@@ -144,9 +151,9 @@ def equalize(model, clip: str = "skip", max_sweeps: int = 20, tol: float = 1e-3
         raise ValueError(f"clip = {clip!r}: expected one of {', '.join(CLIP_POLICIES)}")
     pairs = find_pairs(model, clip)
     inits = GraphIndex(model.graph).initializers
-    arrays: dict[str, Any] = {}
+    arrays: dict[str, Float64Array] = {}
 
-    def get(name):
+    def get(name: str) -> Float64Array:
         if name not in arrays:
             arrays[name] = numpy_helper.to_array(inits[name]).astype(np.float64)
         return arrays[name]

@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from qbuild_onnx_common.models import (
     fill,
@@ -29,10 +29,14 @@ from qbuild_onnx_common.models import (
     unstage,
 )
 
+if TYPE_CHECKING:
+    from ..quantization.options import PreprocessOptions
 
-def quant_pre_process_external(src: Path, out: Path, opts: Any, data_name: str) -> None:
+
+def quant_pre_process_external(src: Path, out: Path, opts: PreprocessOptions, data_name: str
+                               ) -> None:
     """Pre-process ``src`` into ``out`` with its weights in ``out.parent / data_name``.
-    ``opts`` is a ``preprocess.PreprocessOptions``."""
+    ``opts``: the pre-processing options."""
     import onnx
     import onnxruntime as ort
 

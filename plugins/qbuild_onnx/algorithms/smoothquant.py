@@ -13,12 +13,21 @@ float (see ``markers``): quantizing its input would keep the outliers it removes
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.graph import GraphIndex, attr
 
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto
+    from qbuild_onnx_common.arrays import Float32Array
 
-def _weight_axis(node, index: GraphIndex) -> int | None:
+# activation tensor -> [(consumer node, the axis of its weight that meets X's last axis)]
+Groups = dict[str, list[tuple["NodeProto", int]]]
+
+
+def _weight_axis(node: NodeProto, index: GraphIndex) -> int | None:
     """The axis of node's constant weight that runs along X's last axis, or None."""
     inits = index.initializers
     if len(node.input) < 2 or node.input[1] not in inits or node.input[0] in inits:
@@ -35,10 +44,10 @@ def _weight_axis(node, index: GraphIndex) -> int | None:
     return None
 
 
-def find_groups(model, op_types=("MatMul", "Gemm")) -> dict[str, list[tuple[Any, int]]]:
+def find_groups(model: ModelProto, op_types: Sequence[str] = ("MatMul", "Gemm")) -> Groups:
     """Activation tensor -> [(consumer node, weight axis)] of smoothable consumers."""
     index = GraphIndex(model.graph)
-    groups: dict[str, list[tuple[Any, int]]] = {}
+    groups: Groups = {}
     for node in model.graph.node:
         if node.op_type not in op_types:
             continue
@@ -48,18 +57,20 @@ def find_groups(model, op_types=("MatMul", "Gemm")) -> dict[str, list[tuple[Any,
     return groups
 
 
-def channel_absmax(model, names, feeds, scratch=None, source=None) -> dict[str, Any]:
+def channel_absmax(model: ModelProto, names: Sequence[str], feeds: Iterable[Mapping[str, Any]],
+                   scratch: Path | None = None, source: Path | None = None
+                   ) -> dict[str, Float32Array]:
     """Per-channel (last axis) max |x| of each named tensor over the feeds."""
     import numpy as np
 
     from .layer_data import session_with_outputs, stream_tensors
 
     sess = session_with_outputs(model, names, scratch, source)
-    found: dict[str, Any] = {}
+    found: dict[str, Float32Array] = {}
 
-    def sink(_i, arrays):
-        for n, a in arrays.items():
-            a = np.abs(np.asarray(a, dtype=np.float32))
+    def sink(_i: int, arrays: dict[str, Any]) -> None:
+        for n, array in arrays.items():
+            a = np.abs(np.asarray(array, dtype=np.float32))
             m = a.reshape(-1, a.shape[-1]).max(axis=0) if a.ndim else a.reshape(1)
             found[n] = m if n not in found else np.maximum(found[n], m)
 
@@ -69,9 +80,10 @@ def channel_absmax(model, names, feeds, scratch=None, source=None) -> dict[str, 
     return found
 
 
-def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
-           op_types=("MatMul", "Gemm"), scratch=None, source=None
-           ) -> tuple[Any, dict[str, Any]]:
+def smooth(model: ModelProto, feeds: Iterable[Mapping[str, Any]], alpha: float = 0.5,
+           fold: bool = True, op_types: Sequence[str] = ("MatMul", "Gemm"),
+           scratch: Path | None = None, source: Path | None = None
+           ) -> tuple[ModelProto, dict[str, Any]]:
     """Smooth ``model`` (ModelProto, edited in place and returned); also a report. With
     ``source``, ``model`` is lean (``external_data.lean_load(source)``): the statistics
     are measured with the weights on disk, then loaded once to be rescaled."""
@@ -95,8 +107,8 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
         from qbuild_onnx_common.models import fill
 
         fill(model, source.parent)
-    index = GraphIndex(g)
-    inits, cons, outs = index.initializers, index.consumers, index.outputs
+    graph_index = GraphIndex(g)
+    inits, cons, outs = graph_index.initializers, graph_index.consumers, graph_index.outputs
     report: dict[str, Any] = {}
     new_nodes: list[tuple[int, Any]] = []
     folded = inserted = 0
@@ -119,12 +131,13 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
             inits[name].CopyFrom(numpy_helper.from_array((w * s.reshape(shape)).astype(dtype),
                                                          name))
         how = None
-        prod = index.producers.get(x)
+        prod = graph_index.producers.get(x)
         readers = cons.get(x, [])
         if fold and prod is not None and prod.op_type == "LayerNormalization" \
                 and x not in outs and len(readers) == len(members) \
                 and int(attr(prod, "axis", -1)) == -1 \
-                and all(i in inits and index.use_count(i) == 1 for i in prod.input[1:] if i):
+                and all(i in inits and graph_index.use_count(i) == 1
+                        for i in prod.input[1:] if i):
             for i in prod.input[1:]:
                 if i:
                     v = numpy_helper.to_array(inits[i])
@@ -133,12 +146,12 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
             how = f"folded into LayerNormalization '{prod.name}'"
             folded += 1
         else:
-            inv_name = index.unique_name(f"{x}_smooth_inv_scale")
-            y_name = index.unique_name(f"{x}_smoothed")
+            inv_name = graph_index.unique_name(f"{x}_smooth_inv_scale")
+            y_name = graph_index.unique_name(f"{x}_smoothed")
             g.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32),
                                                          inv_name))
             mul = onnx.helper.make_node("Mul", [x, inv_name], [y_name],
-                                        name=index.unique_name(f"{x}_smooth_mul"))
+                                        name=graph_index.unique_name(f"{x}_smooth_mul"))
             first = min(list(g.node).index(n) for n, _ in members)
             new_nodes.append((first, mul))
             for node, _ in members:

@@ -51,7 +51,7 @@ STEPS = ("activation_type", "per_channel", "calibration", "cle", "bias_correctio
 _GENERATED = ("candidates", "reports", "trial_names", "sensitivity")
 
 
-def _list(raw: dict[str, Any], key: str, default: list, kind: type) -> list:
+def _list(raw: dict[str, Any], key: str, default: list[Any], kind: type) -> list[Any]:
     value = raw.get(key, default)
     if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool)
                                               for v in value):
@@ -127,7 +127,8 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
                                         "dataset": raw["calibration_data"],
                                         **raw.get("adaround_options", {})}
             trials.append("cle_ar")
-    task_attrs = {k: raw[k] for k in ("task", "task_options", "metric_srcs") if k in raw}
+    task_attrs: dict[str, Any] = {k: raw[k] for k in ("task", "task_options", "metric_srcs")
+                                  if k in raw}
     if any(s in steps for s in ("region", "percentile_region", "float_top_k", "uint16_top_k",
                                 "region_uint16")):
         sens = {"rule": "sensitivity", "model": f"{me}.u8", "reference": model,

@@ -14,34 +14,24 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
-from qbuild_onnx_common.models import load_model
+from qbuild_onnx_common.models import load_model, uses_external_data
 from qbuild_onnx_common.summary import model_info
 
 from ..source.model_checks import describe_quantized, drop_initializer_inputs, initializer_inputs
 from .joins import name_nodes
-
-
-@dataclass(frozen=True)
-class PreprocessOptions:
-    """``quant_pre_process`` options (same names and defaults as onnxruntime's)."""
-
-    skip_optimization: bool = False
-    skip_onnx_shape: bool = False
-    skip_symbolic_shape: bool = False
-    auto_merge: bool = False
-    int_max: int = 2**31 - 1
-    guess_output_rank: bool = False
-    verbose: int = 0
+from .options import PreprocessOptions
 
 
 def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions | None = None,
-                     external_data: bool = False, log=None) -> dict[str, Any]:
+                     external_data: bool = False, log: Callable[[str], None] | None = None
+                     ) -> dict[str, Any]:
     """Pre-process ``src`` into ``out``; return the output model's info.
 
     With ``external_data`` the weights go to ``<out name>.data`` next to ``out`` (needed
@@ -64,7 +54,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     if refusal:
         raise OnnxError(refusal, file=src)
     fixed = None
-    if initializer_inputs(proto) and not _uses_external_data(proto):
+    if initializer_inputs(proto) and not uses_external_data(proto):
         count = drop_initializer_inputs(proto)
         fixed = out.parent / f".{out.name}.inputs-fixed.onnx"
         onnx.save(proto, str(fixed))
@@ -77,7 +67,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     else:
         src_for_ort = src
     # external weights stay on disk (models over 2 GB): algorithms.preprocess_external
-    lean = external_data and fixed is None and _uses_external_data(proto)
+    lean = external_data and fixed is None and uses_external_data(proto)
     del proto
     chatter = io.StringIO()
     try:
@@ -130,13 +120,6 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     if notes:
         info["notes"] = notes
     return info
-
-
-def _uses_external_data(proto) -> bool:
-    from onnx import external_data_helper
-
-    return any(external_data_helper.uses_external_data(t)
-               for t in external_data_helper._get_all_tensors(proto))
 
 
 def normalise_model_file(path: Path) -> None:

@@ -11,8 +11,9 @@ check, never the decoding. Heavy libraries are imported inside the actions only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
@@ -36,6 +37,9 @@ from qbuild import (
 
 from .datasets import dataset_provider, dataset_summary
 from .imported import RULES as IMPORTED
+
+if TYPE_CHECKING:
+    import pluggy
 
 # What a folder in image_dataset's `images` stands for (source.images.IMAGE_SUFFIXES,
 # repeated so loading the rules does not import the image code).
@@ -64,8 +68,8 @@ def check_dataset(ctx: RunContext) -> None:
     _check_against(ctx.inputs["data/"], ctx.inputs["model"])
 
 
-def _dataset_actions(ctx: AnalysisContext, build: Any, inputs: list[str],
-                     params: dict[str, Any]) -> None:
+def _dataset_actions(ctx: AnalysisContext, build: Callable[[RunContext], Any],
+                     inputs: list[str], params: dict[str, Any]) -> None:
     """A dataset rule's actions: ``build`` writes data/ and gives DatasetInfo; with a
     ``model``, a light second action checks the dataset against it."""
     ctx.action(build, inputs=inputs, outputs=["data/"], params=params, mnemonic="Dataset")
@@ -88,7 +92,7 @@ class OnnxModel(OnnxRule):
     outputs = ["{name}.onnx"]
     provides = (OnnxModelInfo,)
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         outs = [f"{name}.onnx"]
         src = attrs.get("src")
         for d in attrs.get("data") or []:
@@ -208,7 +212,7 @@ class ImageDataset(_DatasetRule):
            "seeded augmentation to get more samples than images.")
     attrs = _IMAGE_ATTRS
 
-    def validate(self, attrs: Any) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         if len(attrs["size"]) != 2:
             raise ConfigError(f"size must be [height, width] (2 integers), got {attrs['size']}",
                               attr="size")
@@ -341,7 +345,7 @@ class CustomDataset(_DatasetRule):
         **_DATASET_COMMON,
     }
 
-    def code(self, attrs: dict[str, Any]) -> list[str]:
+    def code(self, attrs: Mapping[str, Any]) -> list[str]:
         # The reader's code decides the samples: key it like the rule's own code.
         reader = attrs["reader"]
         return [*super().code(attrs),
@@ -391,7 +395,7 @@ class QuantPreprocess(OnnxRule):
     outputs = ["{name}.onnx"]
     provides = (OnnxModelInfo,)
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         outs = [f"{name}.onnx"]
         if attrs.get("external_data"):
             outs.append(f"{name}.onnx.data")
@@ -408,7 +412,8 @@ def preprocess(ctx: RunContext) -> OnnxModelInfo:
     from qbuild_onnx_common.errors import OnnxError
 
     from ..ort_logs import ort_output_to_log
-    from ..quantization.preprocess import PreprocessOptions, preprocess_model
+    from ..quantization.options import PreprocessOptions
+    from ..quantization.preprocess import preprocess_model
 
     a = ctx.params
     opts = PreprocessOptions(
@@ -462,10 +467,10 @@ class Calibrate(OnnxRule):
     outputs = ["calibration.json"]
     provides = (CalibrationInfo,)
 
-    def resources(self, attrs: dict[str, Any]) -> tuple[int, int]:
+    def resources(self, attrs: Mapping[str, Any]) -> tuple[int, int]:
         return max(1, attrs["threads"]), 0
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         if attrs.get("method", "minmax") in ("entropy", "percentile", "distribution"):
             return ["calibration.json", "histograms.npz"]
         return ["calibration.json"]
@@ -509,7 +514,7 @@ def qbuild_rule_types() -> list[type[Rule]]:
 
 
 @hookimpl
-def qbuild_addhooks(pluginmanager) -> None:
+def qbuild_addhooks(pluginmanager: pluggy.PluginManager) -> None:
     from .. import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
