@@ -25,7 +25,6 @@ from ..qdq.graph import Graph, QParams, Shape, onnx_opset
 from ..qdq.groups import (
     DTYPE,
     RANGE,
-    UNSUPPORTED_OP,
     Group,
     Out,
     Quantized,
@@ -694,5 +693,3 @@ HANDLERS: dict[str, Handler] = {
     "AveragePool": average_pool,
     "GlobalAveragePool": global_average_pool,
 }
-
-UNSUPPORTED = UNSUPPORTED_OP

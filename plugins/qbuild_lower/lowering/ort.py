@@ -16,7 +16,7 @@ from ..emit.builder import Builder, Handler
 from ..emit.quantized import DATA_MOVEMENT, LUT_OPS, lower_data_movement, lower_lut
 from ..emit.requantize import bias_codes
 from ..qdq.graph import QParams, onnx_opset
-from ..qdq.groups import DTYPE, UNSUPPORTED_OP, Group, Quantized, Unsupported, is_8bit, need_act
+from ..qdq.groups import DTYPE, Group, Quantized, Unsupported, is_8bit, need_act
 
 MS = "com.microsoft"
 
@@ -151,5 +151,3 @@ HANDLERS: dict[str, Handler] = {
     "GlobalAveragePool": unary("QLinearGlobalAveragePool", channels_last=0),
     "Softmax": unary("QLinearSoftmax"),
 }
-
-UNSUPPORTED = UNSUPPORTED_OP
