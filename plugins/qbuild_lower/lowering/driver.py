@@ -19,6 +19,7 @@ from typing import TypedDict
 import onnx
 from onnx import numpy_helper
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import GraphIndex
 
 from ..arithmetic.tables import build_tables
 from ..emit.assemble import assemble, drop_dead_nodes, rename_inputs
@@ -104,7 +105,7 @@ def lower_model(model: onnx.ModelProto, mode: str, rounding: str = "half_up",
             nodes.lower(i, n)
     _add_tables(g, b)
     out, kept = _output_model(model, g, b, nodes)
-    report = _report(g, nodes.entries, kept, mode, b)
+    report = _report(out, nodes.entries, mode, b)
     if fused.regions or mode == "ort":
         report["regions"] = {"form": tables if mode == "ort" else "table",
                              "count": len(fused.regions),
@@ -231,26 +232,27 @@ def _chains_lowered(g: Graph, entries: list[NodeEntry], chain: list[onnx.NodePro
             e.pop("reason", None)
 
 
-def _float_edges(nodes: list[onnx.NodeProto], b: Builder) -> list[str]:
+def _float_edges(graph: onnx.GraphProto, b: Builder) -> list[str]:
     """Structural proof of "no float tensor between lowered ops": every input of an
     emitted node is a constant, a graph input of integer type, a QuantizeLinear output or
     the output of another emitted node -- never a DequantizeLinear output. Returns the
     inputs of emitted nodes that are DequantizeLinear outputs."""
-    produced_by = {t: n for n in nodes for t in n.output}
+    producers = GraphIndex(graph).producers
     new_names = {n.name for n in b.nodes}
     float_edges = []
-    for n in nodes:
+    for n in graph.node:
         if n.name not in new_names:
             continue
         for t in n.input:
-            p = produced_by.get(t)
+            p = producers.get(t)
             if p is not None and is_dq(p):
                 float_edges.append(t)
     return sorted(set(float_edges))
 
 
-def _report(g: Graph, entries: list[NodeEntry], nodes: list[onnx.NodeProto], mode: str,
+def _report(lowered_model: onnx.ModelProto, entries: list[NodeEntry], mode: str,
             b: Builder) -> LoweringReport:
+    nodes = lowered_model.graph.node
     lowered = [e for e in entries if e["status"] == "lowered"]
     floats = [e for e in entries if e["status"] == "float"]
     ops = Counter(n.op_type for n in nodes)
@@ -264,7 +266,7 @@ def _report(g: Graph, entries: list[NodeEntry], nodes: list[onnx.NodeProto], mod
             "lowered_share": round(len(lowered) / len(entries), 6) if entries else 1.0,
         },
         "float_by_category": dict(sorted(Counter(e["category"] for e in floats).items())),
-        "float_edges_between_lowered_ops": _float_edges(nodes, b),
+        "float_edges_between_lowered_ops": _float_edges(lowered_model.graph, b),
         "quantize_nodes": ops.get("QuantizeLinear", 0),
         "dequantize_nodes": ops.get("DequantizeLinear", 0),
         "domains": domains,
