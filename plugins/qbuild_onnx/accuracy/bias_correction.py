@@ -26,18 +26,18 @@ from qbuild_onnx_common.models import ModelSource
 from .stats import collect, load_model
 
 if TYPE_CHECKING:
-    from onnx import GraphProto, NodeProto, TensorProto
+    from onnx import NodeProto
     from qbuild_onnx_common.arrays import Float64Array
 
 
-def _dequantize(graph: GraphProto, inits: Mapping[str, TensorProto], tensor: str
-                ) -> tuple[Float64Array, NodeProto] | None:
+def _dequantize(index: GraphIndex, tensor: str) -> tuple[Float64Array, NodeProto] | None:
     """(float array, DQ node) if ``tensor`` is DequantizeLinear(initializer...), else None."""
     import numpy as np
     from onnx import numpy_helper
     from qbuild_onnx_common.graph import attr
 
-    producer = next((n for n in graph.node if tensor in n.output), None)
+    inits = index.initializers
+    producer = index.producers.get(tensor)
     if producer is None or producer.op_type != "DequantizeLinear":
         return None
     if any(i not in inits for i in producer.input if i):
@@ -118,7 +118,8 @@ def bias_correct(
     qm = onnx.ModelProto()
     qm.CopyFrom(load_model(qdq_model))
     fm = load_model(float_model)
-    q_inits, f_inits = GraphIndex(qm.graph).initializers, GraphIndex(fm.graph).initializers
+    q_index = GraphIndex(qm.graph)  # the second loop edits initializers, never nodes' producers
+    q_inits, f_inits = q_index.initializers, GraphIndex(fm.graph).initializers
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
 
     targets = []  # (qnode, fnode, float W, dequantized W)
@@ -126,7 +127,7 @@ def bias_correct(
     for node in qm.graph.node:
         if node.op_type not in op_types or len(node.input) < 2:
             continue
-        deq = _dequantize(qm.graph, q_inits, node.input[1])
+        deq = _dequantize(q_index, node.input[1])
         if deq is None:
             continue
         quantized += 1
@@ -165,7 +166,7 @@ def bias_correct(
             delta = _gemm_mean_error(node, x_mean, wq - w)
         bias_name = node.input[2] if len(node.input) > 2 and node.input[2] else ""
         if bias_name:
-            deq_b = _dequantize(qm.graph, q_inits, bias_name)
+            deq_b = _dequantize(q_index, bias_name)
             if deq_b is not None:
                 b, dq = deq_b
                 init_q = q_inits[dq.input[0]]

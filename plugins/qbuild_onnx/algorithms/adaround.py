@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from qbuild_onnx_common.graph import GraphIndex, attr
 
 if TYPE_CHECKING:
-    from onnx import GraphProto, ModelProto, NodeProto, TensorProto
+    from onnx import ModelProto, NodeProto, TensorProto
     from qbuild_onnx_common.arrays import Array, Float32Array, Float64Array
 
     # a weight as stored <-> its canonical [G, cout_g, d] layout
@@ -90,9 +90,9 @@ class _Layer:
         st.rows[part] += xq.shape[1]
 
 
-def _dq_of(graph: GraphProto, inits: Mapping[str, TensorProto], tensor: str
-           ) -> NodeProto | None:
-    producer: NodeProto | None = next((n for n in graph.node if tensor in n.output), None)
+def _dq_of(index: GraphIndex, tensor: str) -> NodeProto | None:
+    inits = index.initializers
+    producer = index.producers.get(tensor)
     if producer is None or producer.op_type != "DequantizeLinear":
         return None
     if any(i not in inits for i in producer.input if i):
@@ -133,7 +133,8 @@ def _find_layers(qm: ModelProto, fm: ModelProto, op_types: Sequence[str]) -> lis
     import numpy as np
     from onnx import numpy_helper
 
-    q_inits, f_inits = GraphIndex(qm.graph).initializers, GraphIndex(fm.graph).initializers
+    q_index = GraphIndex(qm.graph)
+    q_inits, f_inits = q_index.initializers, GraphIndex(fm.graph).initializers
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
     layers = []
     for node in qm.graph.node:
@@ -143,7 +144,7 @@ def _find_layers(qm: ModelProto, fm: ModelProto, op_types: Sequence[str]) -> lis
         if fnode is None or fnode.op_type != node.op_type or len(fnode.input) < 2 \
                 or fnode.input[1] not in f_inits:
             continue
-        dq = _dq_of(qm.graph, q_inits, node.input[1])
+        dq = _dq_of(q_index, node.input[1])
         if dq is None:
             continue
         q_init = q_inits[dq.input[0]]
