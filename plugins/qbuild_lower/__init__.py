@@ -23,7 +23,7 @@ Layout, each sub-package importing only the ones listed before it (no import cyc
   quantized tensors, their ``region_tables``, ``fuse`` (regions as tables in the fastest
   form, rule ``fuse_lut``) and ``focus`` (YOLOX's Focus slices as SpaceToDepth).
 * ``lowering/``: ``driver.lower_model`` and the handlers of the two modes, ``ort`` and
-  ``fixed_point``.
+  ``fixed_point`` (with ``accumulator`` and ``records``, its parameter records).
 * ``checking/``: ``compare`` (agreement with the QDQ source in onnxruntime), ``feeds``
   (dataset or seeded random inputs) and ``reference`` (an exact numpy executor of
   fixed-point graphs).

@@ -169,7 +169,7 @@ def test_onnxruntime_rounding_graph_in_ort_and_reference():
 def test_float32_accumulator_rounding_graph():
     """Accumulators of 2**24 and more: the integer graph rounds them to float32's 24
     significant bits (ties to even), as onnxruntime's int32 -> float32 conversion does."""
-    from qbuild_lower.lowering.fixed_point import _float32_acc
+    from qbuild_lower.lowering.accumulator import float32_accumulator
 
     rng = np.random.default_rng(5)
     big = rng.integers(-(2**30), 2**30, 4000)
@@ -178,7 +178,7 @@ def test_float32_accumulator_rounding_graph():
     acc = np.concatenate([big, ties]).astype(np.int64)
     dummy = helper.make_model(helper.make_graph([], "g", [], []))
     b = Builder(Graph.from_model(dummy), "fixed_point")
-    out, _ = _float32_acc(b, "acc", 2**30, "f")
+    out, _ = float32_accumulator(b, "acc", 2**30, "f")
     g = helper.make_graph(
         b.nodes, "f32", [helper.make_tensor_value_info("acc", onnx.TensorProto.INT64, acc.shape)],
         [helper.make_tensor_value_info(out, onnx.TensorProto.INT64, acc.shape)], b.inits)

@@ -29,6 +29,7 @@ from ..patterns.fuse import FusedRegions, RegionRecord, count_forms, fuse_region
 from ..qdq.graph import Graph
 from ..qdq.groups import UNSUPPORTED_OP, Group, Unsupported, analyze, is_dq, is_q
 from . import fixed_point, ort
+from .records import region_record
 
 MODES = ("ort", "fixed_point")
 ROUNDINGS = ("half_up", "onnxruntime")
@@ -122,7 +123,7 @@ def _fuse_regions(g: Graph, b: Builder, mode: str, tables: str) -> FusedRegions:
         return fuse_regions(g, b, tables, integer_only=True)
     # fixed_point: chains with float between their ops; the others lower node by node
     return fuse_regions(g, b, "table", integer_only=True, float_chains_only=True,
-                        record=partial(fixed_point.region_record, b))
+                        record=partial(region_record, b))
 
 
 @dataclass
@@ -137,10 +138,11 @@ class _NodeLowering:
     lowered: set[int] = field(default_factory=set)  # source nodes the emitted ones replace
     absorbed_q: set[int] = field(default_factory=set)  # Q nodes whose outputs they produce
     aliases: dict[str, str] = field(default_factory=dict)  # Q outputs renamed
+    handler: Callable[[str], Handler | None] = field(init=False)  # the mode's handlers
+    region_of: dict[str, RegionRecord] = field(init=False)  # fused node name -> region
 
     def __post_init__(self) -> None:
-        self.handler: Callable[[str], Handler | None] = (
-            ort.handler if self.mode == "ort" else fixed_point.handler)
+        self.handler = ort.handler if self.mode == "ort" else fixed_point.handler
         self.absorbed_q |= self.fused.absorbed_q
         self.aliases.update(self.fused.aliases)
         self.lowered |= self.fused.replaced

@@ -1,42 +1,36 @@
 """Mode ``fixed_point``: standard ONNX integer operators only, no float arithmetic.
 
 Conv/MatMul/Gemm accumulate with ConvInteger/MatMulInteger in int32; every rescale is
-``Cast(int64) -> Mul(M0) -> requant_tail`` (see ``emit.requantize`` and
-``arithmetic.fixedpoint``); Add/Mul/Concat rescale each input the same way; average pools sum with
-ConvInteger/ReduceSum; elementwise non-linearities become 256-entry tables (Gather).
-Each lowered layer also yields a parameter record for ``fixed_point_params.json``.
+``Cast(int64) -> Mul(M0) -> requant_tail`` (see ``emit.requantize``,
+``arithmetic.fixedpoint`` and ``accumulator``); Add/Mul/Concat rescale each input the same
+way; average pools sum with ConvInteger/ReduceSum; elementwise non-linearities become
+256-entry tables (Gather). Each lowered layer also yields a parameter record for
+``fixed_point_params.json`` (``records``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypedDict
-
 import numpy as np
 import onnx
-from numpy.typing import ArrayLike, NDArray
+from numpy.typing import NDArray
 from qbuild_onnx_common.graph import attrs
 
 from ..arithmetic import fixedpoint as fp
-from ..arithmetic.tables import Chained, Codes, ConcatInput, TableRequest
-from ..emit.builder import Builder, Handler, ParamRecord, RecordExtras, TensorParams
+from ..arithmetic.tables import Chained, ConcatInput, TableRequest
+from ..emit.builder import Builder, Handler
 from ..emit.quantized import DATA_MOVEMENT, LUT_OPS, gather_codes, lower_data_movement, lower_lut
 from ..emit.requantize import bias_codes, requant_tail
 from ..qdq.graph import Graph, QParams, Shape, onnx_opset
-from ..qdq.groups import (
-    DTYPE,
-    RANGE,
-    Group,
-    Out,
-    Quantized,
-    Unsupported,
-    is_8bit,
-    need_act,
+from ..qdq.groups import DTYPE, Group, Out, Quantized, Unsupported, is_8bit, need_act
+from .accumulator import (
+    I64,
+    accumulator,
+    check_range,
+    choose_rounding,
+    f32_ratio,
+    span,
 )
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
-
-I64 = onnx.TensorProto.INT64
+from .records import half_up_note, record_layer, rounding_note
 
 
 def prepare(g: Graph, b: Builder) -> None:
@@ -53,143 +47,8 @@ def prepare(g: Graph, b: Builder) -> None:
     g.shapes = shapes
 
 
-def _f32_ratio(num: ArrayLike, den: ArrayLike) -> NDArray[np.float32]:
-    """A scale ratio computed as onnxruntime computes its requantization scale: float32."""
-    return (np.asarray(num, np.float32) / np.asarray(den, np.float32)).astype(np.float32)
-
-
-def _span(qp: QParams) -> int:
-    """Largest |q - zero point| an input can have."""
-    lo, hi = fp.dtype_range(qp.dtype)
-    z = int(qp.zero_point.ravel()[0])
-    return max(z - lo, hi - z)
-
-
 def _zp_name(b: Builder, qp: QParams) -> str:
     return qp.zp_name or b.const("zp_" + str(qp.dtype), qp.zero_point)
-
-
-def _tensor_params(tensor: str, qp: QParams) -> TensorParams:
-    return {"tensor": tensor, "dtype": str(qp.dtype),
-            "zero_point": int(qp.zero_point.ravel()[0]), "scale": float(qp.scale.ravel()[0])}
-
-
-def _record(b: Builder, grp: Group, kind: str, ins: list[Quantized], out: Out,
-            m0: ArrayLike | None, right_shift: ArrayLike | None, real: ArrayLike | None,
-            **extra: Unpack[RecordExtras]) -> None:
-    """Add the layer's parameter record (``m0`` None: a table, no multiplier)."""
-    lo, hi = fp.dtype_range(out.qp.dtype)
-    core: ParamRecord = {
-        "node": grp.node.name or grp.node.op_type,
-        "op_type": grp.node.op_type,
-        "kind": kind,
-        "inputs": [_tensor_params(x.q, x.qp) for x in ins],
-        "output": _tensor_params(out.q, out.qp),
-        "clamp": [lo, hi],
-        "rounding": "half_up" if m0 is not None else "table",
-    }
-    if m0 is not None and right_shift is not None and real is not None:
-        core["multiplier"] = [int(v) for v in np.ravel(m0)]
-        shifts = np.ravel(right_shift)
-        core["shift"] = [int(v) for v in shifts] if shifts.size > 1 else int(shifts[0])
-        core["real_multiplier"] = [float(v) for v in np.ravel(real)]
-    b.params.append({**core, **extra})
-
-
-class RoundingNote(TypedDict, total=False):
-    """Why a layer does not round as onnxruntime does, when it was asked to."""
-
-    rounding_note: str
-
-
-def _note(why: str | None) -> RoundingNote:
-    return {"rounding_note": why} if why else {}
-
-
-def _half_up_note(b: Builder, why: str) -> RoundingNote:
-    """For layers that always round half up: say why, when onnxruntime was asked for."""
-    return _note(why if b.rounding == "onnxruntime" else None)
-
-
-def _check_range(bound: NDArray[Any], m0: NDArray[Any], what: str) -> None:
-    if np.any(bound.astype(object) * m0.astype(object) >= fp.PRODUCT_LIMIT):
-        raise Unsupported(f"{what}: accumulator * M0 could exceed the int64 range", RANGE)
-
-
-def _rounding(b: Builder, m0: ArrayLike, shift: ArrayLike, real: ArrayLike, acc_bound: int,
-              exact_op: bool = True) -> tuple[str, str | None, bool]:
-    """How this layer requantizes: (rounding, why not onnxruntime, round the accumulator
-    to float32 first). onnxruntime converts the int32 accumulator to float32, which
-    rounds it once ``|acc| >= 2**24``; that matters only if such values can still land
-    inside the output range."""
-    if b.rounding != "onnxruntime":
-        return "half_up", None, False
-    if not exact_op:
-        return "half_up", "onnxruntime's kernel for this op is not reproduced", False
-    if not fp.exact_float32(m0, shift, real):
-        return "half_up", "M0 * 2**-shift is not onnxruntime's float32 scale exactly", False
-    if int(np.min(shift)) < fp.MIN_ORT_SHIFT:
-        return "half_up", f"shift below {fp.MIN_ORT_SHIFT} (multiplier too large)", False
-    round_acc = (acc_bound >= fp.FLOAT32_EXACT
-                 and fp.FLOAT32_EXACT * float(np.min(real)) < 1024)
-    return "onnxruntime", None, round_acc
-
-
-def _accumulator(b: Builder, acc64: str, bias: fp.Int64s, shape: tuple[int, ...], bound: int,
-                 round_acc: bool, name: str) -> tuple[str, list[str], fp.Int64s]:
-    """(accumulator, ops, bias still to fold after M0). Without float32 rounding the bias
-    is folded into the rounding constant; with it, the bias must be in the accumulator
-    before float32 rounds it."""
-    if not round_acc:
-        return acc64, [], bias
-    with_bias = b.tmp(f"{name}_acc_bias")
-    b.node("Add", [acc64, b.const(f"{name}_bias", bias.reshape(shape) if bias.size > 1
-                                  else bias.reshape(()))], [with_bias], f"{name}_bias")
-    acc64, ops = _float32_acc(b, with_bias, bound, f"{name}_f32acc")
-    return acc64, ["Add", *ops], np.zeros_like(bias)
-
-
-def _float32_acc(b: Builder, acc: str, bound: int, base: str) -> tuple[str, list[str]]:
-    """int64 ``acc`` -> float32(acc) as an integer: rounded to 24 significant bits, ties
-    to even (``fixedpoint.round_to_float32``), for |acc| up to ``bound``."""
-    extra_bits = max(int(bound).bit_length() - 24, 0)
-    a, g, q, qg, rem, r2 = (b.tmp(f"{base}_{t}") for t in
-                            ("abs", "step", "q", "qg", "rem", "rem2"))
-    b.node("Abs", [acc], [a], f"{base}_abs")
-    ops = ["Abs"]
-    # j = the number of bits beyond float32's 24: one comparison per possible bit
-    j = b.const("i64_0", np.array(0, np.int64))
-    for i in range(1, extra_bits + 1):
-        ge, gi, total = (b.tmp(f"{base}_{t}{i}") for t in ("ge", "gei", "bits"))
-        b.node("Greater", [a, b.const(f"i64_{2**(23 + i) - 1}",
-                                      np.array(2 ** (23 + i) - 1, np.int64))], [ge],
-               f"{base}_ge{i}")
-        b.node("Cast", [ge], [gi], f"{base}_gei{i}", to=I64)
-        b.node("Add", [j, gi], [total], f"{base}_bits{i}")
-        j = total
-        ops += ["Greater", "Cast", "Add"]
-    pow2 = b.const("pow2_table_i64", np.array([1 << k for k in range(40)], np.int64))
-    b.node("Gather", [pow2, j], [g], f"{base}_step", axis=0)
-    b.node("Div", [a, g], [q], f"{base}_q")
-    b.node("Mul", [q, g], [qg], f"{base}_qg")
-    b.node("Sub", [a, qg], [rem], f"{base}_rem")
-    b.node("Mul", [rem, b.const("i64_2", np.array(2, np.int64))], [r2], f"{base}_rem2")
-    gt, eq, odd, oddb, tie, up, upi, q2, a2, sg, out = (b.tmp(f"{base}_{t}") for t in (
-        "gt", "eq", "odd", "oddb", "tie", "up", "upi", "q2", "a2", "sign", "f32"))
-    b.node("Greater", [r2, g], [gt], f"{base}_gt")
-    b.node("Equal", [r2, g], [eq], f"{base}_eq")
-    b.node("Mod", [q, b.const("i64_2", np.array(2, np.int64))], [odd], f"{base}_odd")
-    b.node("Cast", [odd], [oddb], f"{base}_oddb", to=onnx.TensorProto.BOOL)
-    b.node("And", [eq, oddb], [tie], f"{base}_tie")
-    b.node("Or", [gt, tie], [up], f"{base}_up")
-    b.node("Cast", [up], [upi], f"{base}_upi", to=I64)
-    b.node("Add", [q, upi], [q2], f"{base}_q2")
-    b.node("Mul", [q2, g], [a2], f"{base}_a2")
-    b.node("Sign", [acc], [sg], f"{base}_sign")
-    b.node("Mul", [a2, sg], [out], f"{base}_f32")
-    ops += ["Gather", "Div", "Mul", "Sub", "Mul", "Greater", "Equal", "Mod", "Cast",
-            "And", "Or", "Cast", "Add", "Mul", "Sign", "Mul"]
-    return out, ops
 
 
 def _shape(b: Builder, x: Quantized) -> Shape | None:
@@ -225,8 +84,8 @@ def _pair_table(grp: Group, b: Builder, xa: Quantized, xb: Quantized,
         idx = idx2
         ops.append("Add")
     b.node("Gather", [table, idx], [grp.outs[0].q], f"{name}_lut", axis=0)
-    _record(b, grp, "lookup_table_2d", [xa, xb], grp.outs[0], None, None, None,
-            rounding="onnxruntime", table_initializer=table)
+    record_layer(b, grp, "lookup_table_2d", [xa, xb], grp.outs[0], None, None, None,
+                 rounding="onnxruntime", table_initializer=table)
     return ops + ["Gather"]
 
 
@@ -246,9 +105,9 @@ def _chained_table(grp: Group, b: Builder, xa: Quantized, xb: Quantized,
                 new = b.fresh(f"{name}_table")
                 b.luts.append(TableRequest(new, grp, Chained(lut_input, ugrp)))
                 ops = gather_codes(b, x.q, x.qp, new, grp.outs[0].q, name)
-                _record(b, grp, "lookup_table", [x], grp.outs[0], None, None, None,
-                        rounding="onnxruntime", composed_with=ugrp.node.name or "",
-                        table_name=new)
+                record_layer(b, grp, "lookup_table", [x], grp.outs[0], None, None, None,
+                             rounding="onnxruntime", composed_with=ugrp.node.name or "",
+                             table_name=new)
                 return ops
     return None
 
@@ -269,15 +128,15 @@ def conv(grp: Group, b: Builder) -> list[str]:
     wv = w.value(b.g)
     cout = wv.shape[0]
     ws = np.broadcast_to(w.qp.scale.astype(np.float32), (cout,))
-    real = _f32_ratio(np.float32(x.qp.scale.ravel()[0]) * ws, out.qp.scale.ravel()[0])
+    real = f32_ratio(np.float32(x.qp.scale.ravel()[0]) * ws, out.qp.scale.ravel()[0])
     m0, shift = fp.decompose_all(real)
     acc_scale = x.qp.scale.astype(np.float64).ravel()[0] * ws.astype(np.float64)
     bias_i32 = bias_codes(grp, b, 2, acc_scale)
     bias = np.zeros(cout, np.int64) if bias_i32 is None else bias_i32.astype(np.int64)
     wabs = np.abs(wv.astype(np.int64) - int(wz[0])).reshape(cout, -1).sum(axis=1)
-    _check_range(wabs * _span(x.qp), m0, "Conv")
-    bound = int((wabs * _span(x.qp) + np.abs(bias)).max())
-    rounding, why, round_acc = _rounding(b, m0, shift, real, bound)
+    check_range(wabs * span(x.qp), m0, "Conv")
+    bound = int((wabs * span(x.qp) + np.abs(bias)).max())
+    rounding, why, round_acc = choose_rounding(b, m0, shift, real, bound)
     name = grp.node.name or "Conv"
     ins = [x.q, w.q, _zp_name(b, x.qp)]
     if int(wz[0]) != 0:
@@ -286,7 +145,7 @@ def conv(grp: Group, b: Builder) -> list[str]:
     b.node("ConvInteger", ins, [acc], name, **attrs(grp.node))
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     shape = (cout,) + (1,) * (wv.ndim - 2)
-    acc64, acc_ops, folded_bias = _accumulator(b, acc64, bias, shape, bound, round_acc, name)
+    acc64, acc_ops, folded_bias = accumulator(b, acc64, bias, shape, bound, round_acc, name)
     b.node(
         "Mul",
         [acc64, b.const(f"{name}_m0", m0.reshape(shape) if cout > 1 else m0.reshape(()))],
@@ -303,10 +162,10 @@ def conv(grp: Group, b: Builder) -> list[str]:
         out.q,
         name,
         shape,
-        prod_bound=int((wabs * _span(x.qp) * m0).max()),
+        prod_bound=int((wabs * span(x.qp) * m0).max()),
         rounding=rounding,
     )
-    _record(
+    record_layer(
         b,
         grp,
         "conv",
@@ -318,7 +177,7 @@ def conv(grp: Group, b: Builder) -> list[str]:
         bias=[int(v) for v in bias],
         weight_zero_point=int(wz[0]),
         rounding=rounding,
-        **_note(why),
+        **rounding_note(why),
     )
     return ["ConvInteger", "Cast", "Mul", *ops]
 
@@ -358,7 +217,7 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         bs = wb.qp.scale.astype(np.float32).ravel()
         b_name, bz_name = wb.q, _zp_name(b, wb.qp)
         babs = None
-    real = (_f32_ratio(np.float32(a.qp.scale.ravel()[0]) * bs, out.qp.scale.ravel()[0])
+    real = (f32_ratio(np.float32(a.qp.scale.ravel()[0]) * bs, out.qp.scale.ravel()[0])
             .astype(np.float64) * alpha)
     m0, shift = fp.decompose_all(real)
     bias = np.zeros(n, np.int64)
@@ -368,18 +227,18 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         if bc is not None:
             bias = bc.astype(np.int64)
     if babs is not None:
-        _check_range(babs * _span(a.qp), m0, grp.node.op_type)
-        bound = int((babs * _span(a.qp) + np.abs(bias)).max())
+        check_range(babs * span(a.qp), m0, grp.node.op_type)
+        bound = int((babs * span(a.qp) + np.abs(bias)).max())
     else:  # activation B: the reduction length bounds the accumulator
         k_dim = (_shape(b, a) or [None])[-1]
-        bound = (int(k_dim) * _span(a.qp) * _span(wb.qp) + int(np.abs(bias).max())
+        bound = (int(k_dim) * span(a.qp) * span(wb.qp) + int(np.abs(bias).max())
                  if k_dim else fp.FLOAT32_EXACT)
-    rounding, why, round_acc = _rounding(b, m0, shift, real, bound, exact_op=alpha == 1.0)
+    rounding, why, round_acc = choose_rounding(b, m0, shift, real, bound, exact_op=alpha == 1.0)
     acc, acc64, prod = b.tmp(f"{name}_acc"), b.tmp(f"{name}_acc64"), b.tmp(f"{name}_prod")
     b.node("MatMulInteger", [a.q, b_name, _zp_name(b, a.qp), bz_name], [acc], name)
     b.node("Cast", [acc], [acc64], f"{name}_cast", to=I64)
     m0c = m0 if m0.size > 1 else m0.reshape(())
-    acc64, acc_ops, folded_bias = _accumulator(b, acc64, bias, (n,), bound, round_acc, name)
+    acc64, acc_ops, folded_bias = accumulator(b, acc64, bias, (n,), bound, round_acc, name)
     b.node("Mul", [acc64, b.const(f"{name}_m0", m0c)], [prod], f"{name}_m0")
     ops = acc_ops + requant_tail(
         b,
@@ -393,8 +252,8 @@ def _matmul_like(grp: Group, b: Builder, trans_b: bool, alpha: float, beta: floa
         (n,) if n > 1 else (),
         rounding=rounding,
     )
-    _record(b, grp, "matmul", [a], out, m0, shift, real, bias=[int(v) for v in bias],
-            rounding=rounding, **_note(why))
+    record_layer(b, grp, "matmul", [a], out, m0, shift, real, bias=[int(v) for v in bias],
+                 rounding=rounding, **rounding_note(why))
     return ["MatMulInteger", "Cast", "Mul", *ops]
 
 
@@ -438,9 +297,9 @@ def add(grp: Group, b: Builder) -> list[str]:
         if table_ops:
             return table_ops
     ys = out.qp.scale.ravel()[0]
-    reals = [_f32_ratio(xa.qp.scale.ravel()[0], ys), _f32_ratio(xb.qp.scale.ravel()[0], ys)]
+    reals = [f32_ratio(xa.qp.scale.ravel()[0], ys), f32_ratio(xb.qp.scale.ravel()[0], ys)]
     m0s, shift = fp.shared_shift(reals)
-    _check_range(np.array([_span(xa.qp) + _span(xb.qp)]), np.array([int(m0s.max())]), "Add")
+    check_range(np.array([span(xa.qp) + span(xb.qp)]), np.array([int(m0s.max())]), "Add")
     pa, ca = _scaled(b, xa, int(m0s[0]), f"{name}_a")
     pb, cb = _scaled(b, xb, int(m0s[1]), f"{name}_b")
     tensors = [t for t in (pa, pb) if t is not None]
@@ -468,8 +327,8 @@ def add(grp: Group, b: Builder) -> list[str]:
         name,
         np.shape(extra) or (),
     )
-    _record(b, grp, "add", [xa, xb], out, m0s, shift, np.array(reals).ravel(),
-            **_half_up_note(b, "a constant or broadcast input has no table"))
+    record_layer(b, grp, "add", [xa, xb], out, m0s, shift, np.array(reals).ravel(),
+                 **half_up_note(b, "a constant or broadcast input has no table"))
     return ops
 
 
@@ -482,12 +341,12 @@ def mul(grp: Group, b: Builder) -> list[str]:
         table_ops = _pair_table(grp, b, xa, xb, name)
         if table_ops:
             return table_ops
-    real = _f32_ratio(
+    real = f32_ratio(
         np.float32(xa.qp.scale.ravel()[0]) * np.float32(xb.qp.scale.ravel()[0]),
         out.qp.scale.ravel()[0],
     )
     mm = fp.decompose(float(real))
-    _check_range(np.array([_span(xa.qp) * _span(xb.qp)]), np.array([mm.m0]), "Mul")
+    check_range(np.array([span(xa.qp) * span(xb.qp)]), np.array([mm.m0]), "Mul")
     ops: list[str] = []
 
     def centered(x: Quantized, base: str) -> str:
@@ -512,18 +371,18 @@ def mul(grp: Group, b: Builder) -> list[str]:
     ops += requant_tail(
         b, pm, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype, out.q, name, ()
     )
-    _record(b, grp, "mul", [xa, xb], out, [mm.m0], mm.shift, [float(real)],
-            **_half_up_note(b, "a constant or broadcast input has no table"))
+    record_layer(b, grp, "mul", [xa, xb], out, [mm.m0], mm.shift, [float(real)],
+                 **half_up_note(b, "a constant or broadcast input has no table"))
     return ops
 
 
 def _rescale(b: Builder, x: Quantized, out: Out, base: str
              ) -> tuple[str, list[str], tuple[fp.Multiplier, NDArray[np.float32]]]:
     """Requantize one tensor to the output parameters: q -> zy + round((q - zx) * M)."""
-    real = _f32_ratio(x.qp.scale.ravel()[0], out.qp.scale.ravel()[0])
+    real = f32_ratio(x.qp.scale.ravel()[0], out.qp.scale.ravel()[0])
     mm = fp.decompose(float(real))
     zx = int(x.qp.zero_point.ravel()[0])
-    _check_range(np.array([_span(x.qp)]), np.array([mm.m0]), "rescale")
+    check_range(np.array([span(x.qp)]), np.array([mm.m0]), "rescale")
     c64, p, y = b.tmp(f"{base}_i64"), b.tmp(f"{base}_scaled"), b.tmp(f"{base}_rq")
     b.node("Cast", [x.q], [c64], f"{base}_cast", to=I64)
     b.node("Mul", [c64, b.const(f"{base}_m0", np.array(mm.m0, np.int64))], [p], f"{base}_m0")
@@ -551,13 +410,13 @@ def concat(grp: Group, b: Builder) -> list[str]:
             b.luts.append(TableRequest(table, grp, ConcatInput(k)))
             ops += gather_codes(b, x.q, x.qp, table, y, f"{name}_in{k}")
             names.append(y)
-            _record(b, grp, "lookup_table", [x], out, None, None, None, input_index=k,
-                    rounding="onnxruntime", table_name=table)
+            record_layer(b, grp, "lookup_table", [x], out, None, None, None, input_index=k,
+                         rounding="onnxruntime", table_name=table)
             continue
         y, o, (mm, real) = _rescale(b, x, out, f"{name}_in{k}")
         names.append(y)
         ops += o
-        _record(b, grp, "rescale", [x], out, [mm.m0], mm.shift, [float(real)], input_index=k)
+        record_layer(b, grp, "rescale", [x], out, [mm.m0], mm.shift, [float(real)], input_index=k)
     b.node("Concat", names, [out.q], name, axis=int(grp.attr("axis")))
     return ops + ["Concat"]
 
@@ -579,11 +438,11 @@ def average_pool(grp: Group, b: Builder) -> list[str]:
         raise Unsupported("AveragePool: channel count unknown (shape inference failed)")
     c = int(shape[1])
     count = int(np.prod(k))
-    real = _f32_ratio(
+    real = f32_ratio(
         x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count)
     )
     mm = fp.decompose(float(real))
-    _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "AveragePool")
+    check_range(np.array([count * span(x.qp)]), np.array([mm.m0]), "AveragePool")
     name = n.name or "AveragePool"
     ones = b.const(f"{name}_ones", np.ones([c, 1, *k], dtype=np.uint8))
     acc, acc64, prod = b.tmp(f"{name}_sum"), b.tmp(f"{name}_sum64"), b.tmp(f"{name}_prod")
@@ -600,8 +459,8 @@ def average_pool(grp: Group, b: Builder) -> list[str]:
     ops = requant_tail(
         b, prod, mm.shift, 0, int(out.qp.zero_point.ravel()[0]), out.qp.dtype, out.q, name, ()
     )
-    _record(b, grp, "average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count,
-            **_half_up_note(b, "onnxruntime's QLinearAveragePool is not reproduced"))
+    record_layer(b, grp, "average_pool", [x], out, [mm.m0], mm.shift, [float(real)], window=count,
+                 **half_up_note(b, "onnxruntime's QLinearAveragePool is not reproduced"))
     return ["ConvInteger", "Cast", "Mul", *ops]
 
 
@@ -613,14 +472,14 @@ def global_average_pool(grp: Group, b: Builder) -> list[str]:
         raise Unsupported("GlobalAveragePool: spatial size unknown (shape inference failed)")
     count = int(np.prod([int(d) for d in shape[2:] if d is not None]))
     if b.rounding == "onnxruntime":  # onnxruntime's order: float32(float32(Sx / N) / Sy)
-        real = _f32_ratio(_f32_ratio(x.qp.scale.ravel()[0], count), out.qp.scale.ravel()[0])
+        real = f32_ratio(f32_ratio(x.qp.scale.ravel()[0], count), out.qp.scale.ravel()[0])
     else:
-        real = _f32_ratio(
+        real = f32_ratio(
             x.qp.scale.ravel()[0], np.float32(out.qp.scale.ravel()[0]) * np.float32(count)
         )
     mm = fp.decompose(float(real))
-    _check_range(np.array([count * _span(x.qp)]), np.array([mm.m0]), "GlobalAveragePool")
-    rounding, why, _ = _rounding(b, [mm.m0], [mm.shift], [real], count * _span(x.qp))
+    check_range(np.array([count * span(x.qp)]), np.array([mm.m0]), "GlobalAveragePool")
+    rounding, why, _ = choose_rounding(b, [mm.m0], [mm.shift], [real], count * span(x.qp))
     name = grp.node.name or "GlobalAveragePool"
     axes = list(range(2, len(shape)))
     c32, s, s64, prod = (b.tmp(f"{name}_{t}") for t in ("i32", "sum", "sum64", "prod"))
@@ -650,26 +509,16 @@ def global_average_pool(grp: Group, b: Builder) -> list[str]:
         (),
         rounding=rounding,
     )
-    _record(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)],
-            window=count, rounding=rounding, **_note(why))
+    record_layer(b, grp, "global_average_pool", [x], out, [mm.m0], mm.shift, [float(real)],
+                 window=count, rounding=rounding, **rounding_note(why))
     return ["Cast", "ReduceSum", "Cast", "Mul", *ops]
-
-
-def region_record(b: Builder, xqp: QParams, x: str, yqp: QParams, y: str, table: Codes,
-                  op_types: list[str], nodes: list[str]) -> None:
-    """The parameter record of an element-wise chain lowered as one table
-    (``patterns.fuse``)."""
-    b.params.append({"node": nodes[-1], "op_type": "+".join(op_types), "kind": "lookup_table",
-                     "inputs": [_tensor_params(x, xqp)], "output": _tensor_params(y, yqp),
-                     "clamp": list(fp.dtype_range(yqp.dtype)), "rounding": "table",
-                     "composed_of": nodes, "table": [int(v) for v in table]})
 
 
 def lut(grp: Group, b: Builder) -> list[str]:
     ops = lower_lut(grp, b)
     table = b.luts[-1].name
-    _record(b, grp, "lookup_table", [grp.ins[0].quantized()], grp.outs[0], None, None, None,
-            table_name=table)
+    record_layer(b, grp, "lookup_table", [grp.ins[0].quantized()], grp.outs[0], None, None, None,
+                 table_name=table)
     return ops
 
 
