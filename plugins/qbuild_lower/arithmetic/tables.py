@@ -26,10 +26,11 @@ import numpy as np
 import onnx
 from numpy.typing import DTypeLike, NDArray
 from onnx import helper, numpy_helper
+from qbuild_onnx_common.arrays import Array
 from qbuild_onnx_common.graph import attrs
 from qbuild_onnx_common.ort import session
 
-from ..qdq.graph import Array, Graph, onnx_opset
+from ..qdq.graph import Graph, onnx_opset
 from ..qdq.groups import Group, In, Quantized
 
 #: The ONNX element type of 8-bit codes of each numpy type.

@@ -12,11 +12,11 @@ from typing import TypedDict
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.arrays import Feed
 from qbuild_onnx_common.ort import session
 
 from ..qdq.graph import Graph
 from ..qdq.groups import is_dq
-from .feeds import Feed
 
 
 class _Tally(TypedDict):

@@ -9,12 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.arrays import Feed
 from qbuild_onnx_common.errors import OnnxError
 
-from ..qdq.graph import Array, Graph
-
-#: One sample: an array per model input.
-Feed = dict[str, Array]
+from ..qdq.graph import Graph
 
 
 def load_dataset(path: Path, max_samples: int | None = None,

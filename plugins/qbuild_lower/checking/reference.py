@@ -16,9 +16,10 @@ import numpy as np
 import onnx
 from numpy.typing import NDArray
 from onnx import helper, numpy_helper
+from qbuild_onnx_common.arrays import Array
 from qbuild_onnx_common.graph import attr, attrs
 
-from ..qdq.graph import Array, onnx_opset, toposort
+from ..qdq.graph import onnx_opset, toposort
 
 #: Every tensor's value so far, by name.
 Values = dict[str, Array]

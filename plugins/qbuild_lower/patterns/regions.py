@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.arrays import Array
 
 from ..emit.quantized import LUT_OPS
-from ..qdq.graph import Array, Graph
+from ..qdq.graph import Graph
 from ..qdq.groups import is_dq, is_q
 
 #: Two-input element-wise ops (the other input derived from the root, or a scalar).

@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import onnx
+from qbuild_onnx_common.models import ModelSource
 
 
-def macs(model: onnx.ModelProto | Path | str) -> dict[str, int]:
+def macs(model: ModelSource) -> dict[str, int]:
     """Multiply-accumulates of Conv, ConvInteger, QLinearConv, MatMul-like and Gemm nodes
     (shapes from onnx shape inference), total and by kind (dense/depthwise/grouped conv,
     matmul)."""

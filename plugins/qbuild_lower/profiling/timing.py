@@ -25,18 +25,12 @@ import tempfile
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeAlias, TypedDict
+from typing import Any, TypedDict
 
+from qbuild_onnx_common.arrays import Feed
 from qbuild_onnx_common.latency import interleaved_latency_ms, slower_verdict
+from qbuild_onnx_common.models import ModelSource
 from qbuild_onnx_common.ort import session
-
-if TYPE_CHECKING:
-    import onnx
-
-    from ..checking.feeds import Feed
-
-#: A model to run: in memory or its file.
-ModelSource: TypeAlias = "onnx.ModelProto | Path | str"
 
 
 class Latency(TypedDict):

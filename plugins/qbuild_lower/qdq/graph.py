@@ -16,11 +16,10 @@ import numpy as np
 import onnx
 from numpy.typing import NDArray
 from onnx import numpy_helper
+from qbuild_onnx_common.arrays import Array
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr, opset
 
-#: A tensor's values of any numpy type (initializers, feeds, run results).
-Array = NDArray[Any]
 #: Tensor shapes as shape inference gives them: a dimension is a size, a symbolic name or
 #: unknown (None).
 Shape = list[int | str | None]

@@ -15,9 +15,10 @@ from typing import Any
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.arrays import Array
 from qbuild_onnx_common.graph import attr
 
-from .graph import FLOAT_TYPES, Array, Graph, QParams
+from .graph import FLOAT_TYPES, Graph, QParams
 
 
 class Unsupported(Exception):

@@ -11,12 +11,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from numpy.typing import NDArray
+from qbuild_onnx_common.arrays import Float32Array
 from qbuild_onnx_common.models import load_model
 
 from .graph import onnx_opset
 
-ImageBatch = NDArray[np.float32]
+#: Images as a float32 NCHW batch.
+ImageBatch = Float32Array
 
 #: Per-model image pre-processing: (channel order, value mapping).
 _PREP: dict[str, tuple[str, Callable[[ImageBatch], ImageBatch]]] = {

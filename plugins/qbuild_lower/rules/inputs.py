@@ -7,14 +7,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qbuild_onnx_common.arrays import Feed
 from qbuild_onnx_common.providers import dataset_path, model_path
 
 from qbuild import Dep, RunContext
 
 if TYPE_CHECKING:
     import onnx
-
-    from ..checking.feeds import Feed
 
 
 def model_file(ctx: RunContext, dep: Dep, label: str, attr_name: str = "model") -> Path:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.arrays import Feed
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import (
     DatasetInfo,
@@ -26,7 +27,6 @@ from .inputs import dataset_dir, model_file
 if TYPE_CHECKING:
     import onnx
 
-    from ..checking.feeds import Feed
     from ..profiling.timing import OpProfile
 
 REQUANTIZATION = {
