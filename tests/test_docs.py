@@ -37,9 +37,12 @@ from pathlib import Path
 
 import pytest
 
-from qbuild._toml import tomllib
-from qbuild._workspace import load_workspace
 from qbuild.testing import Workspace
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -284,8 +287,7 @@ def test_doc_snippet(where, mode, reason, text, tmp_path, shared_cache, detector
         pins = "".join(f'{k} = "{v}"\n' for k, v in data.get("toolchain", {}).items())
         ws.write("qbuild.toml", _toml({"settings": settings}) +
                  (f"\n[toolchain]\n{pins}" if pins else ""))
-        workspace = load_workspace(ws.root)
-        assert workspace.cache_dir == shared_cache
+        assert Workspace.existing(ws.root).cache_dir == shared_cache  # loads qbuild.toml
         return
     tables = _with_fixtures(data)
     pkg = ws.path("pkg")
