@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._errors import QbuildError
+from .core.errors import QbuildError
 
 if TYPE_CHECKING:
     import concurrent.futures
 
-    from ._records import Action, Outcome
+    from .core.records import Action, Outcome
 
 __all__ = ["BuildOutcome", "CliOutcome", "FakeExecutor", "Workspace", "qbuild_workspace"]
 
@@ -87,12 +87,12 @@ class BuildOutcome:
     def provider(self, label: str, cls: type) -> Any:
         """A requested target's provider ``cls``, typed, its paths in qbuild-out
         (``KeyError`` if the target does not give it)."""
-        from ._providers import decode, provider_name
+        from .api.providers import decode, provider_name
 
         data = self._providers.get(label, {}).get(provider_name(cls))
         if data is None:
             raise KeyError(f"{label} gives no {cls.__qualname__}")
-        from ._label import output_folder
+        from .core.labels import output_folder
 
         root = self._output_dir / output_folder(label) if self._output_dir else None
         return decode(cls, data, root)
@@ -118,7 +118,7 @@ class Workspace:
     @classmethod
     def existing(cls, root: Path, plugins: list[ModuleType | Any] | None = None) -> Workspace:
         """A handle on a workspace that already exists (its qbuild.toml is kept as is)."""
-        from ._workspace import load_workspace
+        from .analysis.workspace import load_workspace
 
         workspace = cls.__new__(cls)
         workspace.root = Path(root)
@@ -168,9 +168,9 @@ class Workspace:
         ``blocked`` names plugins not to load (like ``-p no:NAME``). The engine is wired
         by the same ``Session`` the command line opens.
         """
-        from ._build import BuildOptions
-        from ._progress import ConsoleReporter
-        from ._session import Session
+        from .build.progress import ConsoleReporter
+        from .build.run import BuildOptions
+        from .build.session import Session
 
         log = io.StringIO()
         session = None
@@ -183,7 +183,7 @@ class Workspace:
                 remote_flags={"cache": remote_cache, "upload": remote_upload,
                               "timeout": remote_timeout, "headers": remote_headers},
                 environ={}, entry_point_cache=False)
-            from ._dask_executor import resolve_executor
+            from .execution.dask_executor import resolve_executor
 
             executor = resolve_executor(session.workspace.root, {
                 "executor": remote_executor, "strategy": strategy,
@@ -222,8 +222,8 @@ class Workspace:
     def aquery(self, *patterns: str) -> list[dict[str, Any]]:
         """The records ``qbuild aquery --output=json`` prints, computed in-process with
         this workspace's plugins (keys from what the cache holds; nothing runs)."""
-        from ._aquery import actions
-        from ._session import Session
+        from .build.session import Session
+        from .commands.aquery import actions
 
         session, package = Session.open(self.root, plugins=self.plugins,
                                         entry_point_cache=False)
@@ -278,8 +278,8 @@ class FakeExecutor:
     def wait(self, fs: Iterable[concurrent.futures.Future[Outcome]], *, return_when: str
              ) -> tuple[set[concurrent.futures.Future[Outcome]],
                         set[concurrent.futures.Future[Outcome]]]:
-        from ._executor import ActionFailed
-        from ._records import ActionResult, Outcome
+        from .core.records import ActionResult, Outcome
+        from .execution.local import ActionFailed
 
         fs = set(fs)
         if not any(f.done() for f in fs):

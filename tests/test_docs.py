@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from qbuild._toml import tomllib
-from qbuild._workspace import load_workspace
+from qbuild.analysis.workspace import load_workspace
+from qbuild.core.toml import tomllib
 from qbuild.testing import Workspace
 
 ROOT = Path(__file__).resolve().parents[1]

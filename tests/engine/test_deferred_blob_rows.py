@@ -7,9 +7,9 @@ find its own blobs at once, and a dropped blob must never get a row."""
 import json
 import os
 
-from qbuild import _store
-from qbuild._digest import hash_file
-from qbuild._store import LocalStore
+from qbuild.core.files import hash_file
+from qbuild.store import local as _store
+from qbuild.store.local import LocalStore
 
 
 def _blob(tmp, name, data):
@@ -46,7 +46,7 @@ def test_rows_are_written_after_the_files_are_durable(tmp_path, monkeypatch):
 
 
 def test_an_entry_is_never_written_before_the_rows_of_its_blobs(tmp_path):
-    from qbuild._records import ActionResult, OutputEntry
+    from qbuild.core.records import ActionResult, OutputEntry
 
     store = LocalStore(tmp_path / "cache")
     store.defer_sync()

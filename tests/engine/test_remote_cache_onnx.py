@@ -9,8 +9,8 @@ from pathlib import Path
 
 from remote_servers import Wsgidav
 
-from qbuild._state import WorkspaceState
-from qbuild._store import LocalStore
+from qbuild.build.state import WorkspaceState
+from qbuild.store.local import LocalStore
 from qbuild.testing import Workspace
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,7 +19,7 @@ from remote_servers import FaultServer, Nginx, Wsgidav, free_port, nginx_binary
 from test_remote_cache import GRAPH, make
 
 from qbuild import ActionContext, Rule, attr, hookimpl
-from qbuild._store import LocalStore
+from qbuild.store.local import LocalStore
 
 ALL = ["//p:one", "//p:top", "//p:two"]
 

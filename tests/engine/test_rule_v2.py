@@ -160,7 +160,7 @@ def test_an_action_whose_cached_blobs_are_gone_runs_again(ws):
     import hashlib
     import os
 
-    from qbuild._store import LocalStore
+    from qbuild.store.local import LocalStore
 
     setup(ws)
     first = ws.build("//p:words")
@@ -190,7 +190,7 @@ def test_a_declared_provider_must_be_returned(ws):
 
 
 def test_aquery_text_says_when_an_action_writes_nothing():
-    from qbuild._aquery import as_text
+    from qbuild.commands.aquery import as_text
 
     record = {"mnemonic": "CheckBars", "target": "//p:ev", "function": "m:check",
               "inputs": [], "outputs": [], "params": {}, "key": None, "cached": False}
