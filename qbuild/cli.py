@@ -324,20 +324,10 @@ def _make_folders(workspace: Workspace) -> None:
 def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -> int:
     from .build.progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
     from .build.run import BuildOptions
-    from .execution.local import clean_stale_sandboxes
-    from .shortcuts.noop import forget, record
+    from .commands.build import BuildRequest, full_build
 
     session, package = _session(args)
-    from .core.files import load_known, save_known
-
-    known_file = session.workspace.output_dir / ".qbuild" / "digests.json"
-    session.known_digests = load_known(known_file)
     try:
-        from .keys.toolchain import check as check_toolchain
-
-        check_toolchain(dict(session.workspace.toolchain), args.toolchain_mismatch,
-                        session.workspace.root / "qbuild.toml",
-                        lambda line: print(line, file=sys.stderr))
         executor: Any = None
         if args.remote_executor is not None or session.workspace.has_remote or \
                 "QBUILD_REMOTE_EXECUTOR" in os.environ:  # (else nothing names one)
@@ -355,41 +345,22 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
             jobs = max(jobs, REMOTE_JOBS)  # the cluster queues and places them
         if jobs < 1:
             raise UsageError("-j must be at least 1")
-        forget(session.workspace.output_dir, args.patterns, package)
         resources = _local_resources(args.local_resources)
         reporters: list[Reporter] = [ConsoleReporter(quiet=getattr(args, "quiet", False),
                                                      verbose=getattr(args, "verbose", False))]
         if args.event_log:
             reporters.append(EventLogReporter(args.event_log))
-        reporter = FanOut(*reporters)
-        clean_stale_sandboxes(session.store.tmp)
-        build = session.build(args.patterns, package,
-                              BuildOptions(jobs=jobs, keep_going=args.keep_going,
-                                           explain=args.explain, remote_executor=executor,
-                                           **resources), reporter,
-                              started=started, incremental=env)
-        result = build.result
-        save_known(known_file, session.digests, started)
-        lines, shown = [], []
-        root_prefix = len(str(session.workspace.root)) + 1
-        cwd = os.getcwd()
-        for label in result.requested:
-            for path in result.outputs.get(label, []):
-                shown.append(_shown(path, cwd))
-                lines.append(path[root_prefix:].replace(os.sep, "/"))
-        if shown:
-            sys.stdout.write("\n".join(shown) + "\n")
-        reads = build.reads()
-        if result.ok and reads is not None:
-            record(session.workspace.root, session.workspace.output_dir, args.patterns,
-                   package, reads=reads, outputs=build.placed_outputs(), started=started,
-                   env=env, lines=lines,
-                   summary={"targets": len(result.requested),
-                            "actions": len(result.ran) + len(result.cached),
-                            "cache_dir": str(session.store.directory),
-                            "cache_bytes": session.store.volume()},
-                   code_files=sorted(build.code_files()), sources=build.source_files())
-        return EXIT_OK if result.ok else EXIT_BUILD_FAILED
+        request = BuildRequest(
+            args.patterns, package,
+            BuildOptions(jobs=jobs, keep_going=args.keep_going, explain=args.explain,
+                         remote_executor=executor, **resources),
+            started=started, environment=env, toolchain_mismatch=args.toolchain_mismatch)
+        run = full_build(session, request, FanOut(*reporters),
+                         lambda line: print(line, file=sys.stderr))
+        if run.paths:
+            cwd = os.getcwd()
+            sys.stdout.write("\n".join(_shown(path, cwd) for path in run.paths) + "\n")
+        return EXIT_OK if run.build.result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
 

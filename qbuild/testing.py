@@ -159,18 +159,26 @@ class Workspace:
               remote_upload: bool | None = None, remote_timeout: float | None = None,
               remote_headers: list[str] | None = None, blocked: tuple[str, ...] = (),
               remote_executor: str | None = None, strategy: list[str] | None = None,
-              remote_local_fallback: bool | None = None) -> BuildOutcome:
+              remote_local_fallback: bool | None = None, toolchain_mismatch: str = "error",
+              shortcuts: bool = True) -> BuildOutcome:
         """Build in-process with the real engine; configuration errors become
         ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``.
 
         The remote cache comes from the ``remote_*`` arguments (like the ``--remote_*``
         flags) and ``[remote]`` in ``qbuild.toml``, never from this process's environment.
-        ``blocked`` names plugins not to load (like ``-p no:NAME``). The engine is wired
-        by the same ``Session`` the command line opens.
+        ``blocked`` names plugins not to load (like ``-p no:NAME``). The build goes
+        through the command line's own ``commands.build.full_build``: the toolchain pins
+        are checked, the digest memo kept, stale sandboxes swept, and (with
+        ``shortcuts``) the analysis cache and incremental path used and the no-op
+        snapshot recorded, as for a user's ``qbuild build``.
         """
+        import time
+
         from .build.progress import ConsoleReporter
         from .build.run import BuildOptions
         from .build.session import Session
+        from .commands.build import BuildRequest, full_build
+        from .shortcuts.noop import environment
 
         log = io.StringIO()
         session = None
@@ -190,11 +198,15 @@ class Workspace:
                 "local_fallback": remote_local_fallback}, environ={})
             if executor is not None and session.remote is None:
                 raise QbuildError("remote_executor needs a remote cache")
-            result = session.build(list(patterns), package,
-                                   BuildOptions(jobs=jobs, keep_going=keep_going,
-                                                explain=explain, cpu=cpu, memory=memory,
-                                                remote_executor=executor),
-                                   ConsoleReporter(log, tty=False)).result
+            started = time.time()
+            request = BuildRequest(
+                list(patterns), package,
+                BuildOptions(jobs=jobs, keep_going=keep_going, explain=explain, cpu=cpu,
+                             memory=memory, remote_executor=executor),
+                started=started, toolchain_mismatch=toolchain_mismatch,
+                environment=environment("in-process") if shortcuts else None)
+            result = full_build(session, request, ConsoleReporter(log, tty=False),
+                                lambda line: print(line, file=log)).build.result
             output_dir = session.workspace.output_dir
         except QbuildError as exc:
             return BuildOutcome(ok=False, exit_code=exc.exit_code, error=str(exc),

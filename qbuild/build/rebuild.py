@@ -18,15 +18,16 @@ import contextlib
 import queue
 import threading
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..analysis.graph import Target
+from ..analysis.graph import Graph, Target
 from ..core.errors import QbuildError
 from ..execution.local import ActionFailed, MissingBlob
 from ..core.labels import Label
 from ..core.protocols import Executor, Origin, Store
 from ..core.records import Action, ActionResult, KeyParts, Outcome
-from .session import Session
+from ..keys.keyer import Keyer
 from .state import WorkspaceState
 
 if TYPE_CHECKING:
@@ -50,11 +51,14 @@ def one_line(exc: BaseException) -> str:
 class Rebuilder:
     """Keys, cache lookups, runs and stores for one build; holds every target's result."""
 
-    def __init__(self, session: Session, executor: Executor, state: WorkspaceState,
+    def __init__(self, keyer: Keyer, graph: Graph, store: Store, root: Path,
+                 executor: Executor, state: WorkspaceState,
                  jobs: int, started: Callable[[Label], None] = lambda _label: None,
                  message: Callable[[str], None] = lambda _text: None) -> None:
-        self.session = session
-        self.store: Store = session.store
+        self.keyer = keyer
+        self.graph = graph
+        self.root = root
+        self.store = store
         self.executor = executor
         self.state = state
         self.jobs = jobs
@@ -72,7 +76,7 @@ class Rebuilder:
 
         if type(self.store) is LocalStore:  # (a remote layer uploads each entry itself)
             self.store.defer_sync()
-            self.committer = Committer(self.store, session.save_code, message)
+            self.committer = Committer(self.store, keyer.save_code, message)
         self._rebuild_lock = threading.RLock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         # Called in the action's thread with each new result once it is recorded (the
@@ -82,12 +86,12 @@ class Rebuilder:
     # -- key, hit or miss --------------------------------------------------------------
     def lookup(self, target: Target) -> tuple[Action, ActionResult | None, Origin]:
         """Key ``target`` from its dependencies' results and look the key up."""
-        parts, key, action = self.session.keyed(target, self.results, with_parts=False)
+        parts, key, action = self.keyer.keyed(target, self.results, with_parts=False)
         self.actions[target.label] = action
         self.sources[target.label] = action.sources
         cached, origin = self.store.find_action(key)
         if cached is None and parts is None:  # a miss: the parts are recorded with it
-            parts = self.session.parts_of(target, action)
+            parts = self.keyer.parts_of(target, action)
         if parts is not None:
             self.parts[target.label] = parts
         return action, cached, origin
@@ -101,15 +105,14 @@ class Rebuilder:
         """The last build's key and result, unchanged (``_incremental``): no action
         record is made unless the target has to run again (``_action``)."""
         self.sources[label] = sources
-        root = self.session.workspace.root
         for rel, (digest, stat) in sources.items():
-            self.session.digests.vouch(root / rel, digest, stat)
+            self.keyer.digests.vouch(self.root / rel, digest, stat)
         self.hit(label, key, result)
 
     def _action(self, label: Label) -> Action:
         action = self.actions.get(label)
         if action is None:  # a reused target: key it now
-            parts, _key, action = self.session.key_for(self.session.graph.targets[label],
+            parts, _key, action = self.keyer.key_for(self.graph.targets[label],
                                                        self.results)
             self.actions[label], self.parts[label] = action, parts
         return action
@@ -175,7 +178,7 @@ class Rebuilder:
                 else:
                     # Blobs are durable (stored and fsync'ed by the executor) first.
                     self.store.put_components(action.key, parts)
-                    self.session.save_code(parts)
+                    self.keyer.save_code(parts)
                     self.store.put_action(action.key, outcome.result)
         if retry is not None:
             return self._run(retry)
@@ -205,13 +208,13 @@ class Rebuilder:
                                        "the cache") from None
                 rebuilt.add(dep)
                 if self.rebuild(dep):  # a non-reproducible dep gave new bytes: re-key
-                    target = self.session.graph.targets[label]
-                    parts, _key, fresh = self.session.key_for(target, self.results)
+                    target = self.graph.targets[label]
+                    parts, _key, fresh = self.keyer.key_for(target, self.results)
                     self.actions[label], self.parts[label] = fresh, parts
                     return None, _granted(fresh, action)
 
     def _dep(self, label: Label, text: str) -> Label:
-        for dep in self.session.graph.targets[label].deps:
+        for dep in self.graph.targets[label].deps:
             if str(dep) == text:
                 return dep
         raise ActionFailed(f"inputs of {label} could not be restored from the cache")
@@ -266,8 +269,8 @@ class Rebuilder:
                     changed = True
                 elif stack:  # the parent was keyed with the old bytes: key it again
                     parent = stack[-1]
-                    parts, key, fresh = self.session.key_for(
-                        self.session.graph.targets[parent], self.results)
+                    parts, key, fresh = self.keyer.key_for(
+                        self.graph.targets[parent], self.results)
                     self.actions[parent] = _granted(fresh, self._action(parent))
                     self.parts[parent] = parts
                     self.store.put_components(key, parts)

@@ -15,7 +15,7 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..analysis.graph import Graph, Target
 from ..core.errors import QbuildError
@@ -25,17 +25,20 @@ from ..core.labels import Label
 from .materialize import Materializer
 from .plan import Plan
 from .progress import Reporter
-from ..core.protocols import Executor, Origin
+from ..core.protocols import Executor, Origin, Store
+from ..core.files import SourceDigests
+from ..keys.keyer import Keyer
+from ..analysis.plugins import Registry
 from .rebuild import Rebuilder, one_line
 from ..core.records import Action, ActionResult, KeyParts, Outcome
 from .scheduler import Scheduler
-from .session import Session
 from .state import WorkspaceState
-from ..analysis.workspace import claim_output_dir
+from ..analysis.workspace import Workspace, claim_output_dir
 from ..events import ActionEvent, BuildSummary, Failure
 
 if TYPE_CHECKING:
     from ..shortcuts.incremental import Reuse
+    from ..store.http import RemoteConfig
     from ..store.remote import LayeredStore
 
 __all__ = ["Build", "BuildOptions", "BuildResult", "Session"]
@@ -133,10 +136,26 @@ def _expand_groups(graph: Graph, labels: list[Label]) -> list[Label]:
     return list(dict.fromkeys(out))
 
 
+class BuildSession(Protocol):
+    """What a build runs over: the parts a ``Session`` wires (``build.session``)."""
+
+    workspace: Workspace
+    registry: Registry
+    graph: Graph
+    remote: RemoteConfig | None
+
+    @property
+    def store(self) -> Store: ...
+    @property
+    def digests(self) -> SourceDigests: ...
+    @property
+    def keyer(self) -> Keyer: ...
+
+
 class Build:
     """One ``qbuild build`` run over a session."""
 
-    def __init__(self, session: Session, options: BuildOptions, reporter: Reporter,
+    def __init__(self, session: BuildSession, options: BuildOptions, reporter: Reporter,
                  executor: Executor | None = None, reuse: Reuse | None = None) -> None:
         self.session = session
         self.reuse = reuse  # the last build's keys and results (``_incremental``)
@@ -178,7 +197,8 @@ class Build:
             # Placement is the cluster's; actions that run here share this machine's
             # cores inside the executor.
             self.cpu_budget = self.memory_budget = 1 << 40
-        self.rebuilder = Rebuilder(session, inner, self.state, options.jobs,
+        self.rebuilder = Rebuilder(session.keyer, session.graph, self.store,
+                                   session.workspace.root, inner, self.state, options.jobs,
                                    started=lambda label: reporter.action_started(str(label)),
                                    message=reporter.message)
         if self.remote_executor is not None:
@@ -436,7 +456,7 @@ class Build:
     def _explain(self, label: Label, parts: KeyParts) -> None:
         last = self.state.last_keys.get(str(label))
         old = self.store.get_components(last) if last else None
-        lines = diff(old, parts, self.session.code_files) or [
+        lines = diff(old, parts, self.session.keyer.code_files) or [
             "no recorded difference (the cached result was removed)"]
         self.result.explanations[str(label)] = lines
         self.reporter.message(f"{label} will run: " + "; ".join(lines))
@@ -489,7 +509,8 @@ class Build:
         """Every rule code file the keys of this build rest on (hashed now, or by the
         build whose keys were reused), and the files plugins name as what their
         environment facts rest on (``qbuild_key_files``)."""
-        files = set(self.session.code.files_read) if self.session.code_used else set()
+        keyer = self.session.keyer
+        files = set(keyer.code.files_read) if keyer.code_used else set()
         if self.reuse is not None:
             files.update(self.reuse.code_files)
         # What plugins' environment facts rest on (the tools a command runs): stat'ed

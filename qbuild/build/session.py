@@ -2,32 +2,25 @@
 
 Both the command line (``qbuild.cli``) and ``qbuild.testing`` open a ``Session``
 (workspace, plugin registry, remote settings) and call ``Session.build``; the store,
-source digests and code digests are made on first use, so commands that only analyse
-(query, outputs) never open the cache. ``key_for`` turns an analysed target and its
-dependencies' results into the key's parts, the key and the ``Action`` record.
+source digests and the ``Keyer`` are made on first use, so commands that only analyse
+(query, outputs) never open the cache.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..core.versions import __version__
 from ..analysis.graph import Graph, Target
-from ..keys.code import CodeDigests
 from ..core.files import SourceDigests
-from ..keys.parts import action_key, components, target_env
 from ..core.labels import Label
 from ..analysis.plugins import Registry, load_registry
 from ..core.protocols import Store
-from ..api.providers import provider_name
+from ..keys.keyer import Keyer
 from ..core.records import Action, ActionResult, KeyParts
-from ..execution.actions import step_components, step_key
 from ..analysis.workspace import Workspace, load_workspace
 
 if TYPE_CHECKING:
@@ -48,11 +41,7 @@ class Session:
         self._store: Store | None = None
         self._digests: SourceDigests | None = None
         self.known_digests: dict[str, tuple[str, str]] = {}  # see SourceDigests
-        self._code: CodeDigests | None = None
-        self._code_memo: dict[tuple[type | None, tuple[str, ...]], dict[str, str]] = {}
-        self._attr_type_memo: dict[type, dict[str, str]] = {}
-        self._rule_memo: dict[str, tuple[Any, Any, Any, dict[str, Any]]] = {}
-        self._root_text = str(workspace.root) + os.sep
+        self._keyer: Keyer | None = None
 
     @classmethod
     def open(cls, cwd: Path, *, plugins: Iterable[ModuleType | Any] = (),
@@ -104,16 +93,12 @@ class Session:
         return self._digests
 
     @property
-    def code(self) -> CodeDigests:
-        if self._code is None:
-            dists = sorted({e.dist for e in self.registry.entries.values()})
-            self._code = CodeDigests(self.digests, dists)
-        return self._code
-
-    @property
-    def code_used(self) -> bool:
-        """Were code digests taken (by keying an action)?"""
-        return self._code is not None
+    def keyer(self) -> Keyer:
+        """The keys of this workspace's targets (``keys.keyer``)."""
+        if self._keyer is None:
+            self._keyer = Keyer(self.workspace.root, self.registry, self.digests,
+                                lambda: self.store)
+        return self._keyer
 
     def close(self) -> None:
         if self._store is not None:
@@ -159,158 +144,3 @@ class Session:
                               code_files=build.code_files(), targets=build.reusable(),
                               reuse=reuse)
         return build
-
-    # -- keys ---------------------------------------------------------------------------
-    def code_parts(self, target: Target) -> dict[str, str]:
-        """Digest of every code unit ``target``'s action runs (see ``_code``): the rule's,
-        its providers' and, for a v2 rule, its action functions'."""
-        assert target.rule is not None
-        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target)]
-        refs += [spec.function for spec in target.actions]
-        return self._code_digests(type(target.rule), refs)
-
-    def step_code(self, target: Target, function: str) -> dict[str, str]:
-        """Code units of one declared action: the engine, its function's package, the
-        providers involved and what the rule's ``code()`` names, not the rule class."""
-        assert target.rule is not None
-        refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target), function]
-        return self._code_digests(None, refs)
-
-    def _code_digests(self, rule_cls: type | None, refs: list[str]) -> dict[str, str]:
-        # Memoised for this session: every unit is digested once per session anyway.
-        memo_key = (rule_cls, tuple(refs))
-        found = self._code_memo.get(memo_key)
-        if found is None:
-            units = self.code.units_for(rule_cls, refs, self.registry.pm)
-            found = self._code_memo[memo_key] = {
-                unit: self.code.unit(unit)[0] for unit in units}
-        return dict(found)
-
-    def code_files(self, digest: str) -> dict[str, str] | None:
-        """The per-file digests of a code unit by its digest (for explanations)."""
-        for known, files in self.code._units.values():
-            if known == digest:
-                return files
-        return self.store.get_code(digest)
-
-    def save_code(self, parts: KeyParts) -> None:
-        for unit in parts["code"]:
-            digest, files = self.code.unit(unit)
-            self.store.put_code(digest, files)
-
-    def key_for(self, target: Target, results: Mapping[Label, ActionResult]
-                ) -> tuple[KeyParts, str, Action]:
-        """Key components, key and runnable action of ``target`` given its deps' results."""
-        parts, key, action = self.keyed(target, results)
-        assert parts is not None
-        return parts, key, action
-
-    def keyed(self, target: Target, results: Mapping[Label, ActionResult],
-              with_parts: bool = True) -> tuple[KeyParts | None, str, Action]:
-        """``key_for``; without ``with_parts``, the components are left out (None) when
-        the key does not need them (a target whose one action makes every output is
-        keyed by that action's own parts): a lookup that hits never needs them."""
-        root = self._root_text
-        digests = self.digests
-        sources = {rel: digests.digest(root + rel) for rel in target.sources}
-        executable = [rel for rel in target.sources
-                      if digests.mode(root + rel) & stat.S_IXUSR]
-        deps = {str(dep): results[dep] for dep in target.deps}
-        hooks = self.registry.hook_plugins(target)
-        actions = target.actions
-        single = len(actions) == 1 and list(actions[0].outputs) == target.outputs
-        parts = None
-        if with_parts or not single:
-            parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
-                               self.code_parts(target), executable, hooks)
-        # (A single action's own key replaces the target's below: no need to hash it.)
-        key = "" if single or parts is None else action_key(parts)
-        entry, rule = target.entry, target.rule
-        assert entry is not None and rule is not None
-        constant = self._rule_constants(entry, rule)
-        # The record's fields, set as Action's generated __init__ would (a frozen class
-        # sets each through object.__setattr__: 25 calls per target): every field, the
-        # defaults first. The record is ours alone until it is returned.
-        fields: dict[str, Any] = {**_ACTION_DEFAULTS, "accelerators": {}, "step_base": {}}
-        fields.update(
-            label=target.label, build_file=target.build_file, rule_ref=constant["ref"],
-            heavy=constant["heavy"], attrs=target.attrs, attr_types=constant["attr_types"],
-            sources=sources, deps=deps, outputs=tuple(target.outputs), key=key,
-            reproducible=rule.is_reproducible(target.attrs),
-            hooks={name: tuple(module for module, _ in found)
-                   for name, found in hooks.items()} if hooks else {})
-        if actions:
-            env = parts["env"] if parts is not None else target_env(target)
-            step_base = dict(constant["step_base"])
-            step_base["env"] = env
-            step_base["hooks"] = {name: [list(item) for item in found]
-                                  for name, found in hooks.items()} if hooks else {}
-            fields.update(
-                steps=tuple(actions), executable=tuple(executable), step_base=step_base,
-                step_code=tuple([self.step_code(target, spec.function) for spec in actions]))
-        action: Action = _new_action(Action)
-        action.__dict__.update(fields)
-        if single:
-            # One action making every output: the target's key is the action's own
-            # (label-free) key, so it costs one lookup and one entry, as a v1 target.
-            # (Its parts read the record's fields only: the key is set in it once made.)
-            key = step_key(step_components(action, 0, {}))
-            action.__dict__.update(key=key, keyed_by_step=True)
-        return parts, key, action
-
-    def _rule_constants(self, entry: Any, rule: Any) -> dict[str, Any]:
-        """What every target of one rule puts in its action record and step keys alike
-        (memoised per entry while the rule's ``provides`` is the very object it was)."""
-        known = self._rule_memo.get(entry.kind)
-        if known is not None and known[0] is entry and known[1] is rule.provides and \
-                known[2] == (rule.heavy, entry.cls.version):
-            return known[3]
-        constant = {
-            "ref": entry.ref, "heavy": bool(rule.heavy), "attr_types": self._attr_types(rule),
-            "step_base": {
-                "rule": entry.kind, "rule_version": entry.cls.version, "plugin": entry.dist,
-                "plugin_version": entry.dist_version, "qbuild_version": __version__,
-                "provides": sorted(provider_name(p) for p in rule.provides)}}
-        self._rule_memo[entry.kind] = (entry, rule.provides, (rule.heavy, entry.cls.version),
-                                       constant)
-        return constant
-
-    def parts_of(self, target: Target, action: Action) -> KeyParts:
-        """The components of a target keyed by ``keyed(..., with_parts=False)``."""
-        return components(target, {rel: d for rel, (d, _) in action.sources.items()},
-                          action.deps, self.code_parts(target), list(action.executable),
-                          self.registry.hook_plugins(target))
-
-    def _attr_types(self, rule: Any) -> dict[str, str]:
-        cls = type(rule)
-        types = self._attr_type_memo.get(cls)
-        if types is None:
-            types = self._attr_type_memo[cls] = {
-                name: schema.type for name, schema in rule.attrs.items()}
-        return types
-
-
-_new_action = object.__new__
-# Every field of an Action with its default (the record is made field by field).
-_ACTION_DEFAULTS: dict[str, Any] = {
-    f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    for f in dataclasses.fields(Action)
-    if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
-
-# rule class -> (its provides, its attrs, the modules of their providers)
-_provider_memo: dict[type, tuple[Any, Any, list[str]]] = {}
-
-
-def _provider_refs(target: Target) -> list[str]:
-    """Modules of the providers a target gives and asks its dependencies for (declared
-    by the rule: memoised per class while the rule's ``provides`` and ``attrs`` are the
-    very objects they were)."""
-    rule = target.rule
-    assert rule is not None
-    known = _provider_memo.get(type(rule))
-    if known is not None and known[0] is rule.provides and known[1] is rule.attrs:
-        return list(known[2])
-    classes = [*rule.provides, *(p for schema in rule.attrs.values() for p in schema.providers)]
-    refs = sorted({provider.__module__ for provider in classes})
-    _provider_memo[type(rule)] = (rule.provides, rule.attrs, refs)
-    return list(refs)

@@ -44,7 +44,7 @@ def actions(session: Any, roots: list[Label]) -> list[dict[str, Any]]:
                                   if not graph.targets[dep].is_group):
             continue
         try:
-            _parts, key, action = session.key_for(target, results)
+            _parts, key, action = session.keyer.key_for(target, results)
         except (OSError, QbuildError, ValueError):
             continue
         built[label] = (key, action)

@@ -29,7 +29,7 @@ def explain(session: Session, label: Label) -> list[str]:
                 lines.append(f"{item} would rebuild after its dependencies "
                              f"{', '.join(str(d) for d in stale)} rebuild")
             continue
-        parts, key, _ = session.key_for(target, results)
+        parts, key, _ = session.keyer.key_for(target, results)
         last = state.last_keys.get(str(item))
         cached, origin = store.find_action(key, record=False)
         if cached is not None:
@@ -37,7 +37,7 @@ def explain(session: Session, label: Label) -> list[str]:
         if item != label and cached is not None:
             continue
         old = store.get_components(last) if last else None
-        changes = diff(old, parts, session.code_files) if last != key else []
+        changes = diff(old, parts, session.keyer.code_files) if last != key else []
         if item != label:
             lines.append(f"{item} would rebuild: " + "; ".join(changes or ["not in the cache"]))
             continue

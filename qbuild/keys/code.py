@@ -189,6 +189,13 @@ class CodeDigests:
         self._units[unit] = result
         return result
 
+    def files_of(self, digest: str) -> dict[str, str] | None:
+        """The per-file digests of a unit digested by this command, by its digest."""
+        for known, files in self._units.values():
+            if known == digest:
+                return files
+        return None
+
     def units_for(self, rule_cls: type | None, refs: Iterable[str], pm: Any = None
                   ) -> list[str]:
         """The units a rule's action depends on: its classes' modules (unless

@@ -105,7 +105,7 @@ def test_a_target_keyed_by_its_one_action_has_that_action_s_own_key(fan):
         graph = session.graph
         results = {}
         for label in graph.analyze(graph.expand(["//..."], None)):
-            _parts, key, action = session.keyed(graph.targets[label], results,
+            _parts, key, action = session.keyer.keyed(graph.targets[label], results,
                                                 with_parts=False)
             assert action.keyed_by_step and action.key == key
             assert key == step_key(step_components(action, 0, {}))

@@ -210,7 +210,7 @@ def test_a_keyed_action_record_equals_one_made_by_its_init(ws):
         order = session.graph.analyze([Label("p", "a"), Label("p", "mid")])
         results = {}
         for label in order:
-            _parts, key, action = session.keyed(session.graph.targets[label], results)
+            _parts, key, action = session.keyer.keyed(session.graph.targets[label], results)
             assert set(action.__dict__) == {f.name for f in dataclasses.fields(Action)}
             assert Action(**{f.name: getattr(action, f.name)
                              for f in dataclasses.fields(Action)}) == action
