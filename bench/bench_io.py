@@ -52,7 +52,8 @@ def io():
     fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
     return {k: int(v) for k, v in fields.items()}
 
-from qbuild.build.run import Build, BuildOptions, Session
+from qbuild.build.run import Build, BuildOptions
+from qbuild.build.session import Session
 from qbuild.analysis.plugins import load_registry
 from qbuild.build.progress import ConsoleReporter
 from qbuild.analysis.workspace import load_workspace

@@ -45,6 +45,17 @@ if TYPE_CHECKING:
 __all__ = ["BuildOutcome", "CliOutcome", "FakeExecutor", "Workspace", "qbuild_workspace"]
 
 
+def _options_digest(plugins: Iterable[Any], *settings: Any) -> str:
+    """What the command line's options digest holds for an in-process build: the
+    plugins registered by hand and the settings given as arguments (hashed, so no
+    header value is written down)."""
+    import hashlib
+    import json
+
+    names = [getattr(p, "__name__", None) or type(p).__qualname__ for p in plugins]
+    return hashlib.sha256(json.dumps([names, *settings], default=str).encode()).hexdigest()
+
+
 @dataclass
 class BuildOutcome:
     """What one ``Workspace.build`` did."""
@@ -204,7 +215,10 @@ class Workspace:
                 BuildOptions(jobs=jobs, keep_going=keep_going, explain=explain, cpu=cpu,
                              memory=memory, remote_executor=executor),
                 started=started, toolchain_mismatch=toolchain_mismatch,
-                environment=environment("in-process") if shortcuts else None)
+                environment=environment(_options_digest(self.plugins, blocked, remote_cache,
+                                                        remote_upload, remote_headers,
+                                                        remote_timeout))
+                if shortcuts else None)
             result = full_build(session, request, ConsoleReporter(log, tty=False),
                                 lambda line: print(line, file=log)).build.result
             output_dir = session.workspace.output_dir

@@ -88,7 +88,7 @@ def test_editing_a_rule_helper_module_reruns_the_action(ws, plugin):
 def test_qbuild_explain_names_the_changed_code_file(ws, plugin):
     from qbuild.analysis.plugins import load_registry
     from qbuild.analysis.workspace import load_workspace
-    from qbuild.build.run import Session
+    from qbuild.build.session import Session
     from qbuild.commands.explain import explain
     from qbuild.core.labels import Label
 

@@ -165,7 +165,7 @@ def test_analysis_cache_follows_rule_code(ws, tmp_path, monkeypatch):
 
     from qbuild.analysis.plugins import load_registry
     from qbuild.analysis.workspace import load_workspace
-    from qbuild.build.run import Session
+    from qbuild.build.session import Session
     from qbuild.shortcuts import analysis_cache as _analysis_cache
 
     plugin = tmp_path / "plug" / "perf_probe_rules.py"
