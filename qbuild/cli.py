@@ -324,7 +324,7 @@ def _make_folders(workspace: Workspace) -> None:
 def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -> int:
     from .build.progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
     from .build.run import BuildOptions
-    from .execution.local import clean_stale_sandboxes
+    from .execution.sandbox import clean_stale_sandboxes
     from .shortcuts.noop import forget, record
 
     session, package = _session(args)
@@ -666,7 +666,7 @@ def _tune_gc() -> None:
 def _interrupted() -> None:
     """Ctrl-C: end every process the build started and exit 130 at once, without
     waiting for the threads still running actions."""
-    from .execution.local import kill_children
+    from .execution.sandbox import kill_children
 
     kill_children()
     print("interrupted", file=sys.stderr)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.files import hash_file, stat_key
-from ..execution.local import ActionFailed
+from ..execution.failures import ActionFailed
 from ..core.labels import Label, output_folder
 from ..core.protocols import Store
 from ..core.records import ActionResult, OutputEntry

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from ..analysis.graph import Target
 from ..core.errors import QbuildError
-from ..execution.local import ActionFailed, MissingBlob
+from ..execution.failures import ActionFailed, MissingBlob
 from ..core.labels import Label
 from ..core.protocols import Executor, Origin, Store
 from ..core.records import Action, ActionResult, KeyParts, Outcome

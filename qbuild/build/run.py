@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..analysis.graph import Graph, Target
 from ..core.errors import QbuildError
-from ..execution.local import ActionFailed, LocalExecutor
+from ..execution.failures import ActionFailed
+from ..execution.local import LocalExecutor
 from ..keys.parts import diff
 from ..core.labels import Label
 from .materialize import Materializer

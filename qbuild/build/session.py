@@ -27,7 +27,7 @@ from ..analysis.plugins import Registry, load_registry
 from ..core.protocols import Store
 from ..api.providers import provider_name
 from ..core.records import Action, ActionResult, KeyParts
-from ..execution.actions import step_components, step_key
+from ..keys.action_keys import step_components, step_key
 from ..analysis.workspace import Workspace, load_workspace
 
 if TYPE_CHECKING:
