@@ -637,7 +637,7 @@ def _tune_gc() -> None:
 def _interrupted() -> None:
     """Ctrl-C: end every process the build started and exit 130 at once, without
     waiting for the threads still running actions."""
-    from .execution.local import kill_children
+    from .execution.sandbox import kill_children
 
     kill_children()
     print("interrupted", file=sys.stderr)

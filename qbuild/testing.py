@@ -305,7 +305,7 @@ class FakeExecutor:
              ) -> tuple[set[concurrent.futures.Future[Outcome]],
                         set[concurrent.futures.Future[Outcome]]]:
         from .core.records import ActionResult, Outcome
-        from .execution.local import ActionFailed
+        from .execution.failures import ActionFailed
 
         fs = set(fs)
         if not any(f.done() for f in fs):

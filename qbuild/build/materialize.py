@@ -15,10 +15,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.files import hash_file, stat_key
-from ..execution.local import ActionFailed
 from ..core.labels import Label, output_folder
 from ..core.protocols import Store
 from ..core.records import ActionResult, OutputEntry
+from ..execution.failures import ActionFailed
 from .state import WorkspaceState
 
 

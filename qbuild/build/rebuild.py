@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 
 from ..analysis.graph import Graph, Target
 from ..core.errors import QbuildError
-from ..execution.local import ActionFailed, MissingBlob
 from ..core.labels import Label
 from ..core.protocols import Executor, Origin, Store
 from ..core.records import Action, ActionResult, KeyParts, Outcome
+from ..execution.failures import ActionFailed, MissingBlob
 from ..keys.keyer import Keyer
 from .state import WorkspaceState
 

@@ -18,30 +18,31 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..analysis.graph import Graph, Target
+from ..analysis.plugins import Registry
+from ..analysis.workspace import Workspace, claim_output_dir
 from ..core.errors import QbuildError
-from ..execution.local import ActionFailed, LocalExecutor
-from ..keys.parts import diff
+from ..core.files import SourceDigests
 from ..core.labels import Label
+from ..core.protocols import Executor, Origin, Store
+from ..core.records import Action, ActionResult, KeyParts, Outcome
+from ..events import ActionEvent, BuildSummary, Failure
+from ..execution.failures import ActionFailed
+from ..execution.local import LocalExecutor
+from ..keys.keyer import Keyer
+from ..keys.parts import diff
 from .materialize import Materializer
 from .plan import Plan
 from .progress import Reporter
-from ..core.protocols import Executor, Origin, Store
-from ..core.files import SourceDigests
-from ..keys.keyer import Keyer
-from ..analysis.plugins import Registry
 from .rebuild import Rebuilder, one_line
-from ..core.records import Action, ActionResult, KeyParts, Outcome
 from .scheduler import Scheduler
 from .state import WorkspaceState
-from ..analysis.workspace import Workspace, claim_output_dir
-from ..events import ActionEvent, BuildSummary, Failure
 
 if TYPE_CHECKING:
     from ..shortcuts.incremental import Reuse
     from ..store.http import RemoteConfig
     from ..store.remote import LayeredStore
 
-__all__ = ["Build", "BuildOptions", "BuildResult", "Session"]
+__all__ = ["Build", "BuildOptions", "BuildResult", "BuildSession"]
 
 
 @dataclass(frozen=True)

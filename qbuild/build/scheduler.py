@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..core.labels import Label
-from .plan import Plan
 from ..core.protocols import Executor
 from ..core.records import Action, Outcome
+from .plan import Plan
 
 Futures = set[concurrent.futures.Future[Outcome]]
 

@@ -14,19 +14,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from ..analysis.graph import Graph, Target
-from ..core.files import SourceDigests
-from ..core.labels import Label
+from ..analysis.graph import Graph
 from ..analysis.plugins import Registry, load_registry
+from ..analysis.workspace import Workspace, load_workspace
+from ..core.files import SourceDigests
 from ..core.protocols import Store
 from ..keys.keyer import Keyer
-from ..core.records import Action, ActionResult, KeyParts
-from ..analysis.workspace import Workspace, load_workspace
 
 if TYPE_CHECKING:
-    from .run import Build, BuildOptions
-    from .progress import Reporter
     from ..store.http import RemoteConfig
+    from .progress import Reporter
+    from .run import Build, BuildOptions
 
 
 class Session:

@@ -19,7 +19,7 @@ from ..build.progress import Reporter
 from ..build.run import Build, BuildOptions
 from ..build.session import Session
 from ..core.files import load_known, save_known
-from ..execution.local import clean_stale_sandboxes
+from ..execution.sandbox import clean_stale_sandboxes
 from ..keys.toolchain import check as check_toolchain
 from ..shortcuts.noop import forget, record
 

@@ -38,7 +38,8 @@ from ..core.errors import ConfigError, RuleError, UsageError
 from ..core.labels import Label
 from ..core.records import Action, ActionResult, KeyParts, Outcome, OutputEntry
 from ..core.toml import load_toml
-from .local import ActionFailed, LocalExecutor, MissingBlob
+from .failures import ActionFailed, MissingBlob
+from .local import LocalExecutor
 
 if TYPE_CHECKING:
     from ..store.remote import LayeredStore

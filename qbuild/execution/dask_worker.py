@@ -8,10 +8,11 @@ environment facts or toolchain pins differ from the client's, and the per-proces
 (a local cache under ``QBUILD_WORKER_CACHE_DIR``, one ``LocalExecutor`` per remote cache).
 
 The sandbox, rule call, output checks and heavy-action worker pool are the engine's own
-``LocalExecutor``: only where a source file comes from changes (the remote cache, by the
-digest the client's key holds, instead of the client's workspace). Outputs are uploaded
-before the action entry (``LayeredStore``'s upload order), and the call returns only after
-the entry is written, so a worker killed at any point leaves no entry behind.
+(``LocalExecutor`` over ``Sandboxes``): only where a source file comes from changes (the
+remote cache, by the digest the client's key holds, instead of the client's workspace).
+Outputs are uploaded before the action entry (``LayeredStore``'s upload order), and the
+call returns only after the entry is written, so a worker killed at any point leaves no
+entry behind.
 """
 
 from __future__ import annotations
@@ -32,7 +33,9 @@ from ..keys.code import CodeDigests
 from ..store.http import RemoteConfig, RemoteError
 from ..store.local import LocalStore
 from ..store.remote import LayeredStore
-from .local import ActionFailed, LocalExecutor, MissingBlob, clean_stale_sandboxes
+from .failures import ActionFailed, MissingBlob
+from .local import LocalExecutor
+from .sandbox import Sandboxes, clean_stale_sandboxes
 
 PROTOCOL = 1  # bump when the request or reply changes shape
 
@@ -45,14 +48,14 @@ class _Unchanging:
         return True
 
 
-class WorkerExecutor(LocalExecutor):
-    """The engine's executor, staging source files from the cache by digest."""
+class WorkerSandboxes(Sandboxes):
+    """The engine's sandboxes, staging source files from the cache by digest."""
 
     def __init__(self, store: LayeredStore, jobs: int) -> None:
         super().__init__(store, Path(store.tmp), _Unchanging(), jobs)  # type: ignore[arg-type]
         self.executable: dict[str, set[str]] = {}  # action key -> executable sources
 
-    def _stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
+    def stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
         digest = action.sources[rel][0]
         executable = rel in self.executable.get(action.key, ())
         if not self.store.restore_blob(digest, dest, executable):
@@ -62,13 +65,21 @@ class WorkerExecutor(LocalExecutor):
                                          target=str(action.label)))
         return stat_key(os.lstat(dest))
 
-
-    def _run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
-                       ) -> Any:
+    def run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+                      ) -> Any:
         # A Dask worker is itself the process that isolates actions (its nanny restarts
         # it, the scheduler reschedules what it ran) and, being daemonic, cannot start
         # a pool: heavy actions run in its thread, as light ones do.
         return function(*args)
+
+
+class WorkerExecutor(LocalExecutor):
+    """The engine's executor, in ``WorkerSandboxes``."""
+
+    def __init__(self, store: LayeredStore, jobs: int) -> None:
+        sandboxes = WorkerSandboxes(store, jobs)
+        super().__init__(store, sandboxes.root, sandboxes.digests, jobs, sandboxes=sandboxes)
+        self.executable = sandboxes.executable  # action key -> executable sources
 
 
 class _State:

@@ -26,7 +26,7 @@ from ..core.labels import Label
 from ..core.protocols import Store
 from ..core.records import Action, ActionResult, KeyParts
 from ..core.versions import __version__
-from ..execution.actions import step_components, step_key
+from .action_keys import step_components, step_key
 from .code import CodeDigests
 from .parts import action_key, components, target_env
 

@@ -98,7 +98,7 @@ def test_a_target_keyed_by_its_one_action_has_that_action_s_own_key(fan):
     """The key is computed before the action record is made (once): it is the key the
     record itself gives, and the one the last build stored its result under."""
     from qbuild.build.session import Session
-    from qbuild.execution.actions import step_components, step_key
+    from qbuild.keys.action_keys import step_components, step_key
 
     session, _ = Session.open(fan.root)
     try:
