@@ -178,7 +178,7 @@ def test_records_made_field_by_field_have_every_field():
     import dataclasses
 
     from qbuild.api.actions import ActionSpec
-    from qbuild.build.session import _ACTION_DEFAULTS
+    from qbuild.keys.keyer import _ACTION_DEFAULTS
     from qbuild.core.records import ActionResult, OutputEntry
     from qbuild.shortcuts.analysis_cache import _spec
 
