@@ -19,20 +19,15 @@ import queue
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ..analysis.graph import Graph, Target
 from ..core.errors import QbuildError
 from ..core.labels import Label
-from ..core.protocols import Executor, Origin, Store
+from ..core.protocols import Executor, HeldLock, Origin, Store
 from ..core.records import Action, ActionResult, KeyParts, Outcome
 from ..execution.failures import ActionFailed, MissingBlob
 from ..keys.keyer import Keyer
 from .state import WorkspaceState
-
-if TYPE_CHECKING:
-    from ..store.keylock import KeyLock
-    from ..store.local import LocalStore
 
 
 def one_line(exc: BaseException) -> str:
@@ -70,12 +65,10 @@ class Rebuilder:
         # sources of every keyed or reused target, as digested: {rel: (digest, stat)}
         self.sources: dict[Label, Mapping[str, tuple[str, str]]] = {}
         self.rebuilt = False  # an action was run again to restore its outputs
-        # Batched commits of action entries (a local store that can defer its fsyncs).
+        # Batched commits of action entries (a store that can defer its fsyncs; a remote
+        # layer uploads each entry itself).
         self.committer: Committer | None = None
-        from ..store.local import LocalStore
-
-        if type(self.store) is LocalStore:  # (a remote layer uploads each entry itself)
-            self.store.defer_sync()
+        if self.store.defer_sync():
             self.committer = Committer(self.store, keyer.save_code, message)
         self._rebuild_lock = threading.RLock()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
@@ -157,15 +150,10 @@ class Rebuilder:
     def _run(self, action: Action) -> Outcome:
         label = action.label
         # One process runs a key at a time: a second one waits, then takes the hit.
-        lock_action = getattr(self.store, "lock_action", None)
         with contextlib.ExitStack() as stack:
-            lock = None
-            if lock_action is not None:
-                lock = lock_action(action.key)
-                if lock is not None:
-                    stack.callback(lock.release)
-            else:
-                stack.enter_context(self.store.action_lock(action.key))
+            lock = self.store.lock_action(action.key)
+            if lock is not None:
+                stack.callback(lock.release)
             outcome, retry = self._run_locked(action)
             if outcome is not None and outcome.status != "cached":
                 parts = self.parts[label]
@@ -291,18 +279,18 @@ class Committer:
     and results; only then are the entries' locks released. The build waits for it to
     finish (``close``) before it records anything that relies on those entries."""
 
-    def __init__(self, store: LocalStore, save_code: Callable[[KeyParts], None],
+    def __init__(self, store: Store, save_code: Callable[[KeyParts], None],
                  message: Callable[[str], None]) -> None:
         self.store = store
         self.save_code = save_code
         self.message = message
         self.errors: list[str] = []
-        self._queue: queue.SimpleQueue[tuple[KeyLock, str, KeyParts, ActionResult] | None] = \
+        self._queue: queue.SimpleQueue[tuple[HeldLock, str, KeyParts, ActionResult] | None] = \
             queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
 
-    def put(self, lock: KeyLock, key: str, parts: KeyParts, result: ActionResult) -> None:
+    def put(self, lock: HeldLock, key: str, parts: KeyParts, result: ActionResult) -> None:
         with self._start:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="qbuild-commit",
@@ -338,7 +326,7 @@ class Committer:
             if batch:
                 self._commit(batch)
 
-    def _commit(self, batch: list[tuple[KeyLock, str, KeyParts, ActionResult]]) -> None:
+    def _commit(self, batch: list[tuple[HeldLock, str, KeyParts, ActionResult]]) -> None:
         try:
             self.store.put_results(
                 [(key, parts, result) for _lock, key, parts, result in batch])

@@ -151,6 +151,8 @@ class BuildSession(Protocol):
     def digests(self) -> SourceDigests: ...
     @property
     def keyer(self) -> Keyer: ...
+    @property
+    def remote_store(self) -> LayeredStore | None: ...
 
 
 class Build:
@@ -170,13 +172,9 @@ class Build:
         self._action_hook = session.registry.pm.hook.qbuild_action_finished
         self.plan = Plan([], {})  # (the build's own, from ``scheduler``)
         self._soft_skips: set[str] = set()
-        # The remote layer, when configured (imported only then: it pulls in http.client).
-        self.remote: LayeredStore | None = None
-        if session.remote is not None:
-            from ..store.remote import LayeredStore
-
-            assert isinstance(self.store, LayeredStore)
-            self.remote = self.store
+        # The remote layer, when configured.
+        self.remote: LayeredStore | None = session.remote_store
+        if self.remote is not None:
             self.remote.warn = reporter.message
         # inline: a local miss runs in the thread that submits it (no hand-over between
         # two pools); a remote executor keeps its own threads for local fallbacks
@@ -229,12 +227,12 @@ class Build:
         self._requested = set(requested)
         actionable = [x for x in order if not self.graph.targets[x].is_group]
         self.reporter.build_started(len(actionable))
-        prefetch = getattr(self.store, "prefetch_actions", None)
-        if prefetch is not None and self.reuse is None:
+        if self.reuse is None:
             # Every target is about to be looked up: read the entries of the keys they
             # had last time in a few queries (a key that changed is looked up alone).
             last = self.state.last_keys
-            prefetch([last[str(label)] for label in actionable if str(label) in last])
+            self.store.prefetch_actions(
+                [last[str(label)] for label in actionable if str(label) in last])
         interrupted = False
         try:
             if self.reuse is not None:

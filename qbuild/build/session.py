@@ -23,6 +23,7 @@ from ..keys.keyer import Keyer
 
 if TYPE_CHECKING:
     from ..store.http import RemoteConfig
+    from ..store.remote import LayeredStore
     from .progress import Reporter
     from .run import Build, BuildOptions
 
@@ -37,6 +38,7 @@ class Session:
         self.graph = Graph(workspace, registry)
         self.remote = remote
         self._store: Store | None = None
+        self._remote_store: LayeredStore | None = None
         self._digests: SourceDigests | None = None
         self.known_digests: dict[str, tuple[str, str]] = {}  # see SourceDigests
         self._keyer: Keyer | None = None
@@ -79,10 +81,17 @@ class Session:
             if self.remote is not None:
                 from ..store.remote import LayeredStore
 
-                self._store = LayeredStore(local, self.remote)
+                self._store = self._remote_store = LayeredStore(local, self.remote)
             else:
                 self._store = local
         return self._store
+
+    @property
+    def remote_store(self) -> LayeredStore | None:
+        """The store's remote layer, when a remote cache is configured (the build reports
+        what it did, and a remote executor sends blobs through it)."""
+        _ = self.store  # (made with the store)
+        return self._remote_store
 
     @property
     def digests(self) -> SourceDigests:

@@ -336,8 +336,7 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
             hit = store.get_action(key)
             # A hit counts if its blobs can be had: here, or on the remote cache (which
             # answered it only after checking they are there).
-            remote = hit is not None and hit.origin == "remote" and getattr(
-                store, "usable", False)
+            remote = hit is not None and hit.origin == "remote" and store.remote_usable
             if hit is not None and (remote or all(store.has_blob(e.digest)
                                                   for e in hit.outputs)):
                 result = hit

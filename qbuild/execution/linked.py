@@ -11,7 +11,7 @@ the action (whether it succeeded or failed) every link's inode is stat'ed again:
   needed) and the action fails, naming the input, with nothing of it cached;
 - a moved ctime with size, mtime and mode unchanged (another process linked or
   unlinked the same blob, or something wrote it and set its mtime back) is settled by
-  hashing the file, unless this process itself made that ctime (``LocalStore.trusts``);
+  hashing the file, unless this process itself made that ctime (``Store.trusts``);
 - a blob last written in the same clock tick as it was linked (a later write could keep
   its mtime) is hashed too.
 
@@ -25,9 +25,12 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..core.files import granularity, hash_file
+
+if TYPE_CHECKING:
+    from ..core.protocols import Store
 
 _REPLACED = "another file was put in its place"
 
@@ -42,10 +45,9 @@ class Linked:
     stat: os.stat_result
 
 
-def stage_link(store: Any, digest: str, dest: Path, linked: list[Linked]) -> bool:
+def stage_link(store: Store, digest: str, dest: Path, linked: list[Linked]) -> bool:
     """Link the blob at ``dest`` if the store can (False: stage a copy instead)."""
-    link_blob = getattr(store, "link_blob", None)
-    made = link_blob(digest, dest) if link_blob is not None else None
+    made = store.link_blob(digest, dest)
     if made is None:
         return False
     linked.append(Linked(dest, made[0], digest, made[1]))
@@ -97,7 +99,7 @@ def _fields(st: os.stat_result | None) -> tuple[int, ...] | None:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode)
 
 
-def modified(store: Any, items: list[Linked]) -> list[tuple[Linked, str, bool]]:
+def modified(store: Store, items: list[Linked]) -> list[tuple[Linked, str, bool]]:
     """The links whose blob may have changed or whose path holds another file now, each
     with why and whether its blob was discarded from the store. Empty: every input is
     the blob it was, as it was when linked."""
@@ -109,7 +111,7 @@ def modified(store: Any, items: list[Linked]) -> list[tuple[Linked, str, bool]]:
     return bad
 
 
-def _changed(store: Any, item: Linked) -> str | None:
+def _changed(store: Store, item: Linked) -> str | None:
     """Why the blob linked as ``item`` may have changed (then it is discarded from the
     store), or why the input at its path is not the blob any more, or None."""
     pre = item.stat
@@ -142,7 +144,7 @@ def _changed(store: Any, item: Linked) -> str | None:
     return why
 
 
-def release(store: Any, items: list[Linked], intact: bool) -> None:
+def release(store: Store, items: list[Linked], intact: bool) -> None:
     """Remove the links (before the sandbox goes to background deletion), so this
     process knows the ctime its own unlink left on each blob and other actions reading
     the same blob need not hash it again."""

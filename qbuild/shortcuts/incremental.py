@@ -30,12 +30,15 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..core.files import key_is_racy, stat_key
 from ..core.labels import Label
 from ..core.records import ActionResult
 from ..keys.parts import dep_part, sorted_json
+
+if TYPE_CHECKING:
+    from ..core.protocols import Store
 
 _VERSION = 1
 _UNSEEN: Any = object()
@@ -64,7 +67,7 @@ def _code_files(code_files: Iterable[str]) -> dict[str, str | None]:
 
 
 def result_text(result: ActionResult) -> str:
-    """A result as the action cache stores it (``LocalStore.put_action``): the very
+    """A result as the action cache stores it (``Store.put_action``): the very
     text it was read from, when the store kept it."""
     text = result.__dict__.get("_text")
     return text if isinstance(text, str) else sorted_json(result.to_json())
@@ -84,10 +87,10 @@ class Reuse:
 
     @classmethod
     def load(cls, path: Path, root: Path, analysis: str | None, env: Mapping[str, Any],
-             store: Any) -> Reuse | None:
+             store: Store) -> Reuse | None:
         """The record at ``path`` if it was made over analysis ``analysis`` and nothing
         else a key rests on changed; None otherwise (then every target is keyed)."""
-        if analysis is None or not hasattr(store, "action_texts"):
+        if analysis is None:
             return None
         try:
             record = json.loads(path.read_text(encoding="utf-8"))

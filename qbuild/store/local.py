@@ -30,10 +30,10 @@ message), entries of the wrong shape are misses, a blob that does not match its 
 is deleted and rebuilt, and errors reading the store are misses. Errors writing it
 (full disk, read-only cache) become one-line ``CacheError``s.
 
-This is the only module that imports diskcache. ``LocalStore`` implements the
-``_protocols.Store`` interface the executor and the build are typed against, so a remote
-cache (Bazel's HTTP protocol: ``/ac/<sha256>``, ``/cas/<sha256>``) can sit behind the
-same methods.
+This is the only module that imports diskcache (or touches its internals). ``LocalStore``
+implements the ``core.protocols.Store`` interface the executor and the build are typed
+against, so a remote cache (Bazel's HTTP protocol: ``/ac/<sha256>``, ``/cas/<sha256>``)
+can sit behind the same methods.
 """
 
 from __future__ import annotations
@@ -48,9 +48,9 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import diskcache
 
@@ -317,14 +317,16 @@ class LocalStore:
         raise AssertionError("unreachable")
 
     # -- durability ---------------------------------------------------------------------
-    def defer_sync(self) -> None:
+    def defer_sync(self) -> bool:
         """Stop fsync'ing each blob as it is stored: blobs are made durable together,
         by ``make_durable``, which every action-entry write calls first (so an entry
-        never commits before the blobs stored so far are on disk)."""
+        never commits before the blobs stored so far are on disk). Always True: this
+        store takes entries in batches (``put_results``)."""
         with self._sync_lock:
             if self._pending is None:
                 self._pending = []
                 self._cas.disk.pending = self._pending
+        return True
 
     def make_durable(self) -> None:
         """fsync every blob stored since the last call, and each folder holding one;
@@ -483,16 +485,6 @@ class LocalStore:
         self._write("ac", lambda c: c.set("components:" + key,
                                           json.dumps(components, sort_keys=True)))
 
-    @contextlib.contextmanager
-    def action_lock(self, key: str) -> Iterator[None]:
-        """Hold the lock of one action key (blocking) across processes."""
-        lock = self.lock_action(key)
-        try:
-            yield
-        finally:
-            if lock is not None:
-                lock.release()
-
     def lock_action(self, key: str) -> KeyLock | None:
         """Take the lock of one action key (blocking) across processes (``_keylock``);
         ``release()`` the returned lock. None: no lock possible (read-only cache): two
@@ -511,8 +503,18 @@ class LocalStore:
         self._code_saved.add(digest)
 
     # -- blobs --------------------------------------------------------------------------
+    @property
+    def remote_usable(self) -> bool:
+        """False: this store has no remote to download a blob from."""
+        return False
+
     def has_blob(self, digest: str) -> bool:
         return digest in self._fresh or self._read("cas", lambda c: digest in c, False)
+
+    def blob_digests(self) -> list[str]:
+        """The digest of every blob whose index row is written (for checks and tests:
+        one pass over the index)."""
+        return [str(key) for key in self._cas.iterkeys()]
 
     def _blob_path(self, digest: str) -> Path | None:
         """The blob file of ``digest``, if the index has it and the file exists."""
@@ -882,3 +884,9 @@ def _unlink_if_unlocked(path: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+if TYPE_CHECKING:
+    from ..core.protocols import Store
+
+    _A_STORE: type[Store] = LocalStore  # mypy proves it implements every member of Store

@@ -24,13 +24,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..core.errors import ConfigError, UsageError
 from ..core.files import hash_bytes
 from ..core.records import ActionResult, KeyParts
 from ..core.toml import load_toml
 from .http import DigestMismatch, HttpCache, RemoteConfig, RemoteError, is_digest
+from .keylock import KeyLock
 from .local import LocalStore
 
 RESULT_PATH = ".qbuild/result.json"  # the output file of an ActionResult holding our metadata
@@ -199,10 +200,13 @@ def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
 
 # -- the layered store ---------------------------------------------------------------------
 class LayeredStore:
-    """A ``Store``: the local cache, backed by a remote Bazel HTTP cache."""
+    """A ``Store``: the local cache, backed by a remote Bazel HTTP cache. Every member of
+    ``Store`` is spelled out here (what the remote layer does not change is the local
+    store's), so the type checker sees any it lacks."""
 
     def __init__(self, local: LocalStore, config: RemoteConfig) -> None:
         self.local = local
+        self.directory = local.directory
         self.tmp = local.tmp
         self.remote_config = config
         self.remote = HttpCache(config)
@@ -226,6 +230,11 @@ class LayeredStore:
     def usable(self) -> bool:
         return not self._disabled
 
+    @property
+    def remote_usable(self) -> bool:
+        """Blobs of remote results can be downloaded until the remote is given up on."""
+        return self.usable
+
     def _give_up(self, why: str) -> None:
         with self._lock:
             if self._disabled:
@@ -238,6 +247,12 @@ class LayeredStore:
     # -- action cache -----------------------------------------------------------------------
     def get_action(self, key: str) -> ActionResult | None:
         return self.find_action(key)[0]
+
+    def prefetch_actions(self, keys: list[str]) -> None:
+        self.local.prefetch_actions(keys)  # (remote entries are fetched one by one)
+
+    def action_texts(self, keys: list[str]) -> dict[str, str]:
+        return self.local.action_texts(keys)
 
     def find_action(self, key: str, record: bool = True
                     ) -> tuple[ActionResult | None, Literal["local", "remote"]]:
@@ -322,6 +337,17 @@ class LayeredStore:
             self._futures.append(self._pool.submit(
                 self._upload, key, [e.to_json() for e in result.outputs], meta))
 
+    def put_results(self, items: list[tuple[str, KeyParts, ActionResult]]) -> None:
+        """Each item as ``put_components`` and ``put_action`` record it: each result is
+        uploaded on its own (which is why ``defer_sync`` says no to batches)."""
+        for key, parts, result in items:
+            self.put_components(key, parts)
+            self.put_action(key, result)
+
+    def defer_sync(self) -> bool:
+        """False: each entry is written and uploaded on its own (``put_action``)."""
+        return False
+
     def _meta(self, key: str, result: ActionResult) -> dict[str, Any]:
         meta = {"format": _FORMAT, "declared": list(result.declared),
                 "info": dict(result.info), "warnings": list(result.warnings),
@@ -405,6 +431,15 @@ class LayeredStore:
     def put_components(self, key: str, components: KeyParts) -> None:
         self.local.put_components(key, components)
 
+    def lock_action(self, key: str) -> KeyLock | None:
+        return self.local.lock_action(key)
+
+    def get_code(self, digest: str) -> dict[str, str] | None:
+        return self.local.get_code(digest)
+
+    def put_code(self, digest: str, files: dict[str, str]) -> None:
+        self.local.put_code(digest, files)
+
     # -- blobs --------------------------------------------------------------------------------
     def has_blob(self, digest: str) -> bool:
         return self.local.has_blob(digest)
@@ -447,19 +482,29 @@ class LayeredStore:
             self.blobs_downloaded += 1
         return True
 
-    # -- the rest is local ----------------------------------------------------------------------
-    def __getattr__(self, name: str) -> Any:
-        # Everything the remote layer does not change (locks, code records, sizes, the
-        # store's folders) is the local store's.
-        if name == "local":
-            raise AttributeError(name)
-        return getattr(self.local, name)
+    # Links and their checks are on the local copy (a blob not here is not linked: it
+    # is downloaded by ``restore_blob``).
+    def link_blob(self, digest: str, dest: Path) -> tuple[Path, os.stat_result] | None:
+        return self.local.link_blob(digest, dest)
 
+    def trusts(self, digest: str, st: os.stat_result) -> bool:
+        return self.local.trusts(digest, st)
+
+    def vouch(self, digest: str, st: os.stat_result) -> None:
+        self.local.vouch(digest, st)
+
+    def discard_blob(self, digest: str, inode: tuple[int, int]) -> None:
+        self.local.discard_blob(digest, inode)
+
+    # -- the rest is local ----------------------------------------------------------------------
     def memo_get(self, key: str) -> str | None:
         return self.local.memo_get(key)
 
     def memo_put(self, key: str, digest: str) -> None:
         self.local.memo_put(key, digest)
+
+    def volume(self) -> int:
+        return self.local.volume()
 
     def summary(self) -> dict[str, Any]:
         """What the remote cache did in this build (for the summary and the event log)."""
@@ -483,3 +528,9 @@ class LayeredStore:
                 self._pool.shutdown(wait=True)
             self.remote.close()
             self.local.close()
+
+
+if TYPE_CHECKING:
+    from ..core.protocols import Store
+
+    _A_STORE: type[Store] = LayeredStore  # mypy proves it implements every member of Store

@@ -81,7 +81,7 @@ def test_builds_on_the_cluster_byte_identical_to_local(tmp_path, cache_server, l
     # Build without the bytes: the client holds the requested outputs, not //p:one's.
     store = LocalStore(there.cache_dir)
     try:
-        held = set(store._cas.iterkeys())
+        held = set(store.blob_digests())
     finally:
         store.close()
     here_store = LocalStore(here.cache_dir)

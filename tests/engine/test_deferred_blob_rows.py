@@ -4,7 +4,6 @@ were fsync'ed, and always before an action entry that names it. These tests try 
 that: another process must not find a row whose file is not durable, this process must
 find its own blobs at once, and a dropped blob must never get a row."""
 
-import json
 import os
 
 from qbuild.core.files import hash_file
@@ -55,8 +54,8 @@ def test_an_entry_is_never_written_before_the_rows_of_its_blobs(tmp_path):
     result = ActionResult((OutputEntry("o", digest, 13, False),), ("o",))
     store.put_results([("k" * 64, {"parts": 1}, result)])
     other = LocalStore(tmp_path / "cache")
-    entry = json.loads(other._ac.get("k" * 64))
-    assert [o["digest"] for o in entry["outputs"]] == [digest]
+    entry = other.get_action("k" * 64)
+    assert entry is not None and [o.digest for o in entry.outputs] == [digest]
     assert other.has_blob(digest)
     store.close()
     other.close()

@@ -35,7 +35,7 @@ def assert_cache_is_clean(ws) -> None:
     """Every blob in a local cache hashes to its digest."""
     store = LocalStore(ws.cache_dir)
     try:
-        for digest in list(store._cas.iterkeys()):
+        for digest in store.blob_digests():
             path = store._blob_path(digest)
             assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
     finally:

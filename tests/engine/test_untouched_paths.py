@@ -178,8 +178,8 @@ def test_records_made_field_by_field_have_every_field():
     import dataclasses
 
     from qbuild.api.actions import ActionSpec
-    from qbuild.keys.keyer import _ACTION_DEFAULTS
     from qbuild.core.records import ActionResult, OutputEntry
+    from qbuild.keys.keyer import _ACTION_DEFAULTS
     from qbuild.shortcuts.analysis_cache import _spec
 
     spec = ActionSpec("M", "m:f", ("srcs",), ("o",), {"x": 1}, True, {"srcs": ["a"]}, True)
