@@ -209,15 +209,15 @@ class Graph:
         _check_outputs(outputs, where)
         target.attrs = values
         target.outputs = list(outputs)
-        if rule.is_v2():
-            ctx = AnalysisContext(label=str(label), attrs=values,
-                                  attr_types={n: s.type for n, s in rule.attrs.items()},
-                                  outputs=target.outputs, heavy=bool(rule.heavy))
-            try:
-                rule.analyze(ctx)
-                target.actions = ctx.finish()
-            except ConfigError as exc:
-                raise exc.located(**where) from None
+        ctx = AnalysisContext(label=str(label), attrs=values,
+                              attr_types={n: s.type for n, s in rule.attrs.items()},
+                              outputs=target.outputs, heavy=bool(rule.heavy),
+                              build_file=target.build_file)
+        try:
+            rule.analyze(ctx)
+            target.actions = ctx.finish()
+        except ConfigError as exc:
+            raise exc.located(**where) from None
         target.deps = list(dict.fromkeys(target.deps))
         target.sources = list(dict.fromkeys(target.sources))
         return target

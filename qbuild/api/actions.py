@@ -103,9 +103,11 @@ class AnalysisContext:
     ``action(...)`` to declare actions."""
 
     def __init__(self, *, label: str, attrs: Mapping[str, Any], attr_types: Mapping[str, str],
-                 outputs: Sequence[str], heavy: bool) -> None:
+                 outputs: Sequence[str], heavy: bool, build_file: str = "") -> None:
         self.label = label
         self.name = label.rsplit(":", 1)[1]
+        self.build_file = build_file
+        """The BUILD file declaring the target, workspace-relative."""
         self.attrs = dict(attrs)
         self.outputs = list(outputs)
         self._attr_types = dict(attr_types)
@@ -120,6 +122,11 @@ class AnalysisContext:
             raise ConfigError(f"'{key}' is not a declared output (declared: "
                               f"{', '.join(self.outputs) or 'none'})")
         return key
+
+    @property
+    def attr_types(self) -> dict[str, str]:
+        """Each attribute's declared type (``"label"``, ``"file"``, ``"int"``, ...)."""
+        return dict(self._attr_types)
 
     def fail(self, message: str, attr: str | None = None) -> ConfigError:
         """An analysis error (exit 2) naming this target; ``raise ctx.fail(...)``."""
@@ -247,6 +254,8 @@ class RunContext:
         """Where inputs declared with a ``layout`` are staged."""
         self._hooks = dict(hooks or {})
         self._resolved: Any = None
+        self.hook_plugins = dict(self._hooks)
+        """The modules implementing each hook the rule declared (what ``hooks`` resolves)."""
         self.origins = origins or {}
         """For ``file``/``files`` inputs: for each path in ``inputs[name]``, the index of
         the attribute item it comes from and its path inside that item (the output's

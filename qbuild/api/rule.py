@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, overload
 
@@ -22,7 +22,7 @@ from .attrs import Attr
 from .providers import DefaultInfo, P, Provider, check_provider_class, decode, provider_name
 
 if TYPE_CHECKING:
-    from .actions import AnalysisContext
+    from .actions import AnalysisContext, RunContext
 
 D = TypeVar("D")
 RESERVED_KEYS = frozenset({"rule", "matrix", "tags"})
@@ -162,10 +162,26 @@ class Rule:
         return []
 
     def analyze(self, ctx: AnalysisContext) -> None:
-        """Declare the target's actions with ``ctx.action(...)`` (rule API v2).
+        """Declare the target's actions with ``ctx.action(...)``.
 
-        The default declares one action that calls ``run`` with every attribute as its
-        input and every declared output as its output (rule API v1)."""
+        The default is for a rule that defines ``run`` instead: one action (named after
+        the rule's kind) whose inputs are every dependency and file attribute, whose outputs
+        are every declared output, and whose params are the other attributes with the
+        target's label (``run`` sees the label, so it is part of the action's key)."""
+        from .actions import DEPENDENCY_TYPES
+
+        if type(self).run is Rule.run:
+            raise ctx.fail(f"rule {self.kind!r} defines neither analyze() nor run()")
+        types = ctx.attr_types
+        inputs = [name for name, kind in types.items() if kind in DEPENDENCY_TYPES]
+        values = {name: value for name, value in ctx.attrs.items()
+                  if types.get(name) not in DEPENDENCY_TYPES}
+        cls = type(self)
+        ctx.action(run_rule, inputs=inputs, outputs=ctx.outputs, mnemonic=self.kind,
+                   params={"rule": f"{cls.__module__}:{cls.__qualname__}",
+                           "label": ctx.label, "build_file": ctx.build_file,
+                           "attrs": values, "deps": {name: ctx.attrs.get(name)
+                                                     for name in inputs}})
 
     def run(self, ctx: ActionContext) -> Any:
         """v1: produce every declared output; return the providers the rule declares
@@ -320,6 +336,33 @@ class ActionContext:
     def fail(self, message: str, attr: str | None = None) -> RuleError:
         """An error naming this target (and attribute); ``raise ctx.fail(...)``."""
         return RuleError(message, file=self.build_file, target=self.label, attr=attr)
+
+
+def run_rule(ctx: RunContext) -> Any:
+    """The action a rule that defines ``run`` declares (``Rule.analyze``'s default):
+    an ``ActionContext`` made from the action's inputs and params, then ``run``."""
+    from .actions import resolve_function
+
+    params = ctx.params
+    cls = resolve_function(params["rule"])
+    attrs: dict[str, Any] = dict(params["attrs"])
+    for name, given in params["deps"].items():
+        staged = ctx.inputs.get(name)
+        if isinstance(staged, Dep):
+            staged = replace(staged, label=given)
+        elif isinstance(staged, list) and staged and isinstance(staged[0], Dep):
+            staged = [replace(dep, label=label) for dep, label in zip(staged, given)]
+        attrs[name] = staged
+    run_ctx = ActionContext(label=params["label"], build_file=params["build_file"],
+                            attrs=attrs, outputs=ctx.outputs, scratch=ctx.scratch,
+                            log_path=ctx.log_path, workdir=ctx.workdir, threads=ctx.threads,
+                            hooks=ctx.hook_plugins)
+    run_ctx.warnings = ctx.warnings  # one list: the engine reports the action's warnings
+    return cls().run(run_ctx)
+
+
+RUN_RULE = "qbuild.api.rule:run_rule"
+"""The reference of ``run_rule``: its info dict (deprecated) is the only one kept."""
 
 
 def check_attrs(rule: Rule, raw: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ import json
 from typing import Any
 
 from ..analysis.graph import Target
-from ..api.actions import DEPENDENCY_TYPES
 from ..core.errors import QbuildError
 from ..core.labels import Label, output_folder
 
@@ -61,22 +60,11 @@ def actions(session: Any, roots: list[Label]) -> list[dict[str, Any]]:
         base = {"target": str(label), "rule": target.kind, "target_key": key,
                 "target_cached": label in results}
         folder = output_folder(label)
-        if not target.actions:
-            dep_names = [n for n, s in target.rule.attrs.items()
-                         if s.type in DEPENDENCY_TYPES]
-            records.append({**base, "mnemonic": target.kind, "v2": False,
-                            "function": f"{target.entry.ref}.run",
-                            "inputs": _inputs(target, dep_names),
-                            "outputs": [f"{folder}/{o}" for o in target.outputs],
-                            "params": {n: v for n, v in target.attrs.items()
-                                       if n not in dep_names},
-                            "key": key, "cached": label in results})
-            continue
         steps = plan_steps(session.store, action) if action is not None else [
             {"spec": spec, "key": None, "cached": False} for spec in target.actions]
         for step in steps:
             spec = step["spec"]
-            records.append({**base, "mnemonic": spec.mnemonic, "v2": True,
+            records.append({**base, "mnemonic": spec.mnemonic,
                             "function": spec.function, "heavy": spec.heavy,
                             "inputs": _inputs(target, list(spec.inputs)),
                             "outputs": [f"{folder}/{o}" for o in spec.outputs],

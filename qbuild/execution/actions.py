@@ -24,9 +24,10 @@ from typing import Any
 
 from ..api.actions import FORWARD_FILES, ActionSpec, RunContext, resolve_function
 from ..api.providers import returned_providers
-from ..api.rule import Dep
+from ..api.rule import RUN_RULE, Dep
 from ..core.errors import QbuildError, RuleError
 from ..core.files import stat_key
+from ..core.labels import OUT_PREFIX, output_folder
 from ..core.records import Action, ActionResult, Outcome, OutputEntry
 from ..keys.action_keys import Made, package_path, step_components, step_key
 from .failures import ActionFailed, MissingBlob, log_tail
@@ -61,7 +62,7 @@ def plan_steps(store: Any, action: Action) -> list[dict[str, Any]]:
 
 
 def _invoke_step(rule_ref: str, function: str, ctx: RunContext, out_root: Path
-                 ) -> tuple[dict[str, Any], list[str]]:
+                 ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Run one action function; also the entry point of worker processes."""
     rule_cls = resolve_function(rule_ref)
     fn = resolve_function(function)
@@ -78,10 +79,32 @@ def _invoke_step(rule_ref: str, function: str, ctx: RunContext, out_root: Path
             what = f"the action called sys.exit({exc.code!r})"
         raise RuleError(what) from None
     info, providers = returned_providers(value, out_root, tuple(rule_cls.provides))
-    if info:
-        raise RuleError(f"action {function} returned an info dict; v2 actions return "
+    if info and function != RUN_RULE:
+        raise RuleError(f"action {function} returned an info dict; actions return "
                         "providers")
-    return providers, ctx.warnings
+    return info or {}, providers, ctx.warnings
+
+
+def workspace_name(action: Action, rel: str) -> str:
+    """A path inside an action's sandbox as the user knows it: a dependency's output
+    under ``qbuild-out/``, a source by its workspace path, an earlier action's output
+    under the target's own folder (``rel`` as it is when it is none of these)."""
+    head, _, rest = rel.partition("/")
+    name, dot, kind = head.rpartition(".")
+    if head == "made":
+        return f"{OUT_PREFIX}/{output_folder(action.label)}/{rest}"
+    if not dot or name not in action.attrs or not rest:
+        return rel
+    value = action.attrs[name]
+    if kind == "src":
+        package = action.label.package
+        return f"{package}/{rest}" if package else rest
+    if kind.startswith("dep"):
+        items = value if isinstance(value, list) else [value]
+        index = int(kind[3:] or 0) if kind[3:].isdigit() or not kind[3:] else -1
+        if 0 <= index < len(items) and str(items[index]).startswith("//"):
+            return f"{OUT_PREFIX}/{output_folder(items[index])}/{rest}"
+    return rel
 
 
 def _place(sandboxes: Sandboxes, entry: OutputEntry, dest: Path,
@@ -266,11 +289,11 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
         failed: ActionFailed | None = None
         try:
             if spec.heavy:
-                providers, warnings = sandboxes.run_in_worker(
+                info, providers, warnings = sandboxes.run_in_worker(
                     action, log_path, _invoke_step, action.rule_ref, spec.function, ctx,
                     out_root)
             else:
-                providers, warnings = _invoke_step(action.rule_ref, spec.function, ctx,
+                info, providers, warnings = _invoke_step(action.rule_ref, spec.function, ctx,
                                                    out_root)
         except QbuildError as exc:
             located = exc.located(file=action.build_file, target=str(action.label))
@@ -282,13 +305,14 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
         intact = True
         if failed is not None:
             raise failed
-        sandboxes.check_staged_inputs(action, box.path, staged)
+        sandboxes.check_staged_inputs(action, box.path, staged,
+                                      lambda rel: workspace_name(action, rel))
         for item in linked:
             staged.setdefault(item.dest, (item.digest, stat_key(item.stat)))
         entries = sandboxes.collect_outputs(action, out_root, log_path,
                                             tuple(spec.outputs), staged=staged)
         sandboxes.check_sources(action)
-        return ActionResult(tuple(entries), tuple(spec.outputs), {}, tuple(warnings),
+        return ActionResult(tuple(entries), tuple(spec.outputs), info, tuple(warnings),
                             providers=providers)
     finally:
         release(sandboxes.store, linked, intact)
@@ -322,6 +346,7 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
     store = sandboxes.store
     made: Made = {}
     providers: dict[str, Any] = {}
+    info: dict[str, Any] = {}  # (only a ``run`` rule's action returns one)
     warnings: list[str] = []
     steps: list[tuple[str, str, str]] = []
     for index, spec in enumerate(action.steps):
@@ -354,6 +379,7 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
                                              target=str(action.label)))
             providers[name] = data
         warnings.extend(result.warnings)
+        info.update(result.info)
         steps.append((spec.mnemonic, key, status))
     missing = [n for n in action.step_base.get("provides", []) if n not in providers]
     if missing:
@@ -361,5 +387,5 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
                                      f"{', '.join(n.rsplit('.', 1)[-1] for n in missing)}",
                                      file=action.build_file, target=str(action.label)))
     outputs = tuple(e for name in action.outputs for e in made[name])
-    return Outcome(ActionResult(outputs, action.outputs, {}, tuple(warnings),
+    return Outcome(ActionResult(outputs, action.outputs, info, tuple(warnings),
                                 providers=providers), steps=tuple(steps))

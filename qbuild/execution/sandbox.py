@@ -26,6 +26,7 @@ import signal
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -340,10 +341,12 @@ class Sandboxes:
                 target=str(action.label)))
 
     def check_staged_inputs(self, action: Action, sandbox: Path,
-                            staged: dict[Path, tuple[str, str]]) -> None:
+                            staged: dict[Path, tuple[str, str]],
+                            shown: Callable[[str], str] = str) -> None:
         """Fail an action whose rule wrote into one of its (read-only) inputs, staged as
         ``staged`` (path: (digest, stat key)): its outputs may come from the edited
-        bytes, not from what the key names."""
+        bytes, not from what the key names. ``shown`` names a sandbox-relative path as
+        the user knows it (a source's or a dependency output's workspace path)."""
         for path, (digest, key) in staged.items():
             try:
                 st = os.lstat(path)
@@ -351,7 +354,7 @@ class Sandboxes:
                 continue  # moved or deleted inside the sandbox: no harm done
             if stat_key(st) != key and (not path.is_file() or hash_file(path) != digest):
                 raise ActionFailed(RuleError(
-                    f"the rule modified its input {path.relative_to(sandbox).as_posix()}; "
+                    f"the rule modified its input {shown(path.relative_to(sandbox).as_posix())}; "
                     "inputs are read-only: write outputs instead",
                     target=str(action.label)))
 

@@ -21,11 +21,12 @@ from typing import Any
 from ..analysis.graph import Target
 from ..analysis.plugins import Registry
 from ..api.providers import provider_name
+from ..api.rule import RUN_RULE
+from ..core import versions
 from ..core.files import SourceDigests
 from ..core.labels import Label
 from ..core.protocols import Store
 from ..core.records import Action, ActionResult, KeyParts
-from ..core.versions import __version__
 from .action_keys import step_components, step_key
 from .code import CodeDigests
 from .parts import action_key, components, target_env
@@ -74,7 +75,8 @@ class Keyer:
         providers involved and what the rule's ``code()`` names, not the rule class."""
         assert target.rule is not None
         refs = [*(target.rule.code(target.attrs) or []), *_provider_refs(target), function]
-        return self._code_digests(None, refs)
+        # A ``run`` rule's action runs the rule class itself: its code is the class's.
+        return self._code_digests(type(target.rule) if function == RUN_RULE else None, refs)
 
     def _code_digests(self, rule_cls: type | None, refs: list[str]) -> dict[str, str]:
         # Memoised for this session: every unit is digested once per session anyway.
@@ -167,7 +169,7 @@ class Keyer:
             "ref": entry.ref, "heavy": bool(rule.heavy), "attr_types": self._attr_types(rule),
             "step_base": {
                 "rule": entry.kind, "rule_version": entry.cls.version, "plugin": entry.dist,
-                "plugin_version": entry.dist_version, "qbuild_version": __version__,
+                "plugin_version": entry.dist_version, "qbuild_version": versions.__version__,
                 "provides": sorted(provider_name(p) for p in rule.provides)}}
         self._rule_memo[entry.kind] = (entry, rule.provides, (rule.heavy, entry.cls.version),
                                        constant)

@@ -18,8 +18,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ..analysis.graph import Target
+from ..core import versions
 from ..core.records import ActionResult, KeyParts
-from ..core.versions import __version__
 
 _env_cache: dict[type, dict[str, str]] = {}
 
@@ -64,7 +64,7 @@ def components(
         "rule_version": entry.cls.version,
         "plugin": entry.dist,
         "plugin_version": entry.dist_version,
-        "qbuild_version": __version__,
+        "qbuild_version": versions.__version__,
         "code": code,
         "attrs": target.attrs,
         "outputs": target.outputs,

@@ -119,7 +119,7 @@ def test_qbuild_version_is_keyed(ws, monkeypatch):
     ws.write("p/a.txt", "a")
     ws.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["a.txt"]\n')
     assert ws.build("//p:a").ran == ["//p:a"]
-    monkeypatch.setattr("qbuild.keys.parts.__version__", qbuild.__version__ + ".post1")
+    monkeypatch.setattr("qbuild.core.versions.__version__", qbuild.__version__ + ".post1")
     again = ws.build("//p:a", explain=True)
     assert again.ran == ["//p:a"]
     assert any(line.startswith("qbuild: ") for line in again.explanations["//p:a"])
