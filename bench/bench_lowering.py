@@ -19,9 +19,10 @@ sys.path.insert(0, str(ROOT / "plugins"))
 
 def main(act: str = "uint8", runs: int = 30) -> None:
     import onnx
-    from qbuild_lower.check import compare, session
-    from qbuild_lower.driver import lower_model
-    from qbuild_lower.qdq_source import image_batches, make_qdq
+    from qbuild_lower.checking.compare import compare
+    from qbuild_lower.lowering.driver import lower_model
+    from qbuild_lower.qdq.source import image_batches, make_qdq
+    from qbuild_onnx_common.ort import session
 
     images = sorted(
         p for p in (ROOT / "testdata" / "images").glob("*") if p.suffix in (".jpg", ".png")

@@ -55,10 +55,11 @@ def batches(kind, images):
 
 def main(runs: int = 30) -> None:
     import onnx
-    from qbuild_lower.check import compare
-    from qbuild_lower.driver import lower_model
-    from qbuild_lower.profiling import conditions, interleaved_latency, macs, op_profile
-    from qbuild_lower.qdq_source import make_qdq
+    from qbuild_lower.checking.compare import compare
+    from qbuild_lower.lowering.driver import lower_model
+    from qbuild_lower.profiling.macs import macs
+    from qbuild_lower.profiling.timing import conditions, interleaved_latency, op_profile
+    from qbuild_lower.qdq.source import make_qdq
 
     tmp = Path(tempfile.mkdtemp())
     cases = [("YOLOX-Nano", ROOT / "examples/yolo/yolox_nano.onnx", "yolox"),

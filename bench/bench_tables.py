@@ -4,7 +4,7 @@ onnxruntime (CPU, one thread), against the QDQ forms they replace. Each model ma
 warm-ups; prints median ns per element, minimum and relative spread (IQR / median) of
 each run's CPU time (one thread: onnxruntime computes on the calling thread, and CPU time
 leaves out the time spent waiting for a core on a loaded machine).
-These figures are the ``COSTS`` in plugins/qbuild_lower/fuse.py.
+These figures are the ``COSTS`` in plugins/qbuild_lower/patterns/fuse.py.
 
 The second table (``kernels``) times single onnxruntime 8-bit element-wise kernels on
 their own: each model chains the same op ``CHAIN`` times, so the graph's input/output

@@ -15,6 +15,12 @@ A block that configures the workspace (``[settings]`` or ``[toolchain]``) is loa
 ``qbuild.toml``. Only a block marked ``<!-- docs-test: toml: <reason> -->`` is merely
 parsed, and it must say why it cannot be built.
 
+A page that builds one workspace step by step (``docs/walkthrough.md``) marks its blocks
+``<!-- docs-test: workspace: <file> -->``: they use no fixtures. The page's shell block
+marked ``<!-- docs-test: setup -->`` is run as written (only ``QBUILD_REPO=`` is pointed at
+this checkout) to make the workspace, and each block is built together with the blocks
+before it for the same file, as a reader following the page would build it.
+
 The fixture builds share one cache (labels and contents are the same across snippets),
 so the whole module runs in well under a minute.
 """
@@ -40,6 +46,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 _BLOCK = re.compile(r"(?:<!--\s*docs-test:\s*(\w+)(?::\s*([^>]*?))?\s*-->[ \t]*\n)?"
                     r"[ \t]*```toml\n(.*?)```", re.S)
 _PYTHON = re.compile(r"```python\n(# (\w+)\.py[^\n]*\n.*?)```", re.S)
+_SETUP = re.compile(r"<!--\s*docs-test:\s*setup\s*-->[ \t]*\n```sh\n(.*?)```", re.S)
 IMAGES = ROOT / "testdata" / "images"
 SILERO = ROOT / "testdata" / "models" / "silero_vad_v3.1_transformer.onnx"
 FIXTURE_SIZE = 64
@@ -81,11 +88,13 @@ SNIPPETS = _snippets()
 
 def test_the_docs_have_examples_and_every_unbuilt_one_says_why():
     assert len(SNIPPETS) >= 10
-    assert {mode for _, mode, _, _ in SNIPPETS} <= {"build", "toml"}
+    assert {mode for _, mode, _, _ in SNIPPETS} <= {"build", "toml", "workspace"}
     for where, mode, reason, _ in SNIPPETS:
-        assert mode == "build" or len(reason) > 15, f"{where}: say why it is not built"
+        assert mode != "toml" or len(reason) > 15, f"{where}: say why it is not built"
+        assert mode != "workspace" or reason.endswith("BUILD.toml"), \
+            f"{where}: name the BUILD.toml the block belongs to"
     # unbuildable examples stay rare
-    assert sum(mode != "build" for _, mode, _, _ in SNIPPETS) <= len(SNIPPETS) // 4
+    assert sum(mode == "toml" for _, mode, _, _ in SNIPPETS) <= len(SNIPPETS) // 4
 
 
 def _labels(value) -> set[str]:
@@ -266,7 +275,7 @@ def doc_plugins(tmp_path_factory):
 def test_doc_snippet(where, mode, reason, text, tmp_path, shared_cache, detector_maker,
                      doc_plugins):
     data = tomllib.loads(text)  # every snippet is valid TOML
-    if mode == "toml":
+    if mode in ("toml", "workspace"):  # workspace blocks: test_walkthrough_step
         return
     ws = Workspace(tmp_path / "ws", shared_cache)
     if "settings" in data or "toolchain" in data:
@@ -289,4 +298,74 @@ def test_doc_snippet(where, mode, reason, text, tmp_path, shared_cache, detector
     extra = {k: v for k, v in tables.items() if k not in data}
     ws.write("pkg/BUILD.toml", text + "\n" + _toml(extra))
     result = ws.build(*(f"//pkg:{name}" for name in data), jobs=2)
+    assert result.ok, f"{where}: {result.error}\n{result.log[-3000:]}"
+
+
+# ---------------------------------------------------------------------------------------
+# Pages that build one workspace step by step (docs/walkthrough.md)
+# ---------------------------------------------------------------------------------------
+
+def _steps() -> list[tuple[str, Path, str, int]]:
+    """(id, page, file the block belongs to, index of the block among the page's blocks
+    for that file) of every ``workspace`` block."""
+    steps = []
+    for doc in DOCS:
+        text = doc.read_text(encoding="utf-8")
+        counts: dict[str, int] = {}
+        for match in _BLOCK.finditer(text):
+            if match.group(1) != "workspace":
+                continue
+            file = (match.group(2) or "").strip()
+            line = text.count("\n", 0, match.start(3))
+            steps.append((f"{doc.name}:{line}", doc, file, counts.get(file, 0)))
+            counts[file] = counts.get(file, 0) + 1
+    return steps
+
+
+STEPS = _steps()
+
+
+def test_the_walkthrough_builds_a_workspace_of_its_own():
+    pages = {doc.name for _, doc, _, _ in STEPS}
+    assert "walkthrough.md" in pages
+    for doc in {doc for _, doc, _, _ in STEPS}:
+        assert len(_SETUP.findall(doc.read_text(encoding="utf-8"))) == 1, \
+            f"{doc.name}: one <!-- docs-test: setup --> shell block makes the workspace"
+
+
+def _setup_workspace(doc: Path, tmp: Path, cache: Path) -> Path:
+    """Run the page's setup block as written, in ``tmp``; return the workspace root."""
+    import subprocess
+
+    text = doc.read_text(encoding="utf-8")
+    script = _SETUP.search(text).group(1)
+    script, n = re.subn(r"^QBUILD_REPO=\S+", f"QBUILD_REPO='{ROOT}'", script, flags=re.M)
+    assert n == 1, f"{doc.name}: the setup block sets QBUILD_REPO= once"
+    tmp.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["bash", "-euc", script], cwd=tmp, capture_output=True, text=True)
+    assert done.returncode == 0, f"{doc.name}: setup block failed:\n{done.stderr}"
+    roots = [p.parent for p in tmp.glob("*/qbuild.toml")] + \
+        [p.parent for p in tmp.glob("qbuild.toml")]
+    assert len(roots) == 1, f"{doc.name}: the setup block makes one workspace"
+    # the page's qbuild.toml is empty (default settings); the test never uses the user's
+    # own cache, only the module's shared one
+    assert (roots[0] / "qbuild.toml").read_text(encoding="utf-8").strip() == ""
+    (roots[0] / "qbuild.toml").write_text(
+        f'[settings]\ncache_dir = "{cache.as_posix()}"\n', encoding="utf-8")
+    return roots[0]
+
+
+@pytest.mark.parametrize(("where", "doc", "file", "index"), STEPS,
+                         ids=[s[0] for s in STEPS])
+def test_walkthrough_step(where, doc, file, index, tmp_path, shared_cache):
+    root = _setup_workspace(doc, tmp_path, shared_cache)
+    blocks = [m.group(3) for m in _BLOCK.finditer(doc.read_text(encoding="utf-8"))
+              if m.group(1) == "workspace" and (m.group(2) or "").strip() == file]
+    text = "\n".join(blocks[:index + 1])
+    (root / file).write_text(text, encoding="utf-8")
+    package = str(Path(file).parent.as_posix()).strip(".")
+    names = list(tomllib.loads(blocks[index]))
+    ws = Workspace.existing(root)
+    assert ws.cache_dir == shared_cache
+    result = ws.build(*(f"//{package}:{name}" for name in names), jobs=2)
     assert result.ok, f"{where}: {result.error}\n{result.log[-3000:]}"

@@ -1,6 +1,6 @@
 """The dtype plugin's rules: ``qdq_retarget`` and ``requantize_weights`` (rule API v2).
 
-Each declares one action at analysis, a thin wrapper over :mod:`qbuild_dtypes.pipeline`:
+Each declares one action at analysis, a thin wrapper over :mod:`qbuild_dtypes.conversion.pipeline`:
 it reads the model from the ``model`` dependency's ``OnnxModelInfo``, resolves the
 target (built-in or added by a plugin through the ``qbuild_dtype_targets`` hook), turns
 ``OnnxError`` into a ``RuleError`` naming the attribute, and gives the written model as
@@ -9,8 +9,9 @@ target (built-in or added by a plugin through the ``qbuild_dtype_targets`` hook)
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import OnnxModelInfo, model_path, onnx_model_info
@@ -18,7 +19,10 @@ from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, Rule, RunContext, attr, hookimpl
 
-from .targets import BUILTIN_TARGETS, FORMS
+from .runtime.targets import BUILTIN_TARGETS, FORMS, DtypeTarget, get_target
+
+if TYPE_CHECKING:
+    import pluggy
 
 _BUILTIN_NAMES = ", ".join(t.name for t in BUILTIN_TARGETS)
 
@@ -61,7 +65,7 @@ class _DtypeRule(OnnxRule):
     def env(self) -> dict[str, str]:
         return {**super().env(), "target_plugins": _plugin_distributions()}
 
-    def code(self, attrs: dict[str, Any]) -> list[str]:
+    def code(self, attrs: Mapping[str, Any]) -> list[str]:
         return [*super().code(attrs), *_target_code(attrs)]
 
 
@@ -72,9 +76,7 @@ def _model_file(ctx: RunContext) -> Path:
         raise ctx.fail(f"{ctx.params['source']} {e}", attr="model") from None
 
 
-def _target(ctx: RunContext, name: str):
-    from .targets import get_target
-
+def _target(ctx: RunContext, name: str) -> DtypeTarget:
     # A plugin's target comes from the qbuild_dtype_targets implementers the engine
     # resolved (and keyed, see _target_code), whatever process runs the action.
     pm = None if name in _BUILTIN_SET else ctx.hooks.pluginmanager
@@ -87,7 +89,7 @@ def _target(ctx: RunContext, name: str):
 _BUILTIN_SET = frozenset(t.name for t in BUILTIN_TARGETS)
 
 
-def _target_code(attrs: dict[str, Any]) -> list[str]:
+def _target_code(attrs: Mapping[str, Any]) -> list[str]:
     return [] if attrs.get("target") in _BUILTIN_SET else ["hook:qbuild_dtype_targets"]
 
 
@@ -121,7 +123,7 @@ class QdqRetarget(_DtypeRule):
                    params=_params(ctx, ()))
 
 
-def _params(ctx: AnalysisContext, extra: tuple[str, ...]) -> dict:
+def _params(ctx: AnalysisContext, extra: tuple[str, ...]) -> dict[str, Any]:
     a = ctx.attrs
     return {"source": a["model"], "model_out": f"{ctx.name}.onnx",
             **{k: a[k] for k in ("target", "form", "input_dims", "run_check", *extra)}}
@@ -129,7 +131,7 @@ def _params(ctx: AnalysisContext, extra: tuple[str, ...]) -> dict:
 
 def qdq_retarget(ctx: RunContext) -> OnnxModelInfo:
     """The action of ``qdq_retarget``."""
-    from .pipeline import retarget_file
+    from .conversion.pipeline import retarget_file
 
     p = ctx.params
     src = _model_file(ctx)
@@ -172,7 +174,7 @@ class RequantizeWeights(_DtypeRule):
     }
     outputs = ["{name}.onnx", "report.json"]
 
-    def validate(self, attrs) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         if attrs["min_elements"] < 0:
             raise ConfigError("min_elements must be >= 0", attr="min_elements")
 
@@ -186,7 +188,7 @@ class RequantizeWeights(_DtypeRule):
 
 def requantize_weights(ctx: RunContext) -> OnnxModelInfo:
     """The action of ``requantize_weights``."""
-    from .pipeline import requantize_file
+    from .conversion.pipeline import requantize_file
 
     p = ctx.params
     src = _model_file(ctx)
@@ -211,7 +213,7 @@ def qbuild_rule_types() -> list[type[Rule]]:
 
 
 @hookimpl
-def qbuild_addhooks(pluginmanager) -> None:
+def qbuild_addhooks(pluginmanager: pluggy.PluginManager) -> None:
     from . import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)

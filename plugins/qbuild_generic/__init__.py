@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Mapping
 from typing import Any
 
 from qbuild import (
@@ -39,13 +40,13 @@ class FileGroup(Rule):
                            required=True),
     }
 
-    def validate(self, attrs: Any) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         for item in attrs["srcs"]:
             if item.startswith("//"):
                 raise ConfigError(f"filegroup takes source files, not targets ({item})",
                                   attr="srcs")
 
-    def declared_outputs(self, name: str, attrs: Any) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         return [path.rsplit("/", 1)[-1] for path in attrs["srcs"]]
 
     def analyze(self, ctx: AnalysisContext) -> None:
@@ -78,10 +79,10 @@ class Command(Rule):
                                          "environment (their values are NOT part of the key)."),
     }
 
-    def declared_outputs(self, name: str, attrs: Any) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         return list(attrs["outs"])
 
-    def validate(self, attrs: Any) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         if not attrs["outs"]:
             raise ConfigError("a command needs at least one output", attr="outs")
         for key, value in attrs["env"].items():
@@ -91,7 +92,7 @@ class Command(Rule):
             raise ConfigError(f"$(OUT) needs exactly one output, but outs has "
                               f"{len(attrs['outs'])}; use $(OUTS)", attr="cmd")
 
-    def target_env(self, attrs: Any) -> dict[str, str]:
+    def target_env(self, attrs: Mapping[str, Any]) -> dict[str, str]:
         path = os.environ.get("PATH", os.defpath)
         found, shell = _words_found(path)
         facts = {"PATH": path, "LANG": os.environ.get("LANG", ""), "program /bin/sh": shell}

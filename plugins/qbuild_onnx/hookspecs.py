@@ -24,13 +24,13 @@ hookspec = pluggy.HookspecMarker("qbuild")
 
 
 @hookspec
-def qbuild_dataset_readers() -> dict[str, Callable[..., Any]]:
+def qbuild_dataset_readers() -> dict[str, Callable[..., Any]]:  # type: ignore[empty-body]
     """Return dataset readers keyed by name (all plugins' dicts are merged; a name
     provided twice is an error)."""
 
 
 @hookspec
-def qbuild_eval_tasks() -> dict[str, Callable[..., Any]]:
+def qbuild_eval_tasks() -> dict[str, Callable[..., Any]]:  # type: ignore[empty-body]
     """Return evaluation tasks keyed by name (``evaluate``/``sensitivity``/``auto_quantize``
     with ``task = "<name>"``). A task is ``task(ref_outputs, cand_outputs, options) ->
     dict`` with a numeric ``score`` (higher is better); see ``qbuild_onnx.accuracy.tasks``.

@@ -1,13 +1,14 @@
 """Reading and editing ModelProto basics: node attributes, opset imports, the IR version a
-model's opsets need, the graph inputs that are real inputs (not initializers), and who
-reads each tensor. onnx is imported inside the functions, so importing this is free."""
+model's opsets need, the graph inputs that are real inputs (not initializers), who reads
+each tensor, and ``GraphIndex`` (one graph's producers, readers, initializers, outputs and
+free names). onnx is imported inside the functions, so importing this is free."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from onnx import GraphProto, ModelProto, NodeProto, ValueInfoProto
+    from onnx import GraphProto, ModelProto, NodeProto, TensorProto, ValueInfoProto
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 
@@ -81,3 +82,41 @@ def consumers(graph: GraphProto) -> dict[str, list[NodeProto]]:
         for i in n.input:
             readers.setdefault(i, []).append(n)
     return readers
+
+
+class GraphIndex:
+    """Who produces and who reads each tensor of one graph (its own nodes, not
+    subgraphs'; empty names, ONNX's "input or output left out", are not tensors), its
+    initializers by name and its output names: a snapshot taken when built, except
+    ``unique_name``, which reads the graph as it is now."""
+
+    def __init__(self, graph: GraphProto) -> None:
+        self.graph = graph
+        self.producers: dict[str, NodeProto] = {}
+        self.consumers: dict[str, list[NodeProto]] = {}
+        for node in graph.node:
+            for name in node.input:
+                if name:
+                    self.consumers.setdefault(name, []).append(node)
+            for name in node.output:
+                if name:
+                    self.producers[name] = node
+        self.initializers: dict[str, TensorProto] = {t.name: t for t in graph.initializer}
+        self.outputs: set[str] = {o.name for o in graph.output}
+
+    def use_count(self, name: str) -> int:
+        """How many node inputs read ``name`` (a weight read twice by one node counts 2,
+        as that node is listed twice among its consumers)."""
+        return len(self.consumers.get(name, ()))
+
+    def unique_name(self, base: str) -> str:
+        """``base``, or ``base_1``, ``base_2``... : the first that names no initializer,
+        node output or graph input of the graph as it is now (names added since the
+        index was built count)."""
+        g = self.graph
+        taken = {i.name for i in g.initializer} | {o for n in g.node for o in n.output}
+        taken |= {i.name for i in g.input}
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        return name

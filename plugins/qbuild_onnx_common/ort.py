@@ -6,15 +6,18 @@ does not load."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import OnnxError
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 ERRORS = 3  # onnxruntime log severity: errors and fatal only
 FATAL = 4
 
 
-def session(model: Any, threads: int = 1, *, optimize: bool = True,
+def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimize: bool = True,
             optimized_path: str | Path | None = None, profile_prefix: str | None = None,
             log_severity: int = ERRORS, what: str | None = None,
             config: dict[str, str] | None = None) -> Any:

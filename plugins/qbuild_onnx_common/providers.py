@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qbuild import Provider
+from qbuild import Dep, Provider
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,7 @@ class QuantizedModelInfo(Provider):
     float_nodes: tuple[str, ...] = ()
 
 
-def model_path(dep: Any) -> Path:
+def model_path(dep: Dep) -> Path:
     """The model file of a dependency (a ``qbuild.Dep``): its ``OnnxModelInfo.model``,
     or, for a third-party rule that predates providers (declares no ``provides``, so
     analysis could not refuse it), its single ``.onnx`` output. Raises ValueError saying
@@ -84,7 +87,7 @@ def model_path(dep: Any) -> Path:
     return files[0]
 
 
-def dataset_path(dep: Any) -> Path:
+def dataset_path(dep: Dep) -> Path:
     """The folder (or file) of a dataset dependency: its ``DatasetInfo.path``, or its
     first output for a rule that predates providers."""
     if DatasetInfo in dep:
@@ -94,7 +97,8 @@ def dataset_path(dep: Any) -> Path:
     return dep.files[0]
 
 
-def onnx_model_info(path: Path, model: Any = None, **recorded: Any) -> OnnxModelInfo:
+def onnx_model_info(path: Path, model: ModelProto | None = None, **recorded: Any
+                    ) -> OnnxModelInfo:
     """``OnnxModelInfo`` of a model file an action wrote (``model``: the loaded
     ``onnx.ModelProto``, when the action has it; else the file is read without its
     external data). Inputs and outputs as ``summary.model_info`` describes them;
@@ -103,9 +107,9 @@ def onnx_model_info(path: Path, model: Any = None, **recorded: Any) -> OnnxModel
     from .summary import model_info
 
     if model is None:
-        import onnx
+        from .models import load_model
 
-        model = onnx.load(str(path), load_external_data=False)
+        model = load_model(path, external_data=False)
     info = model_info(model)
     return OnnxModelInfo(model=path, opset=int(info["opset"] or 0),
                          ir_version=info["ir_version"], inputs=tuple(info["inputs"]),

@@ -8,7 +8,7 @@ their outputs, and that this package's source keys their actions: ``code()`` nam
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from qbuild import Rule, dist_version
@@ -21,7 +21,7 @@ SHARED_CODE = __name__.split(".", 1)[0]
 class OnnxRule(Rule):
     """A rule that needs onnx, onnxruntime and numpy (imported inside ``run`` only)."""
 
-    requires = ONNX_LIBS
+    requires: ClassVar[Sequence[str]] = ONNX_LIBS
     install_hint = ONNX_INSTALL
     #: Distributions beyond onnx, onnxruntime and numpy whose versions change the outputs.
     env_libs: ClassVar[tuple[str, ...]] = ()

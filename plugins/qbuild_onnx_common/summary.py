@@ -4,6 +4,7 @@ is imported inside the functions."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from .graph import real_inputs
@@ -22,7 +23,7 @@ def onnx_type_name(elem_type: int) -> str:
     from onnx import TensorProto
 
     try:
-        return TensorProto.DataType.Name(elem_type)
+        return str(TensorProto.DataType.Name(elem_type))
     except ValueError:
         return f"type#{elem_type}"
 
@@ -56,7 +57,8 @@ def describe_value(value: ValueInfoProto, numpy_names: bool = False) -> dict[str
     return entry
 
 
-def describe_values(values, numpy_names: bool = False) -> list[dict[str, Any]]:
+def describe_values(values: Iterable[ValueInfoProto], numpy_names: bool = False
+                    ) -> list[dict[str, Any]]:
     """``describe_value`` of each, in graph order."""
     return [describe_value(v, numpy_names) for v in values]
 

@@ -8,8 +8,10 @@ import dtypes_testlib as lib
 import numpy as np
 import onnx
 import pytest
-from qbuild_dtypes import forms, qmath, targets
-from qbuild_dtypes.dtypes import qtensor_values, qtype
+from qbuild_dtypes.conversion import forms
+from qbuild_dtypes.numerics import arithmetic
+from qbuild_dtypes.numerics.qtypes import qtensor_values, qtype
+from qbuild_dtypes.runtime import targets
 from qbuild_onnx_common.graph import attr
 
 CASES = lib.qdq_cases()
@@ -36,11 +38,11 @@ def test_plugin_arithmetic_matches_spec(case):
     if node.op_type == "QuantizeLinear":
         elem = int(attr(node, "output_dtype", 0)) or (ins[2].data_type if len(ins) > 2
                                                       else onnx.TensorProto.UINT8)
-        got = qmath.quantize(onnx.numpy_helper.to_array(ins[0]), scale, zp, qtype(elem),
+        got = arithmetic.quantize(onnx.numpy_helper.to_array(ins[0]), scale, zp, qtype(elem),
                              axis, block, saturate=bool(attr(node, "saturate", 1)))
         want = qtensor_values(expected)
     else:
-        got = qmath.dequantize(qtensor_values(ins[0]), scale, zp, axis, block)
+        got = arithmetic.dequantize(qtensor_values(ins[0]), scale, zp, axis, block)
         want = onnx.numpy_helper.to_array(expected)
     assert got.shape == want.shape
     assert np.array_equal(np.asarray(got, np.float64), np.asarray(want, np.float64),

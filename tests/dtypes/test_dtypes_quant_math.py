@@ -10,8 +10,8 @@ import onnx
 import onnx.helper as H
 import pytest
 from onnx import TensorProto as T
-from qbuild_dtypes import qmath
-from qbuild_dtypes.dtypes import make_qtensor, qtensor_values, qtype
+from qbuild_dtypes.numerics import arithmetic
+from qbuild_dtypes.numerics.qtypes import make_qtensor, qtensor_values, qtype
 from qbuild_onnx_common.errors import OnnxError
 
 
@@ -71,13 +71,13 @@ def test_weight_quantization_is_bit_exact_with_runtimes(dtype, gran):
     axis = {"per_tensor": None, "per_channel": 0, "blocked": 1}[gran]
     block = 16 if gran == "blocked" else 0  # 40 = 16 + 16 + 8: an uneven last block
     symmetric = q.kind == "float" or dtype.startswith("int")
-    scale, zp = qmath.choose_params(w, q, axis, block, symmetric, np.float32, "w")
-    codes = qmath.quantize(w, scale, zp, q, 1 if axis is None else axis, block)
-    approx = qmath.dequantize(codes, scale, zp, 1 if axis is None else axis, block)
+    scale, zp = arithmetic.choose_params(w, q, axis, block, symmetric, np.float32, "w")
+    codes = arithmetic.quantize(w, scale, zp, q, 1 if axis is None else axis, block)
+    approx = arithmetic.dequantize(codes, scale, zp, 1 if axis is None else axis, block)
     assert codes.min() >= q.qmin and codes.max() <= q.qmax
     floor = {"int4": 13, "uint4": 13, "int8": 30, "uint8": 30, "int16": 70, "uint16": 70,
              "float8e4m3fn": 25, "float8e5m2": 20}[dtype]
-    assert qmath.sqnr_db(w, approx) > floor
+    assert arithmetic.sqnr_db(w, approx) > floor
     m = _q_model(list(w.shape), scale, zp, q, axis, block)
     x = onnx.numpy_helper.from_array(w, "x")
     ref_q, ref_y = lib.run_ref(m, [x])
@@ -89,41 +89,41 @@ def test_weight_quantization_is_bit_exact_with_runtimes(dtype, gran):
 
 
 def test_block_size_range_follows_the_spec():
-    assert qmath.block_size_range(6, 2) == (3, 5)
-    assert qmath.block_size_range(64, 3) == (22, 31)
+    assert arithmetic.block_size_range(6, 2) == (3, 5)
+    assert arithmetic.block_size_range(64, 3) == (22, 31)
     for b in (3, 4, 5):
-        qmath.validate_block_size(6, 2, b, "x")
+        arithmetic.validate_block_size(6, 2, b, "x")
     for b in (2, 6, 0, -1):
         with pytest.raises(OnnxError, match="block_size"):
-            qmath.validate_block_size(6, 2, b, "x")
-    qmath.validate_block_size(16, 1, 32, "x")  # one block longer than the axis is legal
+            arithmetic.validate_block_size(6, 2, b, "x")
+    arithmetic.validate_block_size(16, 1, 32, "x")  # one block longer than the axis is legal
     with pytest.raises(OnnxError, match="block_size 8 is invalid"):
-        qmath.validate_block_size(16, 1, 8, "x")
+        arithmetic.validate_block_size(16, 1, 8, "x")
 
 
 def test_expand_param_rejects_what_the_reference_accepts():
     # x 2x6, scale 2x2: block_size 6 passes onnx's checker and reference silently.
     with pytest.raises(OnnxError, match=r"allows \[3, 5\]"):
-        qmath.expand_param(np.ones((2, 2)), (2, 6), 1, 6, "DequantizeLinear 'dq'")
+        arithmetic.expand_param(np.ones((2, 2)), (2, 6), 1, 6, "DequantizeLinear 'dq'")
 
 
 def test_float8_saturates_and_has_no_zero_point():
     x = np.array([1e6, -1e6, np.inf, 0.3], np.float32)
-    e4 = qmath.quantize(x, np.float32(1), None, qtype("float8e4m3fn"))
+    e4 = arithmetic.quantize(x, np.float32(1), None, qtype("float8e4m3fn"))
     assert list(e4[:3]) == [448, -448, 448]
-    e5 = qmath.quantize(x, np.float32(1), None, qtype("float8e5m2"))
+    e5 = arithmetic.quantize(x, np.float32(1), None, qtype("float8e5m2"))
     assert list(e5[:3]) == [57344, -57344, 57344]
     with pytest.raises(OnnxError, match="no zero point"):
-        qmath.choose_params(x[3:], qtype("float8e4m3fn"), None, 0, False, np.float32, "w")
+        arithmetic.choose_params(x[3:], qtype("float8e4m3fn"), None, 0, False, np.float32, "w")
 
 
 def test_scale_takes_the_weight_float_type():
     w = np.linspace(-1, 1, 64, dtype=np.float16).reshape(4, 16)
-    scale, zp = qmath.choose_params(w, qtype("int4"), 1, 8, True, np.float16, "w")
+    scale, zp = arithmetic.choose_params(w, qtype("int4"), 1, 8, True, np.float16, "w")
     assert scale.dtype == np.float16 and scale.shape == (4, 2) and zp is None
 
 
 def test_unsigned_symmetric_uses_the_mid_code():
     w = np.array([[-1.0, 0.5, 1.0]], np.float32)
-    scale, zp = qmath.choose_params(w, qtype("uint4"), None, 0, True, np.float32, "w")
+    scale, zp = arithmetic.choose_params(w, qtype("uint4"), None, 0, True, np.float32, "w")
     assert int(zp) == 8 and np.isclose(scale, 1 / 7)

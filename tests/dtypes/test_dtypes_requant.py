@@ -8,8 +8,11 @@ import dtypes_testlib as lib
 import numpy as np
 import onnx
 import pytest
-from qbuild_dtypes import ort_probe, pipeline, qdq, requant, validate
-from qbuild_dtypes.dtypes import qtype
+from qbuild_dtypes.conversion import pipeline, requantize
+from qbuild_dtypes.graph import qdq
+from qbuild_dtypes.numerics.qtypes import qtype
+from qbuild_dtypes.runtime import ort_probe
+from qbuild_dtypes.validation import checks
 from qbuild_onnx_common.errors import OnnxError
 
 SILERO = lib.MODELS / "silero_vad_v3.1_transformer.onnx"
@@ -36,12 +39,12 @@ def test_silero_weight_only_int4_blocked(tmp_path):
     assert rep["opset_after"] == 21 and rep["ir_after"] == 10
     # onnxruntime turns every int4 blocked DQ -> MatMul into MatMulNBits.
     assert rep["validation"]["onnxruntime_fused_ops"]["MatMulNBits"] == 16
-    a = validate.run_onnxruntime(SILERO, _tone_feeds())[0]
-    b = validate.run_onnxruntime(tmp_path / "s.onnx", _tone_feeds())[0]
+    a = checks.run_onnxruntime(SILERO, _tone_feeds())[0]
+    b = checks.run_onnxruntime(tmp_path / "s.onnx", _tone_feeds())[0]
     assert np.abs(a - b).max() < 0.15  # speech probability
     # onnx's reference agrees with onnxruntime on the int4 model.
     m = onnx.load(str(tmp_path / "s.onnx"))
-    r = validate.run_reference(m, _tone_feeds())[0]
+    r = checks.run_reference(m, _tone_feeds())[0]
     assert np.abs(r - b).max() < 1e-3
 
 
@@ -118,9 +121,9 @@ def test_target_that_cannot_run_the_dtype():
 
 
 def test_default_policy():
-    assert requant.DEFAULT_POLICY["MatMul"]["dtype"] == "int4"
+    assert requantize.DEFAULT_POLICY["MatMul"]["dtype"] == "int4"
     m = onnx.load(str(SILERO))
-    plans, skipped = requant.plan(m)
+    plans, skipped = requantize.plan(m)
     kinds = {(w.op, w.spec.q.name, w.spec.granularity) for w in plans}
     assert kinds == {("MatMul", "int4", "blocked"), ("Conv", "int8", "per_channel")}
     assert any("min_elements" in s["reason"] for s in skipped)  # the 1x1x7 Conv kernel

@@ -11,7 +11,11 @@ import onnx.helper as H
 import pluggy
 import pytest
 from onnx import TensorProto as T
-from qbuild_dtypes import forms, hookspecs, pipeline, qdq, targets, validate
+from qbuild_dtypes import hookspecs
+from qbuild_dtypes.conversion import forms, pipeline
+from qbuild_dtypes.graph import qdq
+from qbuild_dtypes.runtime import targets
+from qbuild_dtypes.validation import checks
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import attr
 from qbuild_onnx_common.ort import session
@@ -47,10 +51,10 @@ def test_mobilenet_uint8_round_trip(mobilenet_u8, tmp_path):
     qdq.check_equivalent(src, back)
     # onnxruntime computes exactly the same as on the source model.
     onnx.save(back, str(tmp_path / "back.onnx"))
-    feeds = validate.synthetic_feeds(src)
-    a = validate.run_onnxruntime(mobilenet_u8, feeds)
-    b = validate.run_onnxruntime(tmp_path / "back.onnx", feeds)
-    assert validate.max_abs_diff(a, b) == 0.0
+    feeds = checks.synthetic_feeds(src)
+    a = checks.run_onnxruntime(mobilenet_u8, feeds)
+    b = checks.run_onnxruntime(tmp_path / "back.onnx", feeds)
+    assert checks.max_abs_diff(a, b) == 0.0
     assert base["validation"]["max_abs_diff_vs_source"] == 0.0
 
 
@@ -104,7 +108,7 @@ def test_int8_activation_zero_point_policy_keeps_qlinearconv(tmp_path):
     for tgt in ("onnx-reference", "onnxruntime-cpu"):
         out, info = pipeline.retarget(m, tgt, "output_dtype")
         onnx.save(out, str(tmp_path / f"{tgt}.onnx"))
-        counts[tgt] = validate.fused_op_counts(tmp_path / f"{tgt}.onnx", tmp_path)
+        counts[tgt] = checks.fused_op_counts(tmp_path / f"{tgt}.onnx", tmp_path)
     # Elided int8 activation zero points: onnxruntime runs a float Conv between DQ and Q.
     assert "QLinearConv" not in counts["onnx-reference"]
     assert counts["onnx-reference"].get("Conv") == 1
@@ -150,7 +154,7 @@ def test_onnxruntime_issue_25526_is_avoided(tmp_path):
         out, info = pipeline.retarget(bad, "onnxruntime-cpu", form)
         assert not attr(_q_nodes(out)[0], "output_dtype")
         onnx.save(out, str(tmp_path / "ok.onnx"))
-        y = validate.run_onnxruntime(tmp_path / "ok.onnx",
+        y = checks.run_onnxruntime(tmp_path / "ok.onnx",
                                      {"x": np.array([0, 1, -1, 9], np.float32)})[0]
         assert np.allclose(y, [0, 1, -1, 6.2])  # (127 - 3) * 0.05: saturated
 
@@ -163,7 +167,7 @@ def test_conflicting_output_dtype_and_zero_point():
                                          "of type INT8"):
         pipeline.retarget(m, "generic", "output_dtype")
     with pytest.raises(OnnxError, match="full_check"):
-        validate.full_check(m)
+        checks.full_check(m)
 
 
 def test_invalid_block_size_is_refused():

@@ -12,7 +12,8 @@ import onnx.helper as H
 import pytest
 from onnx import TensorProto as T
 from onnx import version_converter
-from qbuild_dtypes import ort_probe, runtime_compat, targets, validate
+from qbuild_dtypes.runtime import compat, ort_probe, targets
+from qbuild_dtypes.validation import checks
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.ort import session
 
@@ -68,24 +69,24 @@ def test_onnx_defaults_are_lowered_for_onnxruntime(mobilenet_28, tmp_path):
     facts = ort_probe.probe()
     if facts.max_ir < 14:
         with pytest.raises(OnnxError, match=f"IR version 14 is newer than the {facts.max_ir}"):
-            runtime_compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
+            compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
     if facts.max_ir < 14 or facts.max_opset[""] < 28:
         with pytest.raises(OnnxError, match="onnxruntime cannot load"):
             session(mobilenet_28)
     else:  # this onnxruntime loads onnx's defaults as they are
-        runtime_compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
-    fixed = runtime_compat.make_loadable(onnx.load(str(mobilenet_28)), "onnxruntime-cpu")
+        compat.check_loadable(mobilenet_28, "onnxruntime-cpu")
+    fixed = compat.make_loadable(onnx.load(str(mobilenet_28)), "onnxruntime-cpu")
     assert fixed.ir_version == min(14, facts.max_ir)
     assert fixed.opset_import[0].version == min(28, facts.max_opset[""])
     onnx.save(fixed, str(tmp_path / "ok.onnx"))
-    info = runtime_compat.check_loadable(tmp_path / "ok.onnx", "onnxruntime-cpu")
+    info = compat.check_loadable(tmp_path / "ok.onnx", "onnxruntime-cpu")
     assert info["ran"] and info["outputs"][0]["shape"] == [1, 2]
     src = lib.MODELS / "mobilenet_v2_128_0.5.onnx"
-    feeds = validate.synthetic_feeds(onnx.load(str(src)))
-    assert validate.max_abs_diff(validate.run_onnxruntime(src, feeds),
-                                 validate.run_onnxruntime(tmp_path / "ok.onnx", feeds)) == 0
+    feeds = checks.synthetic_feeds(onnx.load(str(src)))
+    assert checks.max_abs_diff(checks.run_onnxruntime(src, feeds),
+                                 checks.run_onnxruntime(tmp_path / "ok.onnx", feeds)) == 0
     # The reference target loads what onnx writes: nothing to lower.
-    same = runtime_compat.make_loadable(onnx.load(str(mobilenet_28)), "onnx-reference")
+    same = compat.make_loadable(onnx.load(str(mobilenet_28)), "onnx-reference")
     assert same.ir_version == 14 and same.opset_import[0].version == 28
 
 
@@ -107,7 +108,7 @@ def test_new_operator_blocks_lowering():
     m = _single("SwiGLU", [("x", T.FLOAT, [2, 8])], [("y", T.FLOAT, [2, 4])], 28)
     with pytest.raises(OnnxError, match="loads ai.onnx opset <= 26: .*operator SwiGLU "
                                          "'blocker' does not exist before opset 28"):
-        runtime_compat.make_loadable(m, IR13_OPSET26)
+        compat.make_loadable(m, IR13_OPSET26)
 
 
 def test_new_type_blocks_lowering():
@@ -116,7 +117,7 @@ def test_new_type_blocks_lowering():
                 [s])
     with pytest.raises(OnnxError, match="DequantizeLinear 'blocker' uses FLOAT6E2M3, which "
                                          "needs opset 28"):
-        runtime_compat.make_loadable(m, IR13_OPSET26)
+        compat.make_loadable(m, IR13_OPSET26)
 
 
 def test_ir_version_follows_the_types_used():
@@ -126,30 +127,30 @@ def test_ir_version_follows_the_types_used():
                      [H.make_tensor_value_info("y", T.FLOAT, [4])], [w, s])
     m = H.make_model(g, opset_imports=[H.make_opsetid("", 21)])
     m.ir_version = 7  # too old for int4
-    assert runtime_compat.required_ir(m) == (10, "initializer 'w' has type INT4")
-    assert runtime_compat.make_loadable(m, IR13_OPSET26).ir_version == 10
+    assert compat.required_ir(m) == (10, "initializer 'w' has type INT4")
+    assert compat.make_loadable(m, IR13_OPSET26).ir_version == 10
     m.ir_version = 14
-    assert runtime_compat.make_loadable(m, IR13_OPSET26).ir_version == 13
+    assert compat.make_loadable(m, IR13_OPSET26).ir_version == 13
     # The installed onnxruntime: whatever the probe measured, never above it.
     limit = min(14, ort_probe.probe().max_ir)
-    assert runtime_compat.make_loadable(m, "onnxruntime-cpu").ir_version == limit
+    assert compat.make_loadable(m, "onnxruntime-cpu").ir_version == limit
 
 
 def test_other_domains_are_checked():
     m = _single("Relu", [("x", T.FLOAT, [2])], [("y", T.FLOAT, [2])], 21)
     m.opset_import.append(H.make_opsetid("ai.onnx.ml", 6))
     with pytest.raises(OnnxError, match="opset ai.onnx.ml 6 is newer than the 5"):
-        runtime_compat.make_loadable(m, "onnxruntime-cpu")
+        compat.make_loadable(m, "onnxruntime-cpu")
 
 
 def test_raising_the_opset_keeps_results(tmp_path):
     src = lib.MODELS / "silero_vad_v3.1_transformer.onnx"
     m = onnx.load(str(src))
-    up = runtime_compat.set_opset(m, 21)
+    up = compat.set_opset(m, 21)
     assert up.opset_import[0].version == 21
     assert len(up.graph.value_info) == len(m.graph.value_info)
     onnx.save(up, str(tmp_path / "up.onnx"))
-    feeds = validate.synthetic_feeds(m, {"sequence": 512})
-    a = validate.run_onnxruntime(src, feeds)
-    b = validate.run_onnxruntime(tmp_path / "up.onnx", feeds)
-    assert validate.max_abs_diff(a, b) < 1e-5
+    feeds = checks.synthetic_feeds(m, {"sequence": 512})
+    a = checks.run_onnxruntime(src, feeds)
+    b = checks.run_onnxruntime(tmp_path / "up.onnx", feeds)
+    assert checks.max_abs_diff(a, b) < 1e-5

@@ -16,7 +16,7 @@ YOLOX = ROOT / "examples" / "yolo" / "yolox_nano.onnx"
 @pytest.fixture(scope="session")
 def qdq_models(tmp_path_factory):
     """Factory: (model, kind, size, activation) -> path of a cached QDQ model."""
-    from qbuild_lower.qdq_source import image_batches, make_qdq
+    from qbuild_lower.qdq.source import image_batches, make_qdq
 
     cache: dict = {}
     root = tmp_path_factory.mktemp("qdq")
@@ -35,7 +35,7 @@ def qdq_models(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def image_feeds():
-    from qbuild_lower.qdq_source import image_batches
+    from qbuild_lower.qdq.source import image_batches
 
     def get(name: str, kind: str, size: int, count: int = 6):
         return [{name: x} for x in image_batches(IMAGES[:count], (size, size), kind)]

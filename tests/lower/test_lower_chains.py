@@ -8,8 +8,8 @@ import onnx
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from qbuild_lower.check import session
-from qbuild_lower.driver import lower_model
+from qbuild_lower.lowering.driver import lower_model
+from qbuild_onnx_common.ort import session
 
 BIG = 9223372036854775807
 

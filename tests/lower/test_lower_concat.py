@@ -10,8 +10,9 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from qbuild_lower.check import compare, random_feeds
-from qbuild_lower.driver import lower_model
+from qbuild_lower.checking.compare import compare
+from qbuild_lower.checking.feeds import random_feeds
+from qbuild_lower.lowering.driver import lower_model
 
 
 def branches_into_concat(shared: bool) -> onnx.ModelProto:

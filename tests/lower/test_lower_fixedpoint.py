@@ -10,11 +10,11 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from qbuild_lower import fixedpoint as fp
-from qbuild_lower import reference
-from qbuild_lower.check import session
-from qbuild_lower.emit import Builder
-from qbuild_lower.graph import Graph
+from qbuild_lower.arithmetic import fixedpoint as fp
+from qbuild_lower.checking import reference
+from qbuild_lower.emit.builder import Builder
+from qbuild_lower.qdq.graph import Graph
+from qbuild_onnx_common.ort import session
 
 
 @pytest.mark.parametrize("m", [0.3, 0.5, 0.999999, 1.0, 1.7, 3.0e3, 2.0**-20, 1.234e-9,
@@ -87,7 +87,7 @@ def test_requant_graph_bit_exact_in_ort_and_reference():
     b.node("Mul", ["acc", b.const("m0", m0.reshape(4, 1))], ["prod"], "mul")
     bias = np.array([-(2**40), 5, 0, 2**35], dtype=object)
     fp_bias = bias * m0.astype(object)
-    from qbuild_lower.emit import requant_tail
+    from qbuild_lower.emit.requantize import requant_tail
 
     requant_tail(b, "prod", shift, fp_bias, -3, np.int8, "y", "t", (4, 1), prod_bound=2**22 * 2**31)
     g = helper.make_graph(b.nodes, "rq",
@@ -138,7 +138,7 @@ def test_onnxruntime_rounding_equals_float32_formula():
 def test_onnxruntime_rounding_graph_in_ort_and_reference():
     """The emitted correction (standard integer ops only) equals the float32 formula per
     channel, with a folded bias, in onnxruntime and in the numpy reference."""
-    from qbuild_lower.emit import requant_tail
+    from qbuild_lower.emit.requantize import requant_tail
 
     rng = np.random.default_rng(4)
     scales = np.array([0.0031, 0.77, 0.0123, 2.0**-12 * 1.37], np.float32)
@@ -169,7 +169,7 @@ def test_onnxruntime_rounding_graph_in_ort_and_reference():
 def test_float32_accumulator_rounding_graph():
     """Accumulators of 2**24 and more: the integer graph rounds them to float32's 24
     significant bits (ties to even), as onnxruntime's int32 -> float32 conversion does."""
-    from qbuild_lower.lower_fixed import _float32_acc
+    from qbuild_lower.lowering.accumulator import float32_accumulator
 
     rng = np.random.default_rng(5)
     big = rng.integers(-(2**30), 2**30, 4000)
@@ -178,7 +178,7 @@ def test_float32_accumulator_rounding_graph():
     acc = np.concatenate([big, ties]).astype(np.int64)
     dummy = helper.make_model(helper.make_graph([], "g", [], []))
     b = Builder(Graph.from_model(dummy), "fixed_point")
-    out, _ = _float32_acc(b, "acc", 2**30, "f")
+    out, _ = float32_accumulator(b, "acc", 2**30, "f")
     g = helper.make_graph(
         b.nodes, "f32", [helper.make_tensor_value_info("acc", onnx.TensorProto.INT64, acc.shape)],
         [helper.make_tensor_value_info(out, onnx.TensorProto.INT64, acc.shape)], b.inits)

@@ -8,9 +8,10 @@ import numpy as np
 import onnx
 import pytest
 from lower_paths import MOBILENET, YOLOV8, YOLOX
-from qbuild_lower import reference
-from qbuild_lower.check import compare, session
-from qbuild_lower.driver import lower_model
+from qbuild_lower.checking import reference
+from qbuild_lower.checking.compare import compare
+from qbuild_lower.lowering.driver import lower_model
+from qbuild_onnx_common.ort import session
 
 MN_IN = "input_1:0"
 

@@ -115,7 +115,7 @@ def test_check_feeds_inputs_stored_one_rank_higher_whole(tmp_path):
     the model input (as calibrate feeds it); the check must feed it the same way."""
     import numpy as np
     from onnx import TensorProto, helper
-    from qbuild_lower.check import load_dataset
+    from qbuild_lower.checking.feeds import load_dataset
 
     model = helper.make_model(helper.make_graph(
         [helper.make_node("Identity", ["x"], ["y"])], "g",

@@ -9,9 +9,11 @@ import pytest
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from qbuild_lower import reference
-from qbuild_lower.check import compare, session, synthetic_feeds
-from qbuild_lower.driver import lower_model
+from qbuild_lower.checking import reference
+from qbuild_lower.checking.compare import compare
+from qbuild_lower.checking.feeds import synthetic_feeds
+from qbuild_lower.lowering.driver import lower_model
+from qbuild_onnx_common.ort import session
 
 
 def _q(x, s, z, out):
@@ -95,7 +97,7 @@ def test_not_a_qdq_model_is_an_error():
 @pytest.fixture(scope="module")
 def small_qdq(tmp_path_factory):
     """A small CNN exercising every lowered op kind, quantized by onnxruntime."""
-    from qbuild_lower.qdq_source import make_qdq
+    from qbuild_lower.qdq.source import make_qdq
 
     rng = np.random.default_rng(0)
     d = tmp_path_factory.mktemp("small")

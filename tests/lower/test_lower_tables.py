@@ -13,11 +13,12 @@ from lower_paths import YOLOX
 from onnx import TensorProto as T
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from qbuild_lower.check import compare, synthetic_feeds
-from qbuild_lower.driver import lower_model
-from qbuild_lower.fuse import fuse_model
-from qbuild_lower.graph import Graph
-from qbuild_lower.regions import find_regions
+from qbuild_lower.checking.compare import compare
+from qbuild_lower.checking.feeds import synthetic_feeds
+from qbuild_lower.lowering.driver import lower_model
+from qbuild_lower.patterns.fuse import fuse_model
+from qbuild_lower.patterns.regions import find_regions
+from qbuild_lower.qdq.graph import Graph
 from qbuild_onnx_common.providers import OnnxModelInfo
 
 C = 8
@@ -69,7 +70,7 @@ def small_cnn() -> onnx.ModelProto:
 
 
 def _cnn_qdq(tmp_path_factory, activation):
-    from qbuild_lower.qdq_source import make_qdq
+    from qbuild_lower.qdq.source import make_qdq
 
     d = tmp_path_factory.mktemp("cnn")
     onnx.save(small_cnn(), str(d / "cnn.onnx"))

@@ -8,9 +8,10 @@ import json
 
 import onnx
 import pytest
-from qbuild_lower.check import random_feeds
-from qbuild_lower.driver import lower_model
-from qbuild_lower.profiling import interleaved_latency, macs, op_profile
+from qbuild_lower.checking.feeds import random_feeds
+from qbuild_lower.lowering.driver import lower_model
+from qbuild_lower.profiling.macs import macs
+from qbuild_lower.profiling.timing import interleaved_latency, op_profile
 from test_lower_tables import cnn_qdq, small_cnn  # noqa: F401  (fixture)
 
 
@@ -102,7 +103,7 @@ profile_runs = 2
 
 
 def test_lowering_report_lists_float_nodes_with_cost(cnn_qdq):  # noqa: F811
-    from qbuild_lower.rules import _unfused_cost
+    from qbuild_lower.rules.lower_integer import _unfused_cost
 
     src = onnx.load(str(cnn_qdq))
     # a float consumer of the last Conv's output keeps that Conv in float

@@ -98,8 +98,8 @@ def test_quantize_describes_the_written_model_from_a_weightless_copy(tmp_path):
     """quantize frees its result once written and reports on a weightless copy: the copy
     keeps every node, value and initializer type/shape, drops only large weights' data,
     and the report built from it equals the one built from the full model."""
-    from qbuild_onnx.algorithms.external_data import weightless
     from qbuild_onnx.quantization.report import build_report
+    from qbuild_onnx_common.models import weightless
 
     ws = Workspace(tmp_path / "ws", tmp_path / "cache")
     for plugin in (source_rules, quantize_rules, algo_rules):

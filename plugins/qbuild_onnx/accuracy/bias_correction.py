@@ -17,31 +17,34 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.graph import GraphIndex
+from qbuild_onnx_common.models import ModelSource
 
 from .stats import collect, load_model
 
+if TYPE_CHECKING:
+    from onnx import NodeProto
+    from qbuild_onnx_common.arrays import Float64Array
 
-def _initializers(graph) -> dict[str, Any]:
-    return {i.name: i for i in graph.initializer}
 
-
-def _dequantize(graph, inits, tensor: str):
+def _dequantize(index: GraphIndex, tensor: str) -> tuple[Float64Array, NodeProto] | None:
     """(float array, DQ node) if ``tensor`` is DequantizeLinear(initializer...), else None."""
     import numpy as np
     from onnx import numpy_helper
     from qbuild_onnx_common.graph import attr
 
-    producer = next((n for n in graph.node if tensor in n.output), None)
+    inits = index.initializers
+    producer = index.producers.get(tensor)
     if producer is None or producer.op_type != "DequantizeLinear":
         return None
     if any(i not in inits for i in producer.input if i):
         return None
     q = numpy_helper.to_array(inits[producer.input[0]]).astype(np.float64)
     scale = numpy_helper.to_array(inits[producer.input[1]]).astype(np.float64)
-    zp = 0.0
+    zp: float | Float64Array = 0.0
     if len(producer.input) > 2 and producer.input[2]:
         zp = numpy_helper.to_array(inits[producer.input[2]]).astype(np.float64)
     axis = attr(producer, "axis", 1)
@@ -50,11 +53,12 @@ def _dequantize(graph, inits, tensor: str):
         shape[axis] = -1
         scale = scale.reshape(shape)
         if np.ndim(zp):
-            zp = zp.reshape(shape)
+            zp = np.reshape(zp, shape)
     return (q - zp) * scale, producer
 
 
-def _conv_mean_error(node, x_mean, dw):
+def _conv_mean_error(node: NodeProto, x_mean: Float64Array, dw: Float64Array
+                     ) -> Float64Array:
     """Spatial mean of Conv(x̄, ΔW) per output channel, computed by onnxruntime."""
     import numpy as np
     import onnx
@@ -74,10 +78,13 @@ def _conv_mean_error(node, x_mean, dw):
     m.ir_version = 8
     sess = session(m.SerializeToString(), optimize=False)
     y = sess.run(None, {"x": x_mean.astype(np.float32)})[0]
-    return y.astype(np.float64).mean(axis=tuple(i for i in range(y.ndim) if i != 1))
+    spatial = tuple(i for i in range(y.ndim) if i != 1)
+    means: Float64Array = y.astype(np.float64).mean(axis=spatial)
+    return means
 
 
-def _gemm_mean_error(node, x_mean, dw):
+def _gemm_mean_error(node: NodeProto, x_mean: Float64Array, dw: Float64Array
+                     ) -> Float64Array:
     import numpy as np
 
     att = {a.name: a for a in node.attribute}
@@ -86,12 +93,13 @@ def _gemm_mean_error(node, x_mean, dw):
         x = x.T
     w = dw.T if ("transB" in att and att["transB"].i) else dw
     alpha = att["alpha"].f if "alpha" in att else 1.0
-    return (alpha * (x.astype(np.float64) @ w)).mean(axis=0)
+    means: Float64Array = (alpha * (x.astype(np.float64) @ w)).mean(axis=0)
+    return means
 
 
 def bias_correct(
-    qdq_model: str | Path | Any,
-    float_model: str | Path | Any,
+    qdq_model: ModelSource,
+    float_model: ModelSource,
     feeds: Iterable[Mapping[str, Any]],
     out_path: str | Path | None = None,
     op_types: tuple[str, ...] = ("Conv", "Gemm"),
@@ -110,7 +118,8 @@ def bias_correct(
     qm = onnx.ModelProto()
     qm.CopyFrom(load_model(qdq_model))
     fm = load_model(float_model)
-    q_inits, f_inits = _initializers(qm.graph), _initializers(fm.graph)
+    q_index = GraphIndex(qm.graph)  # the second loop edits initializers, never nodes' producers
+    q_inits, f_inits = q_index.initializers, GraphIndex(fm.graph).initializers
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
 
     targets = []  # (qnode, fnode, float W, dequantized W)
@@ -118,7 +127,7 @@ def bias_correct(
     for node in qm.graph.node:
         if node.op_type not in op_types or len(node.input) < 2:
             continue
-        deq = _dequantize(qm.graph, q_inits, node.input[1])
+        deq = _dequantize(q_index, node.input[1])
         if deq is None:
             continue
         quantized += 1
@@ -157,7 +166,7 @@ def bias_correct(
             delta = _gemm_mean_error(node, x_mean, wq - w)
         bias_name = node.input[2] if len(node.input) > 2 and node.input[2] else ""
         if bias_name:
-            deq_b = _dequantize(qm.graph, q_inits, bias_name)
+            deq_b = _dequantize(q_index, bias_name)
             if deq_b is not None:
                 b, dq = deq_b
                 init_q = q_inits[dq.input[0]]

@@ -21,25 +21,31 @@ N×C)`` for one image (a leading batch axis of 1 is removed). Boxes may be in an
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.arrays import Float32Array, FloatArray
 from qbuild_onnx_common.errors import OnnxError
 
-from .yolo import Detection
+from .yolo import Detection, box_of
 
-Decoder = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[Any, Any]]
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+# (A x 4 xyxy boxes, A x C class scores) from one sample's outputs and the options
+Decoder = Callable[[Mapping[str, Any], Mapping[str, Any]], tuple[FloatArray, FloatArray]]
 
 
-def _one(a):
+def _one(a: ArrayLike) -> Float32Array:
     import numpy as np
 
-    a = np.asarray(a, dtype=np.float32)
-    if a.ndim >= 2 and a.shape[0] == 1:
-        a = a[0]
-    return a
+    array = np.asarray(a, dtype=np.float32)
+    if array.ndim >= 2 and array.shape[0] == 1:
+        array = array[0]
+    return array
 
 
-def _single_output(outputs: Mapping[str, Any], options: Mapping[str, Any], decoder: str):
+def _single_output(outputs: Mapping[str, Any], options: Mapping[str, Any], decoder: str
+                   ) -> Float32Array:
     name = options.get("output") or ""
     if name:
         if name not in outputs:
@@ -49,7 +55,8 @@ def _single_output(outputs: Mapping[str, Any], options: Mapping[str, Any], decod
     return _one(outputs[sorted(outputs)[0]] if len(outputs) > 1 else next(iter(outputs.values())))
 
 
-def decode_yolox(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+def decode_yolox(outputs: Mapping[str, Any], options: Mapping[str, Any]
+                 ) -> tuple[FloatArray, FloatArray]:
     from .yolo import DEFAULT_STRIDES, decode
 
     raw = _single_output(outputs, options, "yolox")
@@ -57,13 +64,14 @@ def decode_yolox(outputs: Mapping[str, Any], options: Mapping[str, Any]):
                   tuple(options.get("strides", DEFAULT_STRIDES)))
 
 
-def _xywh_to_xyxy(b):
+def _xywh_to_xyxy(b: FloatArray) -> FloatArray:
     import numpy as np
 
     return np.concatenate([b[:, :2] - b[:, 2:4] / 2, b[:, :2] + b[:, 2:4] / 2], 1)
 
 
-def decode_yolov8(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+def decode_yolov8(outputs: Mapping[str, Any], options: Mapping[str, Any]
+                  ) -> tuple[FloatArray, FloatArray]:
     raw = _single_output(outputs, options, "yolov8")
     if raw.ndim != 2 or min(raw.shape) < 5:
         raise OnnxError(f"yolov8 decoder: expected a [1, 4+C, A] output, got shape "
@@ -74,7 +82,8 @@ def decode_yolov8(outputs: Mapping[str, Any], options: Mapping[str, Any]):
     return _xywh_to_xyxy(raw[:, :4]), raw[:, 4:]
 
 
-def decode_ssd(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+def decode_ssd(outputs: Mapping[str, Any], options: Mapping[str, Any]
+               ) -> tuple[FloatArray, FloatArray]:
     arrays = {k: _one(v) for k, v in outputs.items()}
     boxes_name = options.get("boxes_output") or next(
         (k for k, v in sorted(arrays.items()) if v.ndim == 2 and v.shape[-1] == 4), None)
@@ -92,7 +101,8 @@ def decode_ssd(outputs: Mapping[str, Any], options: Mapping[str, Any]):
     return boxes, scores
 
 
-def decode_fastestdet(outputs: Mapping[str, Any], options: Mapping[str, Any]):
+def decode_fastestdet(outputs: Mapping[str, Any], options: Mapping[str, Any]
+                      ) -> tuple[FloatArray, FloatArray]:
     import numpy as np
 
     raw = _single_output(outputs, options, "fastestdet")
@@ -128,7 +138,7 @@ MAX_CANDIDATES = 3000
 MAX_DETECTIONS = 300
 
 
-def _greedy_nms(boxes, scores, threshold: float) -> list[int]:
+def _greedy_nms(boxes: FloatArray, scores: FloatArray, threshold: float) -> list[int]:
     """Greedy NMS computing one IoU row per kept box (memory O(n)); ties in score are
     broken by index, as in ``accuracy_yolo.nms``."""
     import numpy as np
@@ -151,7 +161,8 @@ def _greedy_nms(boxes, scores, threshold: float) -> list[int]:
     return keep
 
 
-def detections(boxes, scores, score_threshold: float, nms_threshold: float) -> list[Detection]:
+def detections(boxes: FloatArray, scores: FloatArray, score_threshold: float,
+               nms_threshold: float) -> list[Detection]:
     """Class-wise NMS'd detections with score ≥ threshold, best first (deterministic),
     at most MAX_CANDIDATES into NMS and MAX_DETECTIONS out."""
     import numpy as np
@@ -166,8 +177,7 @@ def detections(boxes, scores, score_threshold: float, nms_threshold: float) -> l
         idx = rows[cols == c]
         for k in _greedy_nms(boxes[idx], scores[idx, c], nms_threshold):
             i = idx[k]
-            dets.append(Detection(tuple(float(v) for v in boxes[i]), float(scores[i, c]),
-                                  int(c)))
+            dets.append(Detection(box_of(boxes[i]), float(scores[i, c]), int(c)))
     dets.sort(key=lambda d: (-d.score, d.cls, d.box))
     return dets[:MAX_DETECTIONS]
 

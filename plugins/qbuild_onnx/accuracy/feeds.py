@@ -11,18 +11,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common.models import load_model
+
 
 def model_feeds(dataset_dir: str | Path, model_path: str | Path, limit: int = 0
                 ) -> list[dict[str, Any]]:
     """Feed dicts for ``model_path`` from the dataset in ``dataset_dir`` (at most ``limit``
     runs when > 0). Raises ``OnnxError`` naming the input that does not fit."""
-    import onnx
     from qbuild_onnx_common.summary import model_info
 
     from ..source.datasets import FeedPlan, check_dataset_against_model, iter_feeds, open_dataset
 
     ds = open_dataset(dataset_dir)
-    info = model_info(onnx.load(str(model_path), load_external_data=False))
+    info = model_info(load_model(model_path, external_data=False))
     plan = check_dataset_against_model(ds.manifest, info)
     if not plan.fixed:
         plan = FeedPlan(batch_size=1)  # per-sample outputs (detections, top-1) need runs of 1

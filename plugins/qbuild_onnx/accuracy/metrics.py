@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+    from qbuild_onnx_common.arrays import Array, Float64Array
 
-def _as64(a: Any):
+
+def _as64(a: Any) -> Float64Array:
     import numpy as np
 
     return np.asarray(a, dtype=np.float64)
 
 
-def _check_shapes(ref, cand, what: str) -> None:
+def _check_shapes(ref: Array, cand: Array, what: str) -> None:
     if ref.shape != cand.shape:
         raise OnnxError(
             f"{what}: shape mismatch, reference {ref.shape} vs candidate {cand.shape}")
@@ -103,7 +107,7 @@ class ErrorAccumulator:
             return 0.0
         return self.dot / math.sqrt(self.signal * self.cand_sq)
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, float | str]:
         return {
             "sqnr_db": json_float(self.sqnr_db()),
             "max_abs_error": json_float(self.max_abs),
@@ -120,7 +124,8 @@ def json_float(x: float, digits: int = 6) -> float | str:
     return round(float(x), digits)
 
 
-def run_model(session, feeds: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def run_model(session: InferenceSession, feeds: Iterable[Mapping[str, Any]]
+              ) -> list[dict[str, Any]]:
     """Runs ``session`` on every feed dict; returns one {output name: array} per sample."""
     names = [o.name for o in session.get_outputs()]
     results = []
@@ -132,7 +137,7 @@ def run_model(session, feeds: Iterable[Mapping[str, Any]]) -> list[dict[str, Any
 
 def compare_outputs(
     ref_outputs: Sequence[Mapping[str, Any]], cand_outputs: Sequence[Mapping[str, Any]]
-) -> dict[str, dict[str, float]]:
+) -> dict[str, dict[str, float | str]]:
     """Per-output SQNR / max abs error / cosine over all samples, keyed by output name."""
     if len(ref_outputs) != len(cand_outputs):
         raise OnnxError(

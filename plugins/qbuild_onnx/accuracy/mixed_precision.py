@@ -13,16 +13,17 @@ excluding its producer and every consumer from quantization.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.models import ModelSource
 
 from .ortq import QUANT_TYPE_NAMES, merge_overrides
 from .stats import load_model
 
 
-def overrides_for_tensors(model: Any, tensors: Sequence[str], action: str = "uint16") -> dict:
+def overrides_for_tensors(model: ModelSource, tensors: Sequence[str], action: str = "uint16"
+                          ) -> dict[str, Any]:
     """An override document putting ``tensors`` (activation names) at ``action`` precision."""
     m = load_model(model)
     produced = {o: n.name for n in m.graph.node for o in n.output}
@@ -47,7 +48,7 @@ def overrides_for_tensors(model: Any, tensors: Sequence[str], action: str = "uin
     return merge_overrides({"tensors": {t: {"quant_type": action} for t in tensors}})
 
 
-def tensors_by_op_type(model: Any, op_types: Sequence[str]) -> list[str]:
+def tensors_by_op_type(model: ModelSource, op_types: Sequence[str]) -> list[str]:
     """Output tensors of every node of the given operator types (graph order)."""
     m = load_model(model)
     wanted = set(op_types)
@@ -62,9 +63,9 @@ def ranked_tensors(sensitivity_report: Mapping[str, Any], kind: str = "activatio
 
 
 def search(
-    model: str | Path | Any,
+    model: ModelSource,
     ranking: Sequence[str],
-    trial: Callable[[dict], float],
+    trial: Callable[[dict[str, Any]], float],
     target: float,
     action: str = "uint16",
     steps: Sequence[int] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32),
@@ -89,4 +90,5 @@ def search(
             best = (k, score, doc)
         if score >= target:
             return {"overrides": doc, "k": k, "score": score, "met": True, "trials": trials}
+    assert best is not None  # k = 0 always runs
     return {"overrides": best[2], "k": best[0], "score": best[1], "met": False, "trials": trials}

@@ -17,15 +17,18 @@ import copy
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
+
+if TYPE_CHECKING:
+    from onnxruntime.quantization import QuantType
 
 QUANT_TYPE_NAMES = {"uint8": "QUInt8", "int8": "QInt8", "uint16": "QUInt16", "int16": "QInt16",
                     "uint4": "QUInt4", "int4": "QInt4"}
 
 
-def quant_type(name: str):
+def quant_type(name: str) -> QuantType:
     """onnxruntime QuantType from its member name."""
     from onnxruntime.quantization import QuantType
 
@@ -84,7 +87,7 @@ class FeedReader:
         self.feeds = list(feeds)
         self.i = 0
 
-    def get_next(self):
+    def get_next(self) -> dict[str, Any] | None:
         if self.i >= len(self.feeds):
             return None
         self.i += 1

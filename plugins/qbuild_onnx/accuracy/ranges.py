@@ -13,16 +13,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 
 from .stats import collect
 
+if TYPE_CHECKING:
+    from qbuild_onnx_common.arrays import Array
+
 _QUANTILES = (0.5, 0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999, 1.0)
 
 
-def _quantile_edges(hist, edges, q: float) -> tuple[float, float]:
+def _quantile_edges(hist: Array, edges: Array, q: float) -> tuple[float, float]:
     import numpy as np
 
     c = np.cumsum(hist)
@@ -32,7 +35,7 @@ def _quantile_edges(hist, edges, q: float) -> tuple[float, float]:
     return float(edges[lo_i]), float(edges[min(hi_i + 1, len(edges) - 1)])
 
 
-def quant_mse(hist, edges, lo: float, hi: float, bits: int = 8) -> float:
+def quant_mse(hist: Array, edges: Array, lo: float, hi: float, bits: int = 8) -> float:
     """Expected squared quantization error of the histogram for the range [lo, hi]."""
     import numpy as np
 
@@ -44,7 +47,8 @@ def quant_mse(hist, edges, lo: float, hi: float, bits: int = 8) -> float:
     return float((hist * err).sum() / max(hist.sum(), 1))
 
 
-def choose_range(hist, edges, method: str, bits: int = 8, percentile: float = 99.999):
+def choose_range(hist: Array, edges: Array, method: str, bits: int = 8,
+                 percentile: float = 99.999) -> tuple[float, float]:
     """(rmin, rmax) for one tensor by ``method`` = "percentile" or "mse"."""
     if method == "percentile":
         return _quantile_edges(hist, edges, percentile / 100.0)
@@ -58,6 +62,7 @@ def choose_range(hist, edges, method: str, bits: int = 8, percentile: float = 99
             e = quant_mse(hist, edges, lo, hi, bits)
             if best is None or e < best[0] - 1e-15:
                 best = (e, lo, hi)
+    assert best is not None  # _QUANTILES is not empty
     return best[1], best[2]
 
 
@@ -83,7 +88,7 @@ def compute_ranges(
     out: dict[str, dict[str, float]] = {}
     for n in sorted(second):
         s = second[n]
-        if s.hist is None:
+        if s.hist is None or s.hist_range is None:
             continue
         lo0, hi0 = s.hist_range
         edges = np.linspace(lo0, hi0, bins + 1)

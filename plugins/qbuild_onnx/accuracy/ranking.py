@@ -21,7 +21,7 @@ def _rank(rows: list[dict[str, Any]], mode: str) -> None:
     the worst output SQNR (lowest first for "only", highest for "leave_out"), so the
     order past the first few sites still measures harm instead of falling back to
     names. Then by name."""
-    def worst(r: dict) -> float:
+    def worst(r: Mapping[str, Any]) -> float:
         return min((_key(_num(v)) for v in r["per_output_sqnr_db"].values()), default=0.0)
 
     if mode == "only":

@@ -23,16 +23,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.graph import consumers
+from qbuild_onnx_common.graph import GraphIndex
+from qbuild_onnx_common.models import ModelSource
 from qbuild_onnx_common.ort import session
 
 from .metrics import ErrorAccumulator, json_float, run_model
 from .ranking import _rank
 from .stats import load_model
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto, TensorProto
+
+# one {output name: array} per sample, as metrics.run_model gives them
+Outputs = list[dict[str, Any]]
 
 WEIGHT_OPS = {"Conv": 1, "Gemm": 1, "MatMul": 1, "ConvTranspose": 1}
 
@@ -46,19 +52,19 @@ class Site:
     quant_type: str  # the ONNX element type name of the quantized value, e.g. "UINT8"
 
 
-def _dtype_name(model, tensor: str, q_node) -> str:
+def _dtype_name(model: ModelProto, tensor: str, q_node: NodeProto | None) -> str:
     import onnx
 
     inits = {i.name: i for i in model.graph.initializer}
     if tensor in inits:
-        return onnx.TensorProto.DataType.Name(inits[tensor].data_type)
+        return str(onnx.TensorProto.DataType.Name(inits[tensor].data_type))
     if q_node is not None and len(q_node.input) > 2 and q_node.input[2] in inits:
-        return onnx.TensorProto.DataType.Name(inits[q_node.input[2]].data_type)
+        return str(onnx.TensorProto.DataType.Name(inits[q_node.input[2]].data_type))
     return "UINT8"
 
 
-def find_sites(qdq_model: str | Path | Any,
-               float_model: str | Path | Any | None = None) -> list[Site]:
+def find_sites(qdq_model: ModelSource,
+               float_model: ModelSource | None = None) -> list[Site]:
     """Every activation and weight quantization site of a QDQ model, in graph order.
 
     Weight sites are named after the float model's weight (matched through the consuming
@@ -66,8 +72,8 @@ def find_sites(qdq_model: str | Path | Any,
     qm = load_model(qdq_model)
     g = qm.graph
     inits = {i.name for i in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    readers = consumers(g)
+    index = GraphIndex(g)
+    producer, readers = index.producers, index.consumers
     f_nodes = {}
     if float_model is not None:
         f_nodes = {n.name: n for n in load_model(float_model).graph.node if n.name}
@@ -122,7 +128,8 @@ def _float_name(quantized: str) -> str:
         else quantized
 
 
-def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | None = None):
+def dequantize_sites(qdq_model: ModelSource, sites: Sequence[Site],
+                     float_model: ModelSource | None = None) -> ModelProto:
     """A copy of the QDQ model with the given sites turned back to float. Weight sites need
     ``float_model`` (their float weights are copied from it by consuming-node name)."""
     import onnx
@@ -131,7 +138,7 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
     m = onnx.ModelProto()
     m.CopyFrom(load_model(qdq_model))
     g = m.graph
-    producer = {o: n for n in g.node for o in n.output}
+    producer = GraphIndex(g).producers
     f_inits, f_nodes = {}, {}
     if float_model is not None:
         fm = load_model(float_model)
@@ -192,7 +199,7 @@ def dequantize_sites(qdq_model: Any, sites: Sequence[Site], float_model: Any | N
     return m
 
 
-def _clamps_at_zero(q_node, inits) -> bool:
+def _clamps_at_zero(q_node: NodeProto, inits: Mapping[str, TensorProto]) -> bool:
     """True if the QuantizeLinear's zero point is its type's minimum (uint8 0, int8 -128):
     the Q then also clamps negatives to 0, which is how onnxruntime removes Relu/Clip."""
     import numpy as np
@@ -206,7 +213,7 @@ def _clamps_at_zero(q_node, inits) -> bool:
     return bool(np.all(zp == np.iinfo(zp.dtype).min))
 
 
-def _score(ref_outs, cand_outs) -> tuple[float, dict[str, float]]:
+def _score(ref_outs: Outputs, cand_outs: Outputs) -> tuple[float, dict[str, float]]:
     """The worst per-output SQNR (dB) and all per-output SQNRs."""
     acc: dict[str, ErrorAccumulator] = {}
     for r, c in zip(ref_outs, cand_outs):
@@ -217,12 +224,12 @@ def _score(ref_outs, cand_outs) -> tuple[float, dict[str, float]]:
 
 
 def analyze(
-    qdq_model: str | Path | Any,
-    float_model: str | Path | Any,
+    qdq_model: ModelSource,
+    float_model: ModelSource,
     feeds: Sequence[Mapping[str, Any]],
     mode: str = "only",
     kinds: Sequence[str] = ("activation", "weight"),
-    metric: Callable[[list, list], float] | None = None,
+    metric: Callable[[Outputs, Outputs], float] | None = None,
     log: Callable[[str], None] | None = None,
     shard: int = 0,
     shards: int = 1,
@@ -246,7 +253,7 @@ def analyze(
     all_sites = find_sites(qm, fm)
     ref = run_model(session(fm.SerializeToString(), optimize=False), feeds)
 
-    def evaluate(model) -> tuple[float, dict[str, float]]:
+    def evaluate(model: ModelProto) -> tuple[float, dict[str, float]]:
         outs = run_model(session(model.SerializeToString(), optimize=False), feeds)
         s, per = _score(ref, outs)
         return (metric(ref, outs) if metric else s), per
@@ -254,7 +261,7 @@ def analyze(
     base_q, base_q_per = evaluate(qm)
     total = len(sites)
     sites = sites[shard::shards]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for i, s in enumerate(sites):
         if mode == "only":
             others = [o for o in all_sites if o != s]

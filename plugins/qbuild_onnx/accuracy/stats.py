@@ -12,26 +12,31 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common import models
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.models import ModelSource
 from qbuild_onnx_common.ort import session
 
+if TYPE_CHECKING:
+    from onnx import ModelProto
+    from qbuild_onnx_common.arrays import Array, Float64Array
 
-def load_model(model: str | Path | Any):
+
+def load_model(model: ModelSource) -> ModelProto:
     """An onnx ModelProto from a path (or the proto itself)."""
     import onnx
 
     if isinstance(model, onnx.ModelProto):
         return model
     try:
-        return onnx.load(str(model))
+        return models.load_model(model)
     except Exception as e:
         raise OnnxError(f"{model}: not a readable ONNX model: {e}") from e
 
 
-def float_tensor_names(model) -> list[str]:
+def float_tensor_names(model: ModelProto) -> list[str]:
     """Names of every float32 tensor produced by a node (graph order, deduplicated)."""
     import onnx
 
@@ -48,7 +53,7 @@ def float_tensor_names(model) -> list[str]:
     return names
 
 
-def with_outputs(model, names: Sequence[str]):
+def with_outputs(model: ModelProto, names: Sequence[str]) -> ModelProto:
     """A copy of ``model`` that also outputs the named tensors (float32)."""
     import onnx
 
@@ -71,25 +76,27 @@ class TensorStats:
     count: int = 0
     min: float = float("inf")
     max: float = float("-inf")
-    sum: Any = None  # float64 running sum of the tensor (sample-mean when divided by count)
-    ch_min: Any = None  # per-channel minimum (axis 1)
-    hist: Any = None
+    # float64 running sum of the tensor (the sample mean when divided by count)
+    sum: Float64Array | None = None
+    ch_min: Float64Array | None = None  # per-channel minimum (axis 1)
+    hist: Array | None = None
     hist_range: tuple[float, float] | None = None
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
-    def mean(self):
+    def mean(self) -> Float64Array | None:
         return None if self.sum is None else self.sum / max(self.count, 1)
 
-    def channel_mean(self):
+    def channel_mean(self) -> Float64Array | None:
         m = self.mean()
         if m is None or m.ndim < 2:
             return None
         axes = tuple(i for i in range(m.ndim) if i != 1)
-        return m.mean(axis=axes)
+        means: Float64Array = m.mean(axis=axes)
+        return means
 
 
 def collect(
-    model: str | Path | Any,
+    model: ModelSource,
     feeds: Iterable[Mapping[str, Any]],
     names: Sequence[str] | None = None,
     keep_mean: bool = True,

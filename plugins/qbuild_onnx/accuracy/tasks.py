@@ -26,23 +26,27 @@ import importlib.util
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 
 from .metrics import ErrorAccumulator, json_float
 
-Task = Callable[[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]], Mapping[str, Any]],
-                dict[str, Any]]
+if TYPE_CHECKING:
+    import pluggy
+    from qbuild_onnx_common.arrays import Float64Array
+
+Samples = Sequence[Mapping[str, Any]]  # one {output name: array} per sample
+Task = Callable[[Samples, Samples, Mapping[str, Any]], dict[str, Any]]
 
 
-def _check(ref, cand) -> None:
+def _check(ref: Samples, cand: Samples) -> None:
     if len(ref) != len(cand):
         raise OnnxError(f"sample count mismatch: reference {len(ref)} vs candidate "
                             f"{len(cand)}")
 
 
-def task_sqnr(ref, cand, options) -> dict[str, Any]:
+def task_sqnr(ref: Samples, cand: Samples, options: Mapping[str, Any]) -> dict[str, Any]:
     _check(ref, cand)
     acc: dict[str, ErrorAccumulator] = {}
     for r, c in zip(ref, cand):
@@ -53,7 +57,7 @@ def task_sqnr(ref, cand, options) -> dict[str, Any]:
             {k: json_float(v) for k, v in per.items()}}
 
 
-def _logits(sample: Mapping[str, Any], output: str):
+def _logits(sample: Mapping[str, Any], output: str) -> Float64Array:
     import numpy as np
 
     if output and output not in sample:
@@ -63,7 +67,8 @@ def _logits(sample: Mapping[str, Any], output: str):
     return a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
 
 
-def task_classification(ref, cand, options) -> dict[str, Any]:
+def task_classification(ref: Samples, cand: Samples, options: Mapping[str, Any]
+                        ) -> dict[str, Any]:
     import numpy as np
 
     _check(ref, cand)
@@ -82,18 +87,19 @@ def task_classification(ref, cand, options) -> dict[str, Any]:
             "top1_drop": 1.0 - a1, "predictions": n}
 
 
-def task_detection(ref, cand, options) -> dict[str, Any]:
+def task_detection(ref: Samples, cand: Samples, options: Mapping[str, Any]
+                   ) -> dict[str, Any]:
     from .detection import detection_metrics
 
     _check(ref, cand)
     return detection_metrics(ref, cand, options)
 
 
-def task_yolo(ref, cand, options) -> dict[str, Any]:
+def task_yolo(ref: Samples, cand: Samples, options: Mapping[str, Any]) -> dict[str, Any]:
     return task_detection(ref, cand, {**options, "decoder": "yolox"})
 
 
-def task_psnr(ref, cand, options) -> dict[str, Any]:
+def task_psnr(ref: Samples, cand: Samples, options: Mapping[str, Any]) -> dict[str, Any]:
     import numpy as np
 
     _check(ref, cand)
@@ -141,7 +147,7 @@ BAR_KEYS: dict[str, tuple[str, bool]] = {
 }
 
 
-def available_tasks(pm=None) -> dict[str, Task]:
+def available_tasks(pm: pluggy.PluginManager | None = None) -> dict[str, Task]:
     """Built-in tasks and those of every plugin's ``qbuild_eval_tasks`` hook. Without
     ``pm`` a plugin manager is built from the entry points (rules run in workers)."""
     import pluggy
@@ -175,6 +181,8 @@ def load_custom_metric(reference: str, srcs: Sequence[Path]) -> Task:
         raise OnnxError(f"custom metric '{reference}': list {mod.rpartition('.')[2]}.py "
                             "in metric_srcs (its code is then part of the action key)")
     spec = importlib.util.spec_from_file_location(f"qbuild_metric_{path.stem}", path)
+    # a .py path always has a spec and a loader
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
@@ -184,11 +192,12 @@ def load_custom_metric(reference: str, srcs: Sequence[Path]) -> Task:
     func = getattr(module, fn, None)
     if not callable(func):
         raise OnnxError(f"custom metric '{reference}': {path.name} has no function '{fn}'")
-    return func
+    task: Task = func
+    return task
 
 
 def get_task(name: str, options: Mapping[str, Any], srcs: Sequence[Path] = (),
-             pm=None) -> Task:
+             pm: pluggy.PluginManager | None = None) -> Task:
     """The task called ``name`` (``custom`` resolves ``options['metric']``)."""
     if name == "custom":
         return load_custom_metric(str(options.get("metric", "")), srcs)
@@ -199,7 +208,8 @@ def get_task(name: str, options: Mapping[str, Any], srcs: Sequence[Path] = (),
     return tasks[name]
 
 
-def run_task(task: Task, ref, cand, options: Mapping[str, Any]) -> dict[str, Any]:
+def run_task(task: Task, ref: Samples, cand: Samples, options: Mapping[str, Any]
+             ) -> dict[str, Any]:
     """Run a task and check its result has a numeric ``score``; floats are rounded."""
     result = task(ref, cand, options)
     if not isinstance(result, dict) or not isinstance(result.get("score"), (int, float)):

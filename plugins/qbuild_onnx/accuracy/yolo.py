@@ -12,12 +12,17 @@ row-major (x fastest) for strides 8, 16, 32 in that order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike, NDArray
+    from qbuild_onnx_common.arrays import Float32Array, Float64Array, FloatArray
 
 DEFAULT_STRIDES = (8, 16, 32)
 PAD_VALUE = 114.0
@@ -30,7 +35,13 @@ class Detection:
     cls: int
 
 
-def load_rgb(path: str | Path):
+def box_of(row: Iterable[Any]) -> tuple[float, float, float, float]:
+    """An x1, y1, x2, y2 box from a row of four numbers."""
+    x1, y1, x2, y2 = (float(v) for v in row)
+    return x1, y1, x2, y2
+
+
+def load_rgb(path: str | Path) -> NDArray[np.uint8]:
     """Loads an image as an H×W×3 uint8 RGB array (RGBA/greyscale/palette converted)."""
     import numpy as np
     from PIL import Image
@@ -42,7 +53,8 @@ def load_rgb(path: str | Path):
         raise OnnxError(f"{path}: cannot read image: {e}") from e
 
 
-def letterbox(rgb, size: int = 416, pad: float = PAD_VALUE):
+def letterbox(rgb: NDArray[np.uint8], size: int = 416, pad: float = PAD_VALUE
+              ) -> tuple[Float32Array, float]:
     """RGB H×W×3 uint8 → 1×3×size×size float32 BGR letterboxed top-left; returns (x, ratio)."""
     import numpy as np
     from PIL import Image
@@ -50,38 +62,40 @@ def letterbox(rgb, size: int = 416, pad: float = PAD_VALUE):
     h, w = rgb.shape[:2]
     r = min(size / h, size / w)
     nh, nw = max(1, int(h * r)), max(1, int(w * r))
-    resized = np.asarray(Image.fromarray(rgb).resize((nw, nh), Image.BILINEAR), dtype=np.float32)
+    scaled = Image.fromarray(rgb).resize((nw, nh), Image.Resampling.BILINEAR)
+    resized = np.asarray(scaled, dtype=np.float32)
     canvas = np.full((size, size, 3), pad, dtype=np.float32)
     canvas[:nh, :nw] = resized[:, :, ::-1]  # RGB -> BGR
     return canvas.transpose(2, 0, 1)[None].copy(), r
 
 
-def augment(rgb, index: int):
+def augment(rgb: NDArray[np.uint8], index: int) -> NDArray[np.uint8]:
     """A deterministic augmentation of an RGB image, numbered 0..7: 0 = the image itself,
     1 = horizontal flip, 2..5 = the four 75 % corner crops, 6 = a 60 % centre crop,
     7 = horizontal flip of a 85 % centre crop."""
     h, w = rgb.shape[:2]
     if index == 0:
         return rgb
-    if index == 1:
-        return rgb[:, ::-1].copy()
+    y0, x0, ch, cw, flip = 0, 0, h, w, index in (1, 7)
     if 2 <= index <= 5:
         ch, cw = int(h * 0.75), int(w * 0.75)
         y0 = 0 if index in (2, 3) else h - ch
         x0 = 0 if index in (2, 4) else w - cw
-        return rgb[y0 : y0 + ch, x0 : x0 + cw].copy()
-    if index == 6:
-        ch, cw = int(h * 0.6), int(w * 0.6)
+    elif index in (6, 7):
+        share = 0.6 if index == 6 else 0.85
+        ch, cw = int(h * share), int(w * share)
         y0, x0 = (h - ch) // 2, (w - cw) // 2
-        return rgb[y0 : y0 + ch, x0 : x0 + cw].copy()
-    if index == 7:
-        ch, cw = int(h * 0.85), int(w * 0.85)
-        y0, x0 = (h - ch) // 2, (w - cw) // 2
-        return rgb[y0 : y0 + ch, x0 : x0 + cw][:, ::-1].copy()
-    raise OnnxError(f"augmentation index {index} out of range 0..7")
+    elif index != 1:
+        raise OnnxError(f"augmentation index {index} out of range 0..7")
+    crop: NDArray[np.uint8] = rgb[y0 : y0 + ch, x0 : x0 + cw]
+    if flip:
+        crop = crop[:, ::-1]
+    copied: NDArray[np.uint8] = crop.copy()
+    return copied
 
 
-def image_inputs(paths: Sequence[str | Path], augmentations: Sequence[int] = (0,), size: int = 416):
+def image_inputs(paths: Sequence[str | Path], augmentations: Sequence[int] = (0,),
+                 size: int = 416) -> list[Float32Array]:
     """Letterboxed model inputs for every (image, augmentation) pair, in the given order."""
     out = []
     for p in paths:
@@ -91,7 +105,8 @@ def image_inputs(paths: Sequence[str | Path], augmentations: Sequence[int] = (0,
     return out
 
 
-def grids(size: int, strides: Sequence[int] = DEFAULT_STRIDES):
+def grids(size: int, strides: Sequence[int] = DEFAULT_STRIDES
+          ) -> tuple[Float32Array, Float32Array]:
     """(A×2 grid offsets, A×1 strides) for a square input of ``size`` pixels."""
     import numpy as np
 
@@ -104,29 +119,30 @@ def grids(size: int, strides: Sequence[int] = DEFAULT_STRIDES):
     return np.concatenate(gs).astype(np.float32), np.concatenate(ss).astype(np.float32)
 
 
-def decode(raw, size: int = 416, strides: Sequence[int] = DEFAULT_STRIDES):
+def decode(raw: ArrayLike, size: int = 416, strides: Sequence[int] = DEFAULT_STRIDES
+           ) -> tuple[Float32Array, Float32Array]:
     """Raw A×(5+C) (or 1×A×(5+C)) head output → (A×4 xyxy boxes, A×C scores = obj·cls)."""
     import numpy as np
 
-    raw = np.asarray(raw, dtype=np.float32)
-    if raw.ndim == 3:
-        if raw.shape[0] != 1:
-            raise OnnxError(f"decode expects one image, got batch {raw.shape[0]}")
-        raw = raw[0]
+    head = np.asarray(raw, dtype=np.float32)
+    if head.ndim == 3:
+        if head.shape[0] != 1:
+            raise OnnxError(f"decode expects one image, got batch {head.shape[0]}")
+        head = head[0]
     g, s = grids(size, strides)
-    if raw.ndim != 2 or raw.shape[0] != g.shape[0] or raw.shape[1] < 6:
+    if head.ndim != 2 or head.shape[0] != g.shape[0] or head.shape[1] < 6:
         raise OnnxError(
-            f"YOLO output shape {raw.shape} does not match {g.shape[0]} anchor points "
+            f"YOLO output shape {head.shape} does not match {g.shape[0]} anchor points "
             f"for a {size}×{size} input with strides {tuple(strides)}"
         )
-    xy = (raw[:, :2] + g) * s
-    wh = np.exp(np.minimum(raw[:, 2:4], 20.0)) * s
+    xy = (head[:, :2] + g) * s
+    wh = np.exp(np.minimum(head[:, 2:4], 20.0)) * s
     boxes = np.concatenate([xy - wh / 2, xy + wh / 2], 1)
-    scores = raw[:, 4:5] * raw[:, 5:]
+    scores = head[:, 4:5] * head[:, 5:]
     return boxes, scores
 
 
-def iou(a, b):
+def iou(a: ArrayLike, b: ArrayLike) -> Float64Array:
     """IoU matrix between N×4 and M×4 xyxy boxes."""
     import numpy as np
 
@@ -140,14 +156,16 @@ def iou(a, b):
     return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
 
-def nms(boxes, scores, iou_threshold: float) -> list[int]:
+def nms(boxes: FloatArray, scores: FloatArray, iou_threshold: float) -> list[int]:
     """Greedy NMS; ties in score are broken by index so the result is deterministic."""
     import numpy as np
 
+    if not len(scores):
+        return []
     order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
     keep: list[int] = []
     suppressed = np.zeros(len(scores), dtype=bool)
-    ious = iou(boxes, boxes) if len(scores) else None
+    ious = iou(boxes, boxes)
     for i in order:
         if suppressed[i]:
             continue
@@ -157,7 +175,7 @@ def nms(boxes, scores, iou_threshold: float) -> list[int]:
 
 
 def detect(
-    raw,
+    raw: ArrayLike,
     score_threshold: float = 0.3,
     nms_threshold: float = 0.45,
     size: int = 416,
@@ -175,7 +193,7 @@ def detect(
         keep = nms(boxes[idx], scores[idx, c], nms_threshold)
         for k in keep:
             i = idx[k]
-            dets.append(Detection(tuple(float(v) for v in boxes[i]), float(scores[i, c]), c))
+            dets.append(Detection(box_of(boxes[i]), float(scores[i, c]), c))
     dets.sort(key=lambda d: (-d.score, d.cls, d.box))
     return dets
 

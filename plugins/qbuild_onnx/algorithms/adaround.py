@@ -29,54 +29,70 @@ the result never worse than nearest rounding on those samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ._graph import attr, initializers
+from qbuild_onnx_common.graph import GraphIndex, attr
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto, TensorProto
+    from qbuild_onnx_common.arrays import Array, Float32Array, Float64Array
+
+    # a weight as stored <-> its canonical [G, cout_g, d] layout
+    Relayout = Callable[[Array], Array]
 
 ZETA, GAMMA = 1.1, -0.1
 _INT_TYPES = (2, 3, 4, 5)  # TensorProto UINT8, INT8, UINT16, INT16
 
 
 @dataclass
+class _RowStats:
+    """Sufficient statistics of a layer's sampled rows: H = sum x_q x_q^T [G, d, d],
+    B = sum y_f x_q^T [G, cout_g, d], yy = sum |y_f|^2, rows = count; each kept apart
+    for fitting (part 0) and for checking on held-out samples (part 1)."""
+
+    h: Float64Array  # [2, G, d, d]
+    b: Float64Array  # [2, G, cout_g, d]
+    yy: list[float]
+    rows: list[int]
+
+
+@dataclass
 class _Layer:
-    node: Any  # node of the QDQ model
-    fnode: Any  # same node in the float model
+    node: NodeProto  # node of the QDQ model
+    fnode: NodeProto  # same node in the float model
     kind: str  # "conv" or "dense"
-    w: Any  # float weight in canonical [G, cout_g, d] layout (float64)
-    q_init: Any  # the integer initializer behind the DequantizeLinear
-    scale: Any  # [G, cout_g, 1] (broadcast) float64
-    zp: Any  # same layout
+    w: Float64Array  # float weight in canonical [G, cout_g, d] layout
+    q_init: TensorProto  # the integer initializer behind the DequantizeLinear
+    scale: Float64Array  # [G, cout_g, 1] (broadcast)
+    zp: Float64Array  # same layout
     qmin: int
     qmax: int
-    to_canonical: Any  # function: integer array as stored -> [G, cout_g, d]
-    from_canonical: Any  # function: [G, cout_g, d] -> array as stored
+    to_canonical: Relayout  # integer array as stored -> [G, cout_g, d]
+    from_canonical: Relayout  # [G, cout_g, d] -> array as stored
     group: int = 1
-    # Sufficient statistics of the sampled rows: H = sum x_q x_q^T [G, d, d],
-    # B = sum y_f x_q^T [G, cout_g, d], yy = sum |y_f|^2, rows = count.
-    # Kept apart for fitting (part 0) and for checking on held-out samples (part 1).
-    h: Any = None
-    b: Any = None
-    yy: Any = None
-    rows: Any = None
+    stats: _RowStats | None = None  # None until a row is added
 
-    def add(self, xq, yf, part: int) -> None:
+    def add(self, xq: Array, yf: Array, part: int) -> None:
         import numpy as np
 
         xq, yf = xq.astype(np.float64), yf.astype(np.float64)
-        if self.h is None:
+        if self.stats is None:
             d, c = xq.shape[2], yf.shape[2]
-            self.h = np.zeros((2, xq.shape[0], d, d))
-            self.b = np.zeros((2, xq.shape[0], c, d))
-            self.yy, self.rows = [0.0, 0.0], [0, 0]
-        self.h[part] += np.matmul(xq.transpose(0, 2, 1), xq)
-        self.b[part] += np.matmul(yf.transpose(0, 2, 1), xq)
-        self.yy[part] += float((yf * yf).sum())
-        self.rows[part] += xq.shape[1]
+            self.stats = _RowStats(np.zeros((2, xq.shape[0], d, d)),
+                                   np.zeros((2, xq.shape[0], c, d)), [0.0, 0.0], [0, 0])
+        st = self.stats
+        st.h[part] += np.matmul(xq.transpose(0, 2, 1), xq)
+        st.b[part] += np.matmul(yf.transpose(0, 2, 1), xq)
+        st.yy[part] += float((yf * yf).sum())
+        st.rows[part] += xq.shape[1]
 
 
-def _dq_of(graph, inits, tensor):
-    producer = next((n for n in graph.node if tensor in n.output), None)
+def _dq_of(index: GraphIndex, tensor: str) -> NodeProto | None:
+    inits = index.initializers
+    producer = index.producers.get(tensor)
     if producer is None or producer.op_type != "DequantizeLinear":
         return None
     if any(i not in inits for i in producer.input if i):
@@ -88,11 +104,37 @@ def _dq_of(graph, inits, tensor):
     return producer
 
 
-def _find_layers(qm, fm, op_types) -> list[_Layer]:
+def _conv_layout(shape: tuple[int, ...], group: int, cg: int) -> tuple[Relayout, Relayout]:
+    """A Conv weight [cout, cin/group, kh, kw] <-> [group, cout/group, rest]."""
+    def to_c(a: Array) -> Array:
+        return a.reshape(group, cg, -1)
+
+    def from_c(a: Array) -> Array:
+        return a.reshape(shape)
+
+    return to_c, from_c
+
+
+def _dense_layout(trans_b: bool) -> tuple[Relayout, Relayout]:
+    """A MatMul/Gemm weight [d, cout] ([cout, d] when ``trans_b``) <-> [1, cout, d]."""
+    def to_c(a: Array) -> Array:
+        rows_first: Array = a if trans_b else a.T
+        with_group_axis: Array = rows_first[None]
+        return with_group_axis
+
+    def from_c(a: Array) -> Array:
+        stored: Array = a[0] if trans_b else a[0].T
+        return stored
+
+    return to_c, from_c
+
+
+def _find_layers(qm: ModelProto, fm: ModelProto, op_types: Sequence[str]) -> list[_Layer]:
     import numpy as np
     from onnx import numpy_helper
 
-    q_inits, f_inits = initializers(qm.graph), initializers(fm.graph)
+    q_index = GraphIndex(qm.graph)
+    q_inits, f_inits = q_index.initializers, GraphIndex(fm.graph).initializers
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
     layers = []
     for node in qm.graph.node:
@@ -102,7 +144,7 @@ def _find_layers(qm, fm, op_types) -> list[_Layer]:
         if fnode is None or fnode.op_type != node.op_type or len(fnode.input) < 2 \
                 or fnode.input[1] not in f_inits:
             continue
-        dq = _dq_of(qm.graph, q_inits, node.input[1])
+        dq = _dq_of(q_index, node.input[1])
         if dq is None:
             continue
         q_init = q_inits[dq.input[0]]
@@ -124,14 +166,7 @@ def _find_layers(qm, fm, op_types) -> list[_Layer]:
             if per_axis and axis != 0:
                 continue
             cg = cout // group
-            shape = q.shape
-
-            def to_c(a, shape=shape, group=group, cg=cg):
-                return a.reshape(group, cg, -1)
-
-            def from_c(a, shape=shape):
-                return a.reshape(shape)
-
+            to_c, from_c = _conv_layout(q.shape, group, cg)
             sc = (scale.reshape(group, cg, 1) if per_axis
                   else np.full((group, cg, 1), float(scale)))
             z = (zp.reshape(group, cg, 1) if per_axis
@@ -147,13 +182,7 @@ def _find_layers(qm, fm, op_types) -> list[_Layer]:
         out_axis = 0 if trans_b else 1  # the weight axis that indexes output channels
         if per_axis and axis != out_axis:
             continue
-
-        def to_c(a, trans_b=trans_b):
-            return (a if trans_b else a.T)[None]
-
-        def from_c(a, trans_b=trans_b):
-            return a[0] if trans_b else a[0].T
-
+        to_c, from_c = _dense_layout(trans_b)
         cout = q.shape[out_axis]
         sc = scale.reshape(1, cout, 1) if per_axis else np.full((1, cout, 1), float(scale))
         z = zp.reshape(1, cout, 1) if per_axis else np.full((1, cout, 1), float(zp))
@@ -162,7 +191,8 @@ def _find_layers(qm, fm, op_types) -> list[_Layer]:
     return layers
 
 
-def _conv_geometry(node, in_hw, k_hw):
+def _conv_geometry(node: NodeProto, in_hw: Sequence[int], k_hw: Sequence[int]
+                   ) -> tuple[list[int], list[int], list[int], list[int]]:
     """(pads [top, left, bottom, right], strides, dilations, out_hw) of a 2-D Conv."""
     strides = list(attr(node, "strides", [1, 1]))
     dil = list(attr(node, "dilations", [1, 1]))
@@ -185,7 +215,8 @@ def _conv_geometry(node, in_hw, k_hw):
     return pads, strides, dil, out
 
 
-def _conv_rows(x, node, group, k_hw, pick):
+def _conv_rows(x: Float32Array, node: NodeProto, group: int, k_hw: Sequence[int],
+               pick: Callable[[int], Array]) -> Array:
     """im2col rows of a 2-D Conv input x [1, C, H, W] at the output positions chosen by
     ``pick(count) -> indices``: [group, rows, C/group * kh * kw]."""
     import numpy as np
@@ -199,11 +230,14 @@ def _conv_rows(x, node, group, k_hw, pick):
     patches = xp[:, hh[:, :, None], ww[:, None, :]]  # [C, P, kh, kw]
     patches = np.moveaxis(patches, 1, 0)  # [P, C, kh, kw]
     p, c = patches.shape[0], patches.shape[1]
-    return patches.reshape(p, group, (c // group) * k_hw[0] * k_hw[1]).transpose(1, 0, 2)
+    by_group: Array = patches.reshape(p, group, (c // group) * k_hw[0] * k_hw[1])
+    rows_by_group: Array = by_group.transpose(1, 0, 2)
+    return rows_by_group
 
 
-def _collect(layers, qm, fm, feeds, rows: int, seed: int, scratch=None,
-             float_inputs: bool = True) -> int:
+def _collect(layers: Sequence[_Layer], qm: ModelProto, fm: ModelProto,
+             feeds: Sequence[Mapping[str, Any]], rows: int, seed: int,
+             scratch: Path | None = None, float_inputs: bool = True) -> int:
     import numpy as np
 
     from .layer_data import session_with_outputs
@@ -232,16 +266,18 @@ def _collect(layers, qm, fm, feeds, rows: int, seed: int, scratch=None,
                     continue
                 k_hw = lay.from_canonical(lay.w).shape[2:]
                 for b in range(a_q.shape[0]):
-                    chosen = {}
+                    chosen: dict[str, Array] = {}
 
-                    def pick(total, chosen=chosen):
+                    def pick(total: int, chosen: dict[str, Array] = chosen) -> Array:
                         chosen["i"] = rng.choice(total, size=min(per_sample, total),
                                                  replace=False)
                         return chosen["i"]
 
                     rq = _conv_rows(a_q[b:b + 1], lay.node, lay.group, k_hw, pick)
-                    rf = _conv_rows(a_f[b:b + 1], lay.node, lay.group, k_hw,
-                                    lambda _t, chosen=chosen: chosen["i"])
+                    def picked(_total: int, chosen: dict[str, Array] = chosen) -> Array:
+                        return chosen["i"]
+
+                    rf = _conv_rows(a_f[b:b + 1], lay.node, lay.group, k_hw, picked)
                     lay.add(rq, np.matmul(rf.astype(np.float64), lay.w.transpose(0, 2, 1)),
                             part)
             else:
@@ -254,14 +290,15 @@ def _collect(layers, qm, fm, feeds, rows: int, seed: int, scratch=None,
     return len(feeds)
 
 
-def _optimise(lay: _Layer, iterations: int, lr: float, lam: float, warmup: float):
+def _optimise(lay: _Layer, st: _RowStats, iterations: int, lr: float, lam: float,
+              warmup: float) -> tuple[Float64Array, float, float]:
     """(integer weights in canonical layout, nearest loss, learned loss), both losses on
-    the held-out samples."""
+    the held-out samples (``st``: the layer's row statistics)."""
     import numpy as np
 
-    def stats(part):
-        r = max(lay.rows[part], 1)  # mean statistics of the rows
-        return lay.h[part] / r, lay.b[part] / r, lay.yy[part] / r
+    def stats(part: int) -> tuple[Float64Array, Float64Array, float]:
+        r = max(st.rows[part], 1)  # mean statistics of the rows
+        return st.h[part] / r, st.b[part] / r, st.yy[part] / r
 
     hm, bm, yy = stats(0)
     s, z = lay.scale, lay.zp
@@ -270,7 +307,7 @@ def _optimise(lay: _Layer, iterations: int, lr: float, lam: float, warmup: float
     fl = np.floor(wdiv)
     rest = wdiv - fl
 
-    def loss_of(q, part=1):
+    def loss_of(q: Float64Array, part: int = 1) -> float:
         # mean over rows of |W_hat x - y|^2 = tr(W H W^T) - 2 <W, B> + yy
         h_, b_, y_ = stats(part)
         w_hat = s * q
@@ -307,10 +344,13 @@ def _optimise(lay: _Layer, iterations: int, lr: float, lam: float, warmup: float
     return hard, base, learned
 
 
-def adaround(qdq_model, float_model, feeds, *, op_types=("Conv", "Gemm", "MatMul"),
+def adaround(qdq_model: ModelProto, float_model: ModelProto,
+             feeds: Sequence[Mapping[str, Any]], *,
+             op_types: Sequence[str] = ("Conv", "Gemm", "MatMul"),
              rows: int = 1024, iterations: int = 500, lr: float = 0.01, lam: float = 0.01,
-             warmup: float = 0.2, seed: int = 0, scratch=None, log=None,
-             float_inputs: bool = True) -> tuple[Any, dict[str, Any]]:
+             warmup: float = 0.2, seed: int = 0, scratch: Path | None = None,
+             log: Callable[[str], None] | None = None,
+             float_inputs: bool = True) -> tuple[ModelProto, dict[str, Any]]:
     """Re-round the weights of ``qdq_model`` (ModelProto, copied) against ``float_model``
     on ``feeds``; returns (model, report)."""
     import onnx
@@ -327,18 +367,19 @@ def adaround(qdq_model, float_model, feeds, *, op_types=("Conv", "Gemm", "MatMul
     if n == 0:
         raise ValueError("the dataset fed no sample")
     report: dict[str, Any] = {}
-    candidates: list = []
+    candidates: list[tuple[_Layer, Array, Array]] = []
     for lay in layers:
-        if lay.rows is None:
+        st = lay.stats
+        if st is None:
             continue
         d = lay.w.shape[2]
-        if lay.rows[0] < 2 * d or lay.rows[1] == 0:
+        if st.rows[0] < 2 * d or st.rows[1] == 0:
             # fewer rows than twice the unknowns per output: the rounding would fit the
             # sample, not the layer (measured: MobileNetV2's late 1x1 layers)
-            report[lay.node.name] = {"kept_nearest": True, "too_few_rows": lay.rows[0],
+            report[lay.node.name] = {"kept_nearest": True, "too_few_rows": st.rows[0],
                                      "inputs_per_output": d}
             continue
-        hard, base, learned = _optimise(lay, iterations, lr, lam, warmup)
+        hard, base, learned = _optimise(lay, st, iterations, lr, lam, warmup)
         kept = learned >= base
         entry = {"nearest_loss": round(base, 9), "learned_loss": round(learned, 9),
                  "kept_nearest": bool(kept)}
@@ -355,7 +396,8 @@ def adaround(qdq_model, float_model, feeds, *, op_types=("Conv", "Gemm", "MatMul
                 "iterations": iterations, "samples": n, "nodes": dict(sorted(report.items()))}
 
 
-def _model_sqnr(model, feeds, refs) -> float:
+def _model_sqnr(model: ModelProto, feeds: Sequence[Mapping[str, Any]],
+                refs: Sequence[Sequence[Array]]) -> float:
     import numpy as np
     from qbuild_onnx_common.ort import session as make_session
 
@@ -369,7 +411,9 @@ def _model_sqnr(model, feeds, refs) -> float:
     return 10 * np.log10(num / den) if den > 0 else float("inf")
 
 
-def _accept(qm, fm, feeds, candidates, report, log) -> int:
+def _accept(qm: ModelProto, fm: ModelProto, feeds: Sequence[Mapping[str, Any]],
+            candidates: Sequence[tuple[_Layer, Array, Array]], report: dict[str, Any],
+            log: Callable[[str], None]) -> int:
     """Apply the learned roundings one layer at a time, in graph order, keeping each only
     if the whole model's output SQNR against the float model on the held-out samples
     rises: a lower layer error does not always mean a better model (measured on

@@ -20,10 +20,15 @@ done (bias_correction covers the bias shift after quantization).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ._graph import attr, consumers, graph_outputs, initializers, use_counts
+from qbuild_onnx_common.graph import GraphIndex, attr
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto, TensorProto
+    from qbuild_onnx_common.arrays import Float64Array
 
 HOMOGENEOUS = ("Relu", "LeakyRelu", "PRelu")
 CLIP_POLICIES = ("skip", "relu")
@@ -31,12 +36,13 @@ CLIP_POLICIES = ("skip", "relu")
 
 @dataclass
 class _Pair:
-    a: Any  # producer Conv
-    act: Any | None  # activation between them (None: direct)
-    b: Any  # consumer Conv
+    a: NodeProto  # producer Conv
+    act: NodeProto | None  # activation between them (None: direct)
+    b: NodeProto  # consumer Conv
 
 
-def _clip_bounds(node, inits) -> tuple[float | None, float | None]:
+def _clip_bounds(node: NodeProto, inits: Mapping[str, TensorProto]
+                 ) -> tuple[float | None, float | None]:
     from onnx import numpy_helper
 
     lo = attr(node, "min")
@@ -50,7 +56,8 @@ def _clip_bounds(node, inits) -> tuple[float | None, float | None]:
     return lo, hi
 
 
-def _is_equalizable_activation(node, inits, clip: str) -> bool:
+def _is_equalizable_activation(node: NodeProto, inits: Mapping[str, TensorProto], clip: str
+                               ) -> bool:
     if node.op_type in ("Relu", "LeakyRelu"):
         return True
     if node.op_type == "PRelu":
@@ -62,31 +69,32 @@ def _is_equalizable_activation(node, inits, clip: str) -> bool:
     return False
 
 
-def _size(tensor) -> int:
+def _size(tensor: TensorProto) -> int:
     n = 1
     for d in tensor.dims:
         n *= d
     return n
 
 
-def _conv_ok(node, inits, counts) -> bool:
+def _conv_ok(node: NodeProto, index: GraphIndex) -> bool:
+    inits = index.initializers
     if node.op_type != "Conv" or len(node.input) < 2 or node.input[1] not in inits:
         return False
-    if counts.get(node.input[1], 0) != 1:  # shared weight: scaling would change the other user
+    if index.use_count(node.input[1]) != 1:  # shared weight: scaling would change the other user
         return False
     if len(node.input) > 2 and node.input[2]:
-        if node.input[2] not in inits or counts.get(node.input[2], 0) != 1:
+        if node.input[2] not in inits or index.use_count(node.input[2]) != 1:
             return False
     return len(inits[node.input[1]].dims) >= 3
 
 
-def find_pairs(model, clip: str = "skip") -> list[_Pair]:
+def find_pairs(model: ModelProto, clip: str = "skip") -> list[_Pair]:
     """Conv pairs CLE can equalize, in graph order."""
-    g = model.graph
-    inits, cons, outs, counts = initializers(g), consumers(g), graph_outputs(g), use_counts(g)
+    index = GraphIndex(model.graph)
+    inits, cons, outs = index.initializers, index.consumers, index.outputs
     pairs = []
-    for a in g.node:
-        if not _conv_ok(a, inits, counts) or a.output[0] in outs:
+    for a in model.graph.node:
+        if not _conv_ok(a, index) or a.output[0] in outs:
             continue
         nxt = cons.get(a.output[0], [])
         if len(nxt) != 1:
@@ -102,13 +110,13 @@ def find_pairs(model, clip: str = "skip") -> list[_Pair]:
             b = after[0]
         if b.op_type != "Conv" or b.input[0] != (act or a).output[0]:
             continue
-        if not _conv_ok(b, inits, counts):
+        if not _conv_ok(b, index):
             continue
         pairs.append(_Pair(a, act, b))
     return pairs
 
 
-def _input_channel_view(w, group: int):
+def _input_channel_view(w: Float64Array, group: int) -> list[Float64Array]:
     """(Cin, rest) view of a Conv weight [Cout, Cin/group, k...] by input channel."""
     import numpy as np
 
@@ -121,19 +129,19 @@ def _input_channel_view(w, group: int):
     return parts  # list of [cin_g, cout_g * k] per group, input channels g*cin_g + j
 
 
-def _scale_input_channels(w, group: int, s):
+def _scale_input_channels(w: Float64Array, group: int, s: Float64Array) -> Float64Array:
     """w with input channel c multiplied by s[c] (grouped convolutions too)."""
     cout, cin_g = w.shape[0], w.shape[1]
     cout_g = cout // group
-    out = w.copy()
+    out: Float64Array = w.copy()
     shape = (1, cin_g) + (1,) * (w.ndim - 2)
     for g in range(group):
         out[g * cout_g:(g + 1) * cout_g] *= s[g * cin_g:(g + 1) * cin_g].reshape(shape)
     return out
 
 
-def equalize(model, clip: str = "skip", max_sweeps: int = 20, tol: float = 1e-3
-             ) -> tuple[Any, dict[str, Any]]:
+def equalize(model: ModelProto, clip: str = "skip", max_sweeps: int = 20, tol: float = 1e-3
+             ) -> tuple[ModelProto, dict[str, Any]]:
     """Equalize ``model`` (a ModelProto, edited in place and returned) and a report."""
     import numpy as np
     import onnx
@@ -142,10 +150,10 @@ def equalize(model, clip: str = "skip", max_sweeps: int = 20, tol: float = 1e-3
     if clip not in CLIP_POLICIES:
         raise ValueError(f"clip = {clip!r}: expected one of {', '.join(CLIP_POLICIES)}")
     pairs = find_pairs(model, clip)
-    inits = initializers(model.graph)
-    arrays: dict[str, Any] = {}
+    inits = GraphIndex(model.graph).initializers
+    arrays: dict[str, Float64Array] = {}
 
-    def get(name):
+    def get(name: str) -> Float64Array:
         if name not in arrays:
             arrays[name] = numpy_helper.to_array(inits[name]).astype(np.float64)
         return arrays[name]

@@ -19,8 +19,14 @@ of ``block_size`` along K. Models over 2 GB are read and written with external d
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from qbuild_onnx_common.models import load_model
+
+if TYPE_CHECKING:
+    from onnxruntime.quantization.calibrate import CalibrationDataReader
 
 ALGORITHMS = ("rtn", "gptq", "k_quant", "hqq")
 FORMATS = ("qoperator", "qdq")
@@ -62,26 +68,27 @@ def check_options(algorithm: str, bits: int, block_size: int, quant_format: str,
                         "dataset")
 
 
-def _reader(feeds):
+def _reader(feeds: Sequence[Mapping[str, Any]]) -> CalibrationDataReader:
     from onnxruntime.quantization.calibrate import CalibrationDataReader
 
-    class _Feeds(CalibrationDataReader):
-        def __init__(self, items):
+    # onnxruntime ships no type information: its base class is Any to mypy
+    class _Feeds(CalibrationDataReader):  # type: ignore[misc]
+        def __init__(self, items: Sequence[Mapping[str, Any]]) -> None:
             self.items = list(items)
             self.pos = 0
 
-        def get_next(self):
+        def get_next(self) -> dict[str, Any] | None:
             if self.pos >= len(self.items):
                 return None
             self.pos += 1
             return dict(self.items[self.pos - 1])
 
-        def __iter__(self):
+        def __iter__(self) -> Iterator[Any]:
             # onnxruntime's GPTQ path iterates a deep copy; it converts dict samples with a
             # helper that imports torch, but takes a bare array for a one-input model.
             return iter([next(iter(f.values())) for f in self.items])
 
-        def __len__(self):
+        def __len__(self) -> int:
             return len(self.items)
 
     return _Feeds(feeds)
@@ -89,8 +96,10 @@ def _reader(feeds):
 
 def quantize_int4(model_path: Path, out_path: Path, *, algorithm: str = "rtn", bits: int = 4,
                   block_size: int = 128, symmetric: bool = True, accuracy_level: int = 0,
-                  quant_format: str = "qoperator", nodes_to_exclude=(), feeds=None,
-                  external_data: bool = False, log=None) -> dict[str, Any]:
+                  quant_format: str = "qoperator", nodes_to_exclude: Iterable[str] = (),
+                  feeds: Sequence[Mapping[str, Any]] | None = None,
+                  external_data: bool = False, log: Callable[[str], None] | None = None
+                  ) -> dict[str, Any]:
     """Quantize ``model_path``'s MatMul weights into ``out_path``; return a report."""
     import onnx
     from onnxruntime.quantization import matmul_nbits_quantizer as mnb
@@ -109,7 +118,7 @@ def quantize_int4(model_path: Path, out_path: Path, *, algorithm: str = "rtn", b
         raise Int4Error("algorithm = \"gptq\": onnxruntime's GPTQ needs torch for models "
                         "with more than one input (torch is not installed); use \"rtn\"",
                         "algorithm")
-    model = onnx.load(str(model_path))  # with its external data, once
+    model = load_model(model_path)  # with its external data, once
     before = sum(1 for n in model.graph.node if n.op_type == "MatMul")
     fmt = QuantFormat.QDQ if quant_format == "qdq" else QuantFormat.QOperator
     level = accuracy_level or None
@@ -118,6 +127,7 @@ def quantize_int4(model_path: Path, out_path: Path, *, algorithm: str = "rtn", b
             block_size=block_size, is_symmetric=symmetric, accuracy_level=level,
             quant_format=fmt, bits=bits)
     elif algorithm == "gptq":
+        assert feeds is not None  # check_options refuses gptq without samples
         config = mnb.GPTQWeightOnlyQuantConfig(calibration_data_reader=_reader(feeds),
                                                block_size=block_size)
     elif algorithm == "k_quant":
@@ -132,7 +142,7 @@ def quantize_int4(model_path: Path, out_path: Path, *, algorithm: str = "rtn", b
     quantizer.process()
     result = quantizer.model
     proto = result.model if hasattr(result, "model") else result
-    after = {}
+    after: dict[str, int] = {}
     for n in proto.graph.node:
         after[n.op_type] = after.get(n.op_type, 0) + 1
     out_path = Path(out_path)

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
+    from onnxruntime import InferenceSession
 
 _MAX_PROTO = 2**31 - 1
 
 
-def session_with_outputs(model, names: Sequence[str], scratch: Path | None = None,
-                         source: Path | None = None):
+def session_with_outputs(model: ModelProto, names: Sequence[str], scratch: Path | None = None,
+                         source: Path | None = None) -> InferenceSession:
     """An unoptimised onnxruntime session of ``model`` (ModelProto) that also outputs
     ``names`` (the model is copied, not changed). With ``source`` (the file ``model`` was
     lean-loaded from, weights in external data) the session reads the weights from
@@ -22,7 +26,7 @@ def session_with_outputs(model, names: Sequence[str], scratch: Path | None = Non
     m = onnx.ModelProto()
     m.CopyFrom(model)
     if source is not None:
-        from .external_data import stage_beside
+        from qbuild_onnx_common.models import stage_beside
 
         if scratch is None:
             raise ValueError("a model with external data needs a scratch directory")
@@ -34,7 +38,7 @@ def session_with_outputs(model, names: Sequence[str], scratch: Path | None = Non
         try:
             return make_session(str(path), optimize=False)
         finally:  # the session holds the weights: the links can go
-            from .external_data import unstage
+            from qbuild_onnx_common.models import unstage
 
             unstage(path)
     existing = {o.name for o in m.graph.output}
@@ -54,7 +58,8 @@ def session_with_outputs(model, names: Sequence[str], scratch: Path | None = Non
     return make_session(str(path), optimize=False)
 
 
-def stream_tensors(session, names: Sequence[str], feeds: Iterable[Mapping[str, Any]],
+def stream_tensors(session: InferenceSession, names: Sequence[str],
+                   feeds: Iterable[Mapping[str, Any]],
                    sink: Callable[[int, dict[str, Any]], None]) -> int:
     """Run every feed; call ``sink(sample_index, {name: array})``; return the count."""
     n = 0

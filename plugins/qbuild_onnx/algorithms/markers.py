@@ -10,11 +10,15 @@ quantized.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 KEEP_FLOAT_KEY = "qbuild.keep_float_nodes"
 
 
-def keep_float_nodes(model) -> list[str]:
+def keep_float_nodes(model: ModelProto) -> list[str]:
     """Node names the model asks to keep float (empty when it does not say)."""
     for p in model.metadata_props:
         if p.key == KEEP_FLOAT_KEY:
@@ -26,7 +30,7 @@ def keep_float_nodes(model) -> list[str]:
     return []
 
 
-def mark_keep_float(model, names: list[str]) -> None:
+def mark_keep_float(model: ModelProto, names: list[str]) -> None:
     """Add ``names`` to the model's keep-float list."""
     merged = list(dict.fromkeys([*keep_float_nodes(model), *names]))
     kept = [p for p in model.metadata_props if p.key != KEEP_FLOAT_KEY]

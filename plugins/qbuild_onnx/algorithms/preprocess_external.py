@@ -18,14 +18,25 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
-from .external_data import fill, lean_load, rename_data_file, stage_beside, unstage
+from qbuild_onnx_common.models import (
+    fill,
+    lean_load,
+    load_model,
+    rename_data_file,
+    stage_beside,
+    unstage,
+)
+
+if TYPE_CHECKING:
+    from ..quantization.options import PreprocessOptions
 
 
-def quant_pre_process_external(src: Path, out: Path, opts: Any, data_name: str) -> None:
+def quant_pre_process_external(src: Path, out: Path, opts: PreprocessOptions, data_name: str
+                               ) -> None:
     """Pre-process ``src`` into ``out`` with its weights in ``out.parent / data_name``.
-    ``opts`` is a ``preprocess.PreprocessOptions``."""
+    ``opts``: the pre-processing options."""
     import onnx
     import onnxruntime as ort
 
@@ -68,7 +79,7 @@ def quant_pre_process_external(src: Path, out: Path, opts: Any, data_name: str) 
         else:
             # the staged graph still points at the original files (hard links): write
             # a real copy of the weights beside the output
-            proto = onnx.load(str(current), load_external_data=False)
+            proto = load_model(current, external_data=False)
             unstage(tmp / "staged.onnx")  # onnx reads no file with two hard links
             fill(proto, src.parent)
             onnx.save(proto, str(out), save_as_external_data=True,

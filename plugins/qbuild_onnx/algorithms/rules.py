@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
     DatasetInfo,
     OnnxModelInfo,
@@ -26,6 +28,9 @@ from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, Rule, RunContext, attr, hookimpl
 
+if TYPE_CHECKING:
+    from onnx import ModelProto
+
 _MAX_PROTO = 2**31 - 1
 
 
@@ -36,7 +41,7 @@ def _model_file(ctx: RunContext, attr_name: str) -> Path:
         raise ctx.fail(f"{ctx.params['labels'][attr_name]} {e}", attr=attr_name) from None
 
 
-def _feeds(ctx: RunContext, attr_name: str, model: Path, limit: int) -> list:
+def _feeds(ctx: RunContext, attr_name: str, model: Path, limit: int) -> list[dict[str, Any]]:
     from ..accuracy.feeds import model_feeds
 
     label = ctx.params["labels"][attr_name]
@@ -51,7 +56,8 @@ def _feeds(ctx: RunContext, attr_name: str, model: Path, limit: int) -> list:
         raise ctx.fail(f"{label}: {e.message}", attr=attr_name) from None
 
 
-def _action(ctx: AnalysisContext, function: Any, deps: tuple[str, ...], mnemonic: str) -> None:
+def _action(ctx: AnalysisContext, function: Callable[[RunContext], Any],
+            deps: tuple[str, ...], mnemonic: str) -> None:
     """A rule's one action: its value attributes, the labels of its dependencies (for
     messages) and the model's output name as params."""
     a = ctx.attrs
@@ -65,7 +71,7 @@ def _write_json(path: Path, doc: Any) -> None:
     path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def save_model(proto, out: Path, external_data: bool) -> list[str]:
+def save_model(proto: ModelProto, out: Path, external_data: bool) -> list[str]:
     """Save ``proto`` to ``out``; with ``external_data`` every tensor over 1 KiB goes to
     ``<out name>.data`` (always written, so the declared outputs exist). Returns the data
     file names."""
@@ -85,7 +91,7 @@ def save_model(proto, out: Path, external_data: bool) -> list[str]:
     return [name]
 
 
-def _model_outputs(name: str, attrs: dict[str, Any]) -> list[str]:
+def _model_outputs(name: str, attrs: Mapping[str, Any]) -> list[str]:
     outs = [f"{name}.onnx", "report.json"]
     if attrs.get("external_data"):
         outs.insert(1, f"{name}.onnx.data")
@@ -131,10 +137,10 @@ class Equalize(OnnxRule):
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo,)
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         return _model_outputs(name, attrs)
 
-    def validate(self, attrs: dict[str, Any]) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         if attrs["method"] == "smoothquant":
             if attrs.get("dataset") is None:
                 raise ConfigError("method = \"smoothquant\" needs a dataset", attr="dataset")
@@ -148,15 +154,14 @@ class Equalize(OnnxRule):
 
 def equalize_model(ctx: RunContext) -> OnnxModelInfo:
     """``equalize``'s action: the equalized model and report.json."""
-    import onnx
 
-    from .external_data import file_uses_external_data, lean_load
+    from qbuild_onnx_common.models import file_uses_external_data, lean_load
 
     a = ctx.params
     src = _model_file(ctx, "model")
     external = a["method"] == "smoothquant" and file_uses_external_data(src)
     # smoothquant on external weights measures with the weights on disk (loaded later)
-    model = lean_load(src) if external else onnx.load(str(src))
+    model = lean_load(src) if external else load_model(src)
     if a["method"] == "cle":
         from .cle import equalize
 
@@ -219,7 +224,7 @@ class AdaRound(OnnxRule):
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo, QuantizedModelInfo)
 
-    def validate(self, attrs: dict[str, Any]) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         for key in ("rows", "iterations"):
             if attrs[key] < 1:
                 raise ConfigError(f"{key} must be >= 1", attr=key)
@@ -230,7 +235,6 @@ class AdaRound(OnnxRule):
 
 def adaround_model(ctx: RunContext) -> list[Any]:
     """``adaround``'s action: the re-rounded model and report.json."""
-    import onnx
 
     from .adaround import adaround
 
@@ -239,7 +243,7 @@ def adaround_model(ctx: RunContext) -> list[Any]:
     src = _model_file(ctx, "model")
     feeds = _feeds(ctx, "dataset", ref, a["max_samples"])
     try:
-        qm, rep = adaround(onnx.load(str(src)), onnx.load(str(ref)), feeds,
+        qm, rep = adaround(load_model(src), load_model(ref), feeds,
                            rows=a["rows"], iterations=a["iterations"],
                            lr=a["learning_rate"], lam=a["regularization"], seed=a["seed"],
                            scratch=ctx.scratch, log=ctx.log)
@@ -290,10 +294,10 @@ class QuantizeWeightsInt4(OnnxRule):
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo,)
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         return _model_outputs(name, attrs)
 
-    def validate(self, attrs: dict[str, Any]) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         from .int4 import Int4Error, check_options
 
         try:

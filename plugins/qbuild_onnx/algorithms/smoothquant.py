@@ -13,17 +13,27 @@ float (see ``markers``): quantizing its input would keep the outliers it removes
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from ._graph import attr, consumers, graph_outputs, initializers, unique_name, use_counts
+from qbuild_onnx_common.graph import GraphIndex, attr
+
+if TYPE_CHECKING:
+    from onnx import ModelProto, NodeProto
+    from qbuild_onnx_common.arrays import Float32Array
+
+# activation tensor -> [(consumer node, the axis of its weight that meets X's last axis)]
+Groups = dict[str, list[tuple["NodeProto", int]]]
 
 
-def _weight_axis(node, inits, counts) -> int | None:
+def _weight_axis(node: NodeProto, index: GraphIndex) -> int | None:
     """The axis of node's constant weight that runs along X's last axis, or None."""
+    inits = index.initializers
     if len(node.input) < 2 or node.input[1] not in inits or node.input[0] in inits:
         return None
     w = inits[node.input[1]]
-    if len(w.dims) != 2 or counts.get(node.input[1], 0) != 1:
+    if len(w.dims) != 2 or index.use_count(node.input[1]) != 1:
         return None
     if node.op_type == "MatMul":
         return 0
@@ -34,32 +44,33 @@ def _weight_axis(node, inits, counts) -> int | None:
     return None
 
 
-def find_groups(model, op_types=("MatMul", "Gemm")) -> dict[str, list[tuple[Any, int]]]:
+def find_groups(model: ModelProto, op_types: Sequence[str] = ("MatMul", "Gemm")) -> Groups:
     """Activation tensor -> [(consumer node, weight axis)] of smoothable consumers."""
-    g = model.graph
-    inits, counts = initializers(g), use_counts(g)
-    groups: dict[str, list[tuple[Any, int]]] = {}
-    for node in g.node:
+    index = GraphIndex(model.graph)
+    groups: Groups = {}
+    for node in model.graph.node:
         if node.op_type not in op_types:
             continue
-        axis = _weight_axis(node, inits, counts)
+        axis = _weight_axis(node, index)
         if axis is not None:
             groups.setdefault(node.input[0], []).append((node, axis))
     return groups
 
 
-def channel_absmax(model, names, feeds, scratch=None, source=None) -> dict[str, Any]:
+def channel_absmax(model: ModelProto, names: Sequence[str], feeds: Iterable[Mapping[str, Any]],
+                   scratch: Path | None = None, source: Path | None = None
+                   ) -> dict[str, Float32Array]:
     """Per-channel (last axis) max |x| of each named tensor over the feeds."""
     import numpy as np
 
     from .layer_data import session_with_outputs, stream_tensors
 
     sess = session_with_outputs(model, names, scratch, source)
-    found: dict[str, Any] = {}
+    found: dict[str, Float32Array] = {}
 
-    def sink(_i, arrays):
-        for n, a in arrays.items():
-            a = np.abs(np.asarray(a, dtype=np.float32))
+    def sink(_i: int, arrays: dict[str, Any]) -> None:
+        for n, array in arrays.items():
+            a = np.abs(np.asarray(array, dtype=np.float32))
             m = a.reshape(-1, a.shape[-1]).max(axis=0) if a.ndim else a.reshape(1)
             found[n] = m if n not in found else np.maximum(found[n], m)
 
@@ -69,9 +80,10 @@ def channel_absmax(model, names, feeds, scratch=None, source=None) -> dict[str, 
     return found
 
 
-def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
-           op_types=("MatMul", "Gemm"), scratch=None, source=None
-           ) -> tuple[Any, dict[str, Any]]:
+def smooth(model: ModelProto, feeds: Iterable[Mapping[str, Any]], alpha: float = 0.5,
+           fold: bool = True, op_types: Sequence[str] = ("MatMul", "Gemm"),
+           scratch: Path | None = None, source: Path | None = None
+           ) -> tuple[ModelProto, dict[str, Any]]:
     """Smooth ``model`` (ModelProto, edited in place and returned); also a report. With
     ``source``, ``model`` is lean (``external_data.lean_load(source)``): the statistics
     are measured with the weights on disk, then loaded once to be rescaled."""
@@ -85,18 +97,18 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
     groups = find_groups(model, op_types)
     if not groups:
         if source is not None:
-            from .external_data import fill
+            from qbuild_onnx_common.models import fill
 
             fill(model, source.parent)
         return model, {"smoothed": 0, "folded": 0, "inserted_mul": 0, "alpha": alpha,
                        "tensors": {}}
     xmax = channel_absmax(model, sorted(groups), feeds, scratch, source)
     if source is not None:
-        from .external_data import fill
+        from qbuild_onnx_common.models import fill
 
         fill(model, source.parent)
-    inits, cons, outs, counts = initializers(g), consumers(g), graph_outputs(g), use_counts(g)
-    producers = {o: n for n in g.node for o in n.output}
+    graph_index = GraphIndex(g)
+    inits, cons, outs = graph_index.initializers, graph_index.consumers, graph_index.outputs
     report: dict[str, Any] = {}
     new_nodes: list[tuple[int, Any]] = []
     folded = inserted = 0
@@ -119,12 +131,13 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
             inits[name].CopyFrom(numpy_helper.from_array((w * s.reshape(shape)).astype(dtype),
                                                          name))
         how = None
-        prod = producers.get(x)
+        prod = graph_index.producers.get(x)
         readers = cons.get(x, [])
         if fold and prod is not None and prod.op_type == "LayerNormalization" \
                 and x not in outs and len(readers) == len(members) \
                 and int(attr(prod, "axis", -1)) == -1 \
-                and all(i in inits and counts.get(i, 0) == 1 for i in prod.input[1:] if i):
+                and all(i in inits and graph_index.use_count(i) == 1
+                        for i in prod.input[1:] if i):
             for i in prod.input[1:]:
                 if i:
                     v = numpy_helper.to_array(inits[i])
@@ -133,12 +146,12 @@ def smooth(model, feeds, alpha: float = 0.5, fold: bool = True,
             how = f"folded into LayerNormalization '{prod.name}'"
             folded += 1
         else:
-            inv_name = unique_name(g, f"{x}_smooth_inv_scale")
-            y_name = unique_name(g, f"{x}_smoothed")
+            inv_name = graph_index.unique_name(f"{x}_smooth_inv_scale")
+            y_name = graph_index.unique_name(f"{x}_smoothed")
             g.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32),
                                                          inv_name))
             mul = onnx.helper.make_node("Mul", [x, inv_name], [y_name],
-                                        name=unique_name(g, f"{x}_smooth_mul"))
+                                        name=graph_index.unique_name(f"{x}_smooth_mul"))
             first = min(list(g.node).index(n) for n, _ in members)
             new_nodes.append((first, mul))
             for node, _ in members:

@@ -41,6 +41,7 @@ selection alone; adding a top-k value or a step adds only its own targets.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from qbuild import ConfigError
@@ -51,7 +52,7 @@ STEPS = ("activation_type", "per_channel", "calibration", "cle", "bias_correctio
 _GENERATED = ("candidates", "reports", "trial_names", "sensitivity")
 
 
-def _list(raw: dict[str, Any], key: str, default: list, kind: type) -> list:
+def _list(raw: dict[str, Any], key: str, default: list[Any], kind: type) -> list[Any]:
     value = raw.get(key, default)
     if not isinstance(value, list) or not all(isinstance(v, kind) and not isinstance(v, bool)
                                               for v in value):
@@ -59,8 +60,45 @@ def _list(raw: dict[str, Any], key: str, default: list, kind: type) -> list:
     return value
 
 
-def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
-    """(extra target tables, the macro target's own raw attributes)."""
+@dataclass
+class _Plan:
+    """The target tables and trial names of one ``auto_quantize`` target, added step by
+    step (in this order: the trials' order is the candidates' order)."""
+
+    name: str
+    raw: dict[str, Any]
+    methods: list[str]  # calibration methods, the first one the default
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+    trials: list[str] = field(default_factory=list)
+
+    @property
+    def me(self) -> str:
+        """The label prefix of the generated targets (same package)."""
+        return f":{self.name}"
+
+    @property
+    def model(self) -> str:
+        return str(self.raw["model"])
+
+    def add(self, suffix: str, table: dict[str, Any]) -> None:
+        self.tables[f"{self.name}.{suffix}"] = table
+
+    def quantize(self, trial: str, **attrs: Any) -> None:
+        self.add(trial, {"rule": "quantize", "model": self.model,
+                         "calibration": f"{self.me}.calib_{self.methods[0]}", **attrs})
+        self.trials.append(trial)
+
+    def bias_corrected(self, trial: str) -> None:
+        """The trial ``<trial>_bc``: ``trial``'s model with its biases corrected."""
+        self.add(f"{trial}_bc", {"rule": "bias_correction", "model": f"{self.me}.{trial}",
+                                 "reference": self.model,
+                                 "dataset": self.raw["calibration_data"]})
+        self.trials.append(f"{trial}_bc")
+
+
+def _checked(raw: dict[str, Any]) -> tuple[list[str], list[str], list[int], list[int]]:
+    """The macro's attributes checked: (calibration methods, steps, top_k, region
+    counts)."""
     for key in _GENERATED:
         if key in raw:
             raise ConfigError("is filled in by auto_quantize itself; do not set it", attr=key)
@@ -80,141 +118,165 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
         raise ConfigError("counts must be at least 1", attr="region_counts")
     if not isinstance(raw.get("adaround_options", {}), dict):
         raise ConfigError("must be a table of adaround attributes", attr="adaround_options")
-    model = raw["model"]
-    me = f":{name}"
-    tables: dict[str, dict[str, Any]] = {}
-    trials: list[str] = []
+    return methods, steps, top_k, region_counts
 
+
+def _calibrations(plan: _Plan, steps: list[str]) -> None:
     pct = "percentile_region" in steps
-    for m in [*methods, *(["percentile"] if pct and "percentile" not in methods else [])]:
-        tables[f"{name}.calib_{m}"] = {"rule": "calibrate", "model": model,
-                                       "dataset": raw["calibration_data"], "method": m}
+    for m in [*plan.methods, *(["percentile"] if pct and "percentile" not in plan.methods
+                               else [])]:
+        plan.add(f"calib_{m}", {"rule": "calibrate", "model": plan.model,
+                                "dataset": plan.raw["calibration_data"], "method": m})
         if m == "percentile":  # one calibration, shared by every trial that uses it
-            tables[f"{name}.calib_{m}"]["percentile"] = raw.get("percentile", 99.99)
+            plan.tables[f"{plan.name}.calib_{m}"]["percentile"] = plan.raw.get("percentile",
+                                                                               99.99)
 
-    def quantize(trial: str, **attrs: Any) -> None:
-        tables[f"{name}.{trial}"] = {"rule": "quantize", "model": model,
-                                     "calibration": f"{me}.calib_{methods[0]}", **attrs}
-        trials.append(trial)
 
-    quantize("u8", activation_type="uint8", per_channel=True)
+def _plain_trials(plan: _Plan, steps: list[str]) -> None:
+    """uint8 per channel, and the activation type, granularity and calibration variants."""
+    me = plan.me
+    plan.quantize("u8", activation_type="uint8", per_channel=True)
     if "activation_type" in steps:
-        quantize("i8", activation_type="int8", per_channel=True)
+        plan.quantize("i8", activation_type="int8", per_channel=True)
     if "per_channel" in steps:
-        quantize("u8_per_tensor", activation_type="uint8", per_channel=False)
+        plan.quantize("u8_per_tensor", activation_type="uint8", per_channel=False)
     if "calibration" in steps:
-        for m in methods[1:]:
-            quantize(f"u8_{m}", activation_type="uint8", calibration=f"{me}.calib_{m}")
+        for m in plan.methods[1:]:
+            plan.quantize(f"u8_{m}", activation_type="uint8", calibration=f"{me}.calib_{m}")
+
+
+def _algorithm_trials(plan: _Plan, steps: list[str]) -> None:
+    """Cross-layer equalization, bias correction and AdaRound trials."""
+    me, model, data = plan.me, plan.model, plan.raw["calibration_data"]
     if "cle" in steps:  # algorithms.cle: equalized float model, its own calibration
-        tables[f"{name}.cle_model"] = {"rule": "equalize", "model": model, "clip": "relu"}
-        tables[f"{name}.calib_cle"] = {"rule": "calibrate", "model": f"{me}.cle_model",
-                                       "dataset": raw["calibration_data"],
-                                       "method": methods[0]}
-        quantize("cle", model=f"{me}.cle_model", calibration=f"{me}.calib_cle",
-                 activation_type="uint8", per_channel=True)
+        plan.add("cle_model", {"rule": "equalize", "model": model, "clip": "relu"})
+        plan.add("calib_cle", {"rule": "calibrate", "model": f"{me}.cle_model",
+                               "dataset": data, "method": plan.methods[0]})
+        plan.quantize("cle", model=f"{me}.cle_model", calibration=f"{me}.calib_cle",
+                      activation_type="uint8", per_channel=True)
     if "bias_correction" in steps:
-        tables[f"{name}.u8_bc"] = {"rule": "bias_correction", "model": f"{me}.u8",
-                                   "reference": model, "dataset": raw["calibration_data"]}
-        trials.append("u8_bc")
+        plan.bias_corrected("u8")
     if "adaround" in steps:  # algorithms.adaround: learned rounding of the u8 trial
-        tables[f"{name}.u8_ar"] = {"rule": "adaround", "model": f"{me}.u8",
-                                   "reference": model, "dataset": raw["calibration_data"],
-                                   **raw.get("adaround_options", {})}
-        trials.append("u8_ar")
+        plan.add("u8_ar", {"rule": "adaround", "model": f"{me}.u8", "reference": model,
+                           "dataset": data, **plan.raw.get("adaround_options", {})})
+        plan.trials.append("u8_ar")
         if "cle" in steps:
-            tables[f"{name}.cle_ar"] = {"rule": "adaround", "model": f"{me}.cle",
-                                        "reference": f"{me}.cle_model",
-                                        "dataset": raw["calibration_data"],
-                                        **raw.get("adaround_options", {})}
-            trials.append("cle_ar")
-    task_attrs = {k: raw[k] for k in ("task", "task_options", "metric_srcs") if k in raw}
-    if any(s in steps for s in ("region", "percentile_region", "float_top_k", "uint16_top_k",
-                                "region_uint16")):
-        sens = {"rule": "sensitivity", "model": f"{me}.u8", "reference": model,
-                "dataset": raw["calibration_data"], "kinds": ["activation"],
-                "max_samples": raw.get("sensitivity_samples", 4), **task_attrs}
-        shards = raw.get("sensitivity_shards", 2)
-        if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-            raise ConfigError("must be a positive integer", attr="sensitivity_shards")
-        if shards == 1:
-            tables[f"{name}.sens"] = sens
-        else:
-            # the ranking is the one long action every region and top-k trial waits for:
-            # in shards (sites are independent) it uses every core the build has
-            for i in range(shards):
-                tables[f"{name}.sens_s{i}"] = {**sens, "shard": i, "shards": shards}
-            tables[f"{name}.sens"] = {"rule": "sensitivity_merge",
-                                      "shards": [f"{me}.sens_s{i}" for i in range(shards)]}
+            plan.add("cle_ar", {"rule": "adaround", "model": f"{me}.cle",
+                                "reference": f"{me}.cle_model", "dataset": data,
+                                **plan.raw.get("adaround_options", {})})
+            plan.trials.append("cle_ar")
+
+
+def _sensitivity(plan: _Plan, task_attrs: dict[str, Any]) -> None:
+    """The ``sens`` ranking of the u8 trial's activations (in shards, then merged)."""
+    me, raw = plan.me, plan.raw
+    sens = {"rule": "sensitivity", "model": f"{me}.u8", "reference": plan.model,
+            "dataset": raw["calibration_data"], "kinds": ["activation"],
+            "max_samples": raw.get("sensitivity_samples", 4), **task_attrs}
+    shards = raw.get("sensitivity_shards", 2)
+    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
+        raise ConfigError("must be a positive integer", attr="sensitivity_shards")
+    if shards == 1:
+        plan.add("sens", sens)
+        return
+    # the ranking is the one long action every region and top-k trial waits for:
+    # in shards (sites are independent) it uses every core the build has
+    for i in range(shards):
+        plan.add(f"sens_s{i}", {**sens, "shard": i, "shards": shards})
+    plan.add("sens", {"rule": "sensitivity_merge",
+                      "shards": [f"{me}.sens_s{i}" for i in range(shards)]})
+
+
+def _region_trials(plan: _Plan, steps: list[str], region_counts: list[int]) -> None:
+    """The stem/head region of the most sensitive activation (and of the three most)
+    kept float; with ``percentile_region``, percentile ranges with the k regions float."""
+    me, model = plan.me, plan.model
     if "region" in steps:
-        tables[f"{name}.region_overrides"] = {"rule": "sensitive_region", "model": model,
-                                              "sensitivity": f"{me}.sens"}
-        quantize("region", overrides=f"{me}.region_overrides")
-        tables[f"{name}.region_bc"] = {"rule": "bias_correction", "model": f"{me}.region",
-                                       "reference": model, "dataset": raw["calibration_data"]}
-        trials.append("region_bc")
+        plan.add("region_overrides", {"rule": "sensitive_region", "model": model,
+                                      "sensitivity": f"{me}.sens"})
+        plan.quantize("region", overrides=f"{me}.region_overrides")
+        plan.bias_corrected("region")
         # the next step out: the regions of the three most sensitive activations together
-        tables[f"{name}.region3_overrides"] = {"rule": "sensitive_region", "model": model,
-                                               "sensitivity": f"{me}.sens", "count": 3}
-        quantize("region3", overrides=f"{me}.region3_overrides")
-        tables[f"{name}.region3_bc"] = {"rule": "bias_correction", "model": f"{me}.region3",
-                                        "reference": model,
-                                        "dataset": raw["calibration_data"]}
-        trials.append("region3_bc")
-    if pct:
+        plan.add("region3_overrides", {"rule": "sensitive_region", "model": model,
+                                       "sensitivity": f"{me}.sens", "count": 3})
+        plan.quantize("region3", overrides=f"{me}.region3_overrides")
+        plan.bias_corrected("region3")
+    if "percentile_region" in steps:
         # percentile ranges (outliers clipped: resolution where the values are) with the
         # union of the stem/head regions of the k most sensitive activations float; the
         # regions are selectors resolved by quantize, the calibration is shared
         for k in region_counts:
-            tables[f"{name}.region_k{k}_overrides"] = {
+            plan.add(f"region_k{k}_overrides", {
                 "rule": "sensitive_region", "model": model, "sensitivity": f"{me}.sens",
-                "count": k}
+                "count": k})
             trial = f"pct_region_k{k}"
-            quantize(trial, calibration=f"{me}.calib_percentile", activation_type="uint8",
-                     per_channel=True, overrides=f"{me}.region_k{k}_overrides")
-            tables[f"{name}.{trial}_bc"] = {"rule": "bias_correction",
-                                            "model": f"{me}.{trial}", "reference": model,
-                                            "dataset": raw["calibration_data"]}
-            trials.append(f"{trial}_bc")
+            plan.quantize(trial, calibration=f"{me}.calib_percentile", activation_type="uint8",
+                          per_channel=True, overrides=f"{me}.region_k{k}_overrides")
+            plan.bias_corrected(trial)
+
+
+def _top_k_trials(plan: _Plan, steps: list[str], top_k: list[int]) -> None:
+    """The k most sensitive activations float or at uint16; with ``region_uint16``, the
+    region float and the next k at uint16."""
+    me, model = plan.me, plan.model
     for step, action, prefix in (("float_top_k", "float", "float"),
                                  ("uint16_top_k", "uint16", "u16")):
         if step not in steps:
             continue
         for k in top_k:
-            tables[f"{name}.mp_{prefix}_k{k}"] = {"rule": "mixed_precision", "model": model,
-                                                  "sensitivity": f"{me}.sens", "top_k": k,
-                                                  "action": action}
-            quantize(f"{prefix}_k{k}", overrides=f"{me}.mp_{prefix}_k{k}")
+            plan.add(f"mp_{prefix}_k{k}", {"rule": "mixed_precision", "model": model,
+                                           "sensitivity": f"{me}.sens", "top_k": k,
+                                           "action": action})
+            plan.quantize(f"{prefix}_k{k}", overrides=f"{me}.mp_{prefix}_k{k}")
 
     if "region_uint16" in steps:
         for k in top_k:
             trial = f"region_u16_k{k}"
-            tables[f"{name}.{trial}_overrides"] = {
+            plan.add(f"{trial}_overrides", {
                 "rule": "sensitive_region", "model": model, "sensitivity": f"{me}.sens",
-                "promote_uint16": k}
-            quantize(trial, overrides=f"{me}.{trial}_overrides")
-            tables[f"{name}.{trial}_bc"] = {"rule": "bias_correction", "model": f"{me}.{trial}",
-                                            "reference": model,
-                                            "dataset": raw["calibration_data"]}
-            trials.append(f"{trial}_bc")
+                "promote_uint16": k})
+            plan.quantize(trial, overrides=f"{me}.{trial}_overrides")
+            plan.bias_corrected(trial)
+
+
+def _lowered_trials(plan: _Plan) -> None:
+    # integer operators change speed, never outputs (the lowering is checked
+    # bit-exact), so only the region families' bias-corrected trials are lowered
+    for trial in [t for t in plan.trials if t.startswith("region") and t.endswith("_bc")
+                  and not t.startswith("region3")]:
+        plan.add(f"{trial}_int", {"rule": "lower_integer", "model": f"{plan.me}.{trial}",
+                                  "mode": "ort", "float_model": "copy",
+                                  "dataset": plan.raw["calibration_data"],
+                                  "max_samples": 2, "min_agreement": 1.0})
+        plan.trials.append(f"{trial}_int")
+
+
+def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+    """(extra target tables, the macro target's own raw attributes)."""
+    methods, steps, top_k, region_counts = _checked(raw)
+    plan = _Plan(name, raw, methods)
+    _calibrations(plan, steps)
+    _plain_trials(plan, steps)
+    _algorithm_trials(plan, steps)
+    task_attrs: dict[str, Any] = {k: raw[k] for k in ("task", "task_options", "metric_srcs")
+                                  if k in raw}
+    if any(s in steps for s in ("region", "percentile_region", "float_top_k", "uint16_top_k",
+                                "region_uint16")):
+        _sensitivity(plan, task_attrs)
+    _region_trials(plan, steps, region_counts)
+    _top_k_trials(plan, steps, top_k)
     if "lower" in steps:
-        # integer operators change speed, never outputs (the lowering is checked
-        # bit-exact), so only the region families' bias-corrected trials are lowered
-        for trial in [t for t in trials if t.startswith("region") and t.endswith("_bc")
-                      and not t.startswith("region3")]:
-            tables[f"{name}.{trial}_int"] = {"rule": "lower_integer", "model": f"{me}.{trial}",
-                                             "mode": "ort", "float_model": "copy",
-                                             "dataset": raw["calibration_data"],
-                                             "max_samples": 2, "min_agreement": 1.0}
-            trials.append(f"{trial}_int")
+        _lowered_trials(plan)
+    me, trials = plan.me, plan.trials
     eval_attrs = {**task_attrs, "latency_runs": raw.get("latency_runs", 20)}
     for trial in trials:
-        tables[f"{name}.ev_{trial}"] = {"rule": "evaluate", "models": [f"{me}.{trial}"],
-                                        "reference": model,
-                                        "dataset": raw["evaluation_data"], **eval_attrs}
+        plan.add(f"ev_{trial}", {"rule": "evaluate", "models": [f"{me}.{trial}"],
+                                 "reference": plan.model,
+                                 "dataset": raw["evaluation_data"], **eval_attrs})
     own = dict(raw)
     own["candidates"] = [f"{me}.{t}" for t in trials]
     own["reports"] = [f"{me}.ev_{t}" for t in trials]
     own["trial_names"] = list(trials)
-    if f"{name}.sens" in tables:
+    if f"{name}.sens" in plan.tables:
         own["sensitivity"] = f"{me}.sens"
-    return tables, own
+    return plan.tables, own

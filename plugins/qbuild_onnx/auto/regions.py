@@ -24,13 +24,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.models import ModelSource
 
 from ..accuracy.mixed_precision import ranked_tensors
 from ..accuracy.stats import load_model
 from ..quantization.selectors import resolve_nodes
 
 
-def region_selectors(model: Any, tensor: str) -> tuple[str, list[str]]:
+def region_selectors(model: ModelSource, tensor: str) -> tuple[str, list[str]]:
     """('stem' | 'head', the stable selectors of the region kept float for ``tensor``)."""
     m = load_model(model)
     nodes = list(m.graph.node)
@@ -59,13 +60,13 @@ def region_selectors(model: Any, tensor: str) -> tuple[str, list[str]]:
     return "head", head
 
 
-def region_for(model: Any, tensor: str) -> tuple[str, list[str]]:
+def region_for(model: ModelSource, tensor: str) -> tuple[str, list[str]]:
     """('stem' | 'head', node names in graph order) kept float for ``tensor``."""
     where, selectors = region_selectors(model, tensor)
     return where, resolve_nodes(selectors, load_model(model), "sensitivity")
 
 
-def region_overrides(model: Any, sensitivity: Mapping[str, Any], rank: int = 0,
+def region_overrides(model: ModelSource, sensitivity: Mapping[str, Any], rank: int = 0,
                      count: int = 1, promote: int = 0) -> dict[str, Any]:
     """The override document keeping float the union of the regions of the ``count``
     activations ranked from ``rank`` on (most sensitive first), and, with ``promote``, the

@@ -121,14 +121,15 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
         for key in bar:
             row[key] = measure(entry, key)
         rows.append(row)
-    reports = [r for r in reports if r is not None]
-    float_latency = [r["reference_latency_ms"] for r in reports if "reference_latency_ms" in r]
-    float_row = {"name": "float", "order": -1, "passes": True, "misses": [], "status": "float",
-                 "latency_ms": round(statistics.median(float_latency), 3) if float_latency
-                 else None, "relative_latency": 1.0 if float_latency else None,
-                 "speedup": 1.0 if float_latency else None,
-                 "bytes": next((r.get("reference_bytes") for r in reports), None),
-                 "score": None, "worst_sqnr_db": math.inf, "model": reference}
+    measured = [r for r in reports if r is not None]
+    float_latency = [r["reference_latency_ms"] for r in measured if "reference_latency_ms" in r]
+    float_row: dict[str, Any] = {
+        "name": "float", "order": -1, "passes": True, "misses": [], "status": "float",
+        "latency_ms": round(statistics.median(float_latency), 3) if float_latency
+        else None, "relative_latency": 1.0 if float_latency else None,
+        "speedup": 1.0 if float_latency else None,
+        "bytes": next((r.get("reference_bytes") for r in measured), None),
+        "score": None, "worst_sqnr_db": math.inf, "model": reference}
     for key in bar:  # the float model measured against itself
         float_row[key] = _PERFECT.get(key, math.inf)
 

@@ -19,12 +19,17 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
+from qbuild_onnx_common.models import load_model
+
+if TYPE_CHECKING:
+    from .collect import HistogramPass
 
 FORMAT = "qbuild-calibration"
 VERSION = 1
@@ -100,13 +105,13 @@ def _num(x: float) -> float:
 
 
 def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Path,
-              opts: CalibrationOptions | None = None, log=None, scratch: str | Path | None = None,
+              opts: CalibrationOptions | None = None, log: Callable[[str], None] | None = None,
+              scratch: str | Path | None = None,
               ) -> dict[str, Any]:
     """Calibrate ``model_path`` on the dataset; write the artifact into ``out_dir``.
 
     Returns a summary (method, num_samples, number of tensors, shas) for the rule's info.
     """
-    import onnx
     from qbuild_onnx_common.summary import model_info
 
     from ..source.datasets import (
@@ -123,7 +128,7 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     log = log or (lambda _msg: None)
     model_path, out_dir = Path(model_path), Path(out_dir)
     ds = open_dataset(dataset_dir)
-    m_info = model_info(onnx.load(str(model_path), load_external_data=False))
+    m_info = model_info(load_model(model_path, external_data=False))
     plan = check_dataset_against_model(ds.manifest, m_info, opts.batch_size)
     session = cc.open_calibration_session(model_path, opts.op_types or None, opts.threads,
                                           scratch=scratch)
@@ -156,9 +161,11 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
         vmin, vmax = (s.min, s.max) if s.min <= s.max else (0.0, 0.0)
         entry: dict[str, Any] = {"min": _num(vmin), "max": _num(vmax)}
         if opts.method == "minmax":
-            lo, hi = (s.ema_min, s.ema_max) if opts.moving_average and s.ema_min is not None \
+            lo, hi = (s.ema_min, s.ema_max) \
+                if opts.moving_average and s.ema_min is not None and s.ema_max is not None \
                 else (vmin, vmax)
         else:
+            assert hp is not None  # every method but minmax is a histogram method
             extra = cm.choose_range(opts.method, {"min": vmin, "max": vmax},
                                     hp.counts[name], hp.edges(name),
                                     {**opts.method_options(), "symmetric": opts.symmetric})
@@ -187,7 +194,7 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
             "dataset_sha256": doc["dataset_sha256"]}
 
 
-def write_histograms(path: Path, hp, names: list[str]) -> None:
+def write_histograms(path: Path, hp: HistogramPass, names: list[str]) -> None:
     """Write ``histograms.npz`` byte-for-byte reproducibly (fixed zip timestamps)."""
     import numpy as np
 

@@ -14,7 +14,21 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from qbuild_onnx_common.models import (
+    file_uses_external_data,
+    lean_load,
+    load_model,
+    stage_beside,
+    unstage,
+)
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from onnx import ModelProto
+    from qbuild_onnx_common.arrays import Array, Float32Array
 
 _FLOAT_TYPES = ("tensor(float)", "tensor(float16)")
 _MAX_PROTO = 2**31 - 1
@@ -48,7 +62,7 @@ class CalibrationSession:
         return dict(zip(self.tensors, outs))
 
 
-def _candidate_tensors(model, op_types: Sequence[str] | None) -> list[str]:
+def _candidate_tensors(model: ModelProto, op_types: Sequence[str] | None) -> list[str]:
     """Inputs and outputs of the (selected) top-level nodes, minus initializers, in graph
     order without repeats."""
     initializers = {i.name for i in model.graph.initializer}
@@ -76,12 +90,10 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
     import onnx
     from qbuild_onnx_common.ort import session
 
-    from ..algorithms.external_data import file_uses_external_data, lean_load, stage_beside
-
     model_path = Path(model_path)
     external = file_uses_external_data(model_path)
     # External weights stay on disk: onnxruntime reads them from the original files.
-    model = lean_load(model_path) if external else onnx.load(str(model_path))
+    model = lean_load(model_path) if external else load_model(model_path)
     existing = {o.name for o in model.graph.output}
     candidates = _candidate_tensors(model, op_types)
     for name in candidates:
@@ -106,8 +118,6 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
     del model
     sess = session(payload, threads, optimize=False)
     if external:  # the session holds the weights: drop the hard links
-        from ..algorithms.external_data import unstage
-
         unstage(Path(payload))
     types = {o.name: o.type for o in sess.get_outputs()}
     keep = [n for n in candidates if types.get(n) in _FLOAT_TYPES]
@@ -116,7 +126,7 @@ def open_calibration_session(model_path: str | Path, op_types: Sequence[str] | N
     return CalibrationSession(sess, keep, inputs, skipped)
 
 
-def _finite_minmax(x) -> tuple[float, float, int]:
+def _finite_minmax(x: Array) -> tuple[float, float, int]:
     import numpy as np
 
     if x.size == 0:
@@ -152,7 +162,7 @@ class MinMaxPass:
             if lo > hi:  # no finite value in this batch
                 continue
             s.min, s.max = min(s.min, lo), max(s.max, hi)
-            if s.ema_min is None:
+            if s.ema_min is None or s.ema_max is None:  # the first finite batch
                 s.ema_min, s.ema_max = lo, hi
             else:
                 s.ema_min += self.c * (lo - s.ema_min)
@@ -175,8 +185,8 @@ class HistogramPass:
 
         self.num_bins = int(num_bins)
         self.absolute = absolute
-        self.ranges: dict[str, tuple[Any, Any]] = {}
-        self.counts: dict[str, Any] = {}
+        self.ranges: dict[str, tuple[np.float32, np.float32]] = {}
+        self.counts: dict[str, NDArray[np.int64]] = {}
         for name, s in stats.items():
             if absolute:
                 lo, hi = (s.absmin, s.absmax) if s.absmin <= s.absmax else (0.0, 0.0)
@@ -197,16 +207,19 @@ class HistogramPass:
             x = x.reshape(-1)
             if self.absolute:
                 x = np.abs(x)
-            h, _ = np.histogram(x, self.num_bins, range=self.ranges[name])
+            # float32 bounds (numpy's stubs allow only Python floats) keep float32 edges
+            h, _ = np.histogram(x, self.num_bins, range=self.ranges[name])  # type: ignore[arg-type]
             self.counts[name] += h
 
-    def edges(self, name: str):
+    def edges(self, name: str) -> Float32Array:
         import numpy as np
 
         lo, hi = self.ranges[name]
         # the same edges np.histogram used (float32 data and range -> float32 edges)
-        _, e = np.histogram(np.zeros(0, dtype=np.float32), self.num_bins, range=(lo, hi))
-        return e
+        _, e = np.histogram(np.zeros(0, dtype=np.float32), self.num_bins,
+                            range=(lo, hi))  # type: ignore[arg-type]
+        edges: Float32Array = e
+        return edges
 
 
 def stream(feeds: Iterable[tuple[int, dict[str, Any]]], session: CalibrationSession,

@@ -13,7 +13,13 @@ vectorised over candidate windows (ORT loops in Python) and accumulates in float
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
+    from qbuild_onnx_common.arrays import Array, Float64Array
 
 _EPS = 1e-4
 
@@ -27,7 +33,8 @@ def _clamp(lo: float, hi: float, vmin: float, vmax: float) -> tuple[float, float
     return (vmin if lo < vmin else lo), (vmax if hi > vmax else hi)
 
 
-def _smooth(p, valid):
+def _smooth(p: Float64Array, valid: NDArray[np.bool_]
+            ) -> tuple[Float64Array, NDArray[np.bool_]]:
     """Replace zeros with eps, taking the same mass off the non-zero bins (per row)."""
     import numpy as np
 
@@ -41,7 +48,7 @@ def _smooth(p, valid):
     return np.where(valid, out, 0.0), ok
 
 
-def entropy_threshold(hist, edges, num_quantized_bins: int, vmin: float, vmax: float
+def entropy_threshold(hist: Array, edges: Array, num_quantized_bins: int, vmin: float, vmax: float
                       ) -> tuple[float, float]:
     """The (lo, hi) window of a ``[-t, t]`` value histogram with the least KL divergence."""
     import numpy as np
@@ -94,7 +101,8 @@ def entropy_threshold(hist, edges, num_quantized_bins: int, vmin: float, vmax: f
     return _clamp(lo, hi, vmin, vmax)
 
 
-def percentile_range(hist, edges, percentile: float, absolute: bool, vmin: float, vmax: float
+def percentile_range(hist: Array, edges: Array, percentile: float, absolute: bool, vmin: float,
+                     vmax: float
                      ) -> tuple[float, float]:
     """Percentile thresholds; ``absolute``: ``hist`` is a histogram of ``|x|``."""
     import numpy as np
@@ -114,7 +122,7 @@ def percentile_range(hist, edges, percentile: float, absolute: bool, vmin: float
     return _clamp(lo, hi, vmin, vmax)
 
 
-def distribution_stats(hist, edges, scenario: str = "same") -> dict[str, float]:
+def distribution_stats(hist: Array, edges: Array, scenario: str = "same") -> dict[str, float]:
     """Mean and standard deviation of the histogrammed values (``scenario="p3"``: of
     ``x ** (1/3)``, for float8 weights assumed cubic of a Gaussian), and the histogram's
     span as the range."""
@@ -137,7 +145,8 @@ def distribution_stats(hist, edges, scenario: str = "same") -> dict[str, float]:
     return {"avg": avg, "std": max(var, 0.0) ** 0.5, "lo": float(e[0]), "hi": float(e[-1])}
 
 
-def choose_range(method: str, stats: dict[str, Any], hist, edges, options: dict[str, Any]
+def choose_range(method: str, stats: Mapping[str, Any], hist: Array, edges: Array,
+                 options: Mapping[str, Any]
                  ) -> dict[str, Any]:
     """Apply a histogram method to one tensor; returns extra fields and ``range``."""
     vmin, vmax = stats["min"], stats["max"]

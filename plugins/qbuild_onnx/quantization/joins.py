@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.graph import consumers
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 # Ops onnxruntime quantizes with their input's scale (data movement, no arithmetic).
 _PASSTHROUGH = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity",
@@ -43,7 +46,7 @@ def _width(r: Any) -> float | None:
     return hi - lo
 
 
-def find_mixed_joins(model, ranges: Mapping[str, Any], ratio: float = DEFAULT_RATIO
+def find_mixed_joins(model: ModelProto, ranges: Mapping[str, Any], ratio: float = DEFAULT_RATIO
                      ) -> list[MixedJoin]:
     """Concats whose calibrated input ranges (``ranges``: tensor -> (min, max)) differ in
     width by at least ``ratio``, in graph order. Nodes must be named (see ``name_nodes``)."""
@@ -77,7 +80,7 @@ def find_mixed_joins(model, ranges: Mapping[str, Any], ratio: float = DEFAULT_RA
     return found
 
 
-def name_nodes(model) -> int:
+def name_nodes(model: ModelProto) -> int:
     """Give every unnamed node a stable name (op type and first output); returns how many
     were named. The quantizer's exclusions address nodes by name."""
     taken = {n.name for n in model.graph.node if n.name}

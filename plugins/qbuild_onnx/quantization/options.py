@@ -1,4 +1,5 @@
-"""Options of the static and dynamic quantization steps, and their validation.
+"""Options of the static and dynamic quantization steps (and of pre-processing), and
+their validation.
 
 Owns the user-facing vocabulary (format and type names, override keys, which of
 onnxruntime's ``extra_options`` may be passed through) and every check that can be made
@@ -230,3 +231,16 @@ def check_dynamic_options(opts: DynamicOptions) -> None:
     _check_op_types(opts.op_types, DYNAMIC_OP_TYPES, "dynamic")
     _check_node_lists(opts.nodes_to_quantize, opts.nodes_to_exclude)
     _check_extra_options(opts.extra_options, DYNAMIC_EXTRA_OPTIONS, "dynamic")
+
+
+@dataclass(frozen=True)
+class PreprocessOptions:
+    """``quant_pre_process`` options (same names and defaults as onnxruntime's)."""
+
+    skip_optimization: bool = False
+    skip_onnx_shape: bool = False
+    skip_symbolic_shape: bool = False
+    auto_merge: bool = False
+    int_max: int = 2**31 - 1
+    guess_output_rank: bool = False
+    verbose: int = 0

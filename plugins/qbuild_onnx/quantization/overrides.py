@@ -10,13 +10,16 @@ silently ignored setting.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from qbuild_onnx_common.errors import OnnxError
 
 from .options import FOUR_BIT, INT_TYPES
+
+if TYPE_CHECKING:
+    from onnxruntime.quantization.quant_utils import QuantType
 
 _KEYS = frozenset({"quant_type", "scale", "zero_point", "symmetric", "reduce_range", "rmin",
                    "rmax", "axis", "convert"})
@@ -25,7 +28,7 @@ _CONVERT_KEYS = frozenset({"quant_type", "scale", "zero_point", "symmetric", "rm
 _NP_INT = {"int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16}
 
 
-def quant_type(name: str, where: str, attr: str):
+def quant_type(name: str, where: str, attr: str) -> QuantType:
     """onnxruntime's ``QuantType`` member for a user-facing type name such as ``"int8"``."""
     from onnxruntime.quantization.quant_utils import QuantType
 

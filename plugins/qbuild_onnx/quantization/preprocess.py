@@ -14,33 +14,24 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
+from qbuild_onnx_common.models import load_model, uses_external_data
 from qbuild_onnx_common.summary import model_info
 
 from ..source.model_checks import describe_quantized, drop_initializer_inputs, initializer_inputs
 from .joins import name_nodes
-
-
-@dataclass(frozen=True)
-class PreprocessOptions:
-    """``quant_pre_process`` options (same names and defaults as onnxruntime's)."""
-
-    skip_optimization: bool = False
-    skip_onnx_shape: bool = False
-    skip_symbolic_shape: bool = False
-    auto_merge: bool = False
-    int_max: int = 2**31 - 1
-    guess_output_rank: bool = False
-    verbose: int = 0
+from .options import PreprocessOptions
 
 
 def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions | None = None,
-                     external_data: bool = False, log=None) -> dict[str, Any]:
+                     external_data: bool = False, log: Callable[[str], None] | None = None
+                     ) -> dict[str, Any]:
     """Pre-process ``src`` into ``out``; return the output model's info.
 
     With ``external_data`` the weights go to ``<out name>.data`` next to ``out`` (needed
@@ -58,12 +49,12 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
         kwargs.update(save_as_external_data=True, all_tensors_to_one_file=True,
                       external_data_location=data_name, external_data_size_threshold=1024)
     notes = []
-    proto = onnx.load(str(src), load_external_data=False)
+    proto = load_model(src, external_data=False)
     refusal = describe_quantized(proto, "quantization pre-processing")
     if refusal:
         raise OnnxError(refusal, file=src)
     fixed = None
-    if initializer_inputs(proto) and not _uses_external_data(proto):
+    if initializer_inputs(proto) and not uses_external_data(proto):
         count = drop_initializer_inputs(proto)
         fixed = out.parent / f".{out.name}.inputs-fixed.onnx"
         onnx.save(proto, str(fixed))
@@ -76,7 +67,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     else:
         src_for_ort = src
     # external weights stay on disk (models over 2 GB): algorithms.preprocess_external
-    lean = external_data and fixed is None and _uses_external_data(proto)
+    lean = external_data and fixed is None and uses_external_data(proto)
     del proto
     chatter = io.StringIO()
     try:
@@ -105,7 +96,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
         # declared output set stable.
         (out.parent / data_name).write_bytes(b"")
     normalise_model_file(out)
-    proto = onnx.load(str(out), load_external_data=False)
+    proto = load_model(out, external_data=False)
     named = name_nodes(proto)
     if named:
         # exclusions, regions and sensitivity address nodes by name; onnxruntime keeps
@@ -121,7 +112,7 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     from .selectors import rewrites_between
 
     info["preprocess_rewrites"] = rewrites_between(
-        onnx.load(str(src), load_external_data=False), proto,
+        load_model(src, external_data=False), proto,
         f"onnxruntime {ort_version}'s quant_pre_process")
     info["external_data"] = [data_name] if external_data else []
     info["model_sha256"] = sha256_file(out)
@@ -129,13 +120,6 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     if notes:
         info["notes"] = notes
     return info
-
-
-def _uses_external_data(proto) -> bool:
-    from onnx import external_data_helper
-
-    return any(external_data_helper.uses_external_data(t)
-               for t in external_data_helper._get_all_tensors(proto))
 
 
 def normalise_model_file(path: Path) -> None:
@@ -147,7 +131,7 @@ def normalise_model_file(path: Path) -> None:
     import onnx
     from onnx import external_data_helper
 
-    proto = onnx.load(str(path), load_external_data=False)
+    proto = load_model(path, external_data=False)
     changed = False
     for tensor in external_data_helper._get_all_tensors(proto):
         if not external_data_helper.uses_external_data(tensor):

@@ -15,15 +15,15 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import onnx
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_bytes
 from qbuild_onnx_common.graph import bump_ir_version, real_inputs
+from qbuild_onnx_common.models import lean_load, weightless
 from qbuild_onnx_common.summary import describe_values
 
-from ..algorithms.external_data import lean_load, weightless
 from ..algorithms.markers import keep_float_nodes
 from ..ort_logs import ort_output_to_log
 from ..source.model_checks import (
@@ -55,6 +55,11 @@ from .validate import (
 )
 
 Log = Callable[[str], None]
+OptionsT = TypeVar("OptionsT", StaticOptions, DynamicOptions)
+
+if TYPE_CHECKING:
+    from onnxruntime.quantization.base_quantizer import BaseQuantizer
+
 _INFER_KEY = "onnx.infer"  # metadata onnxruntime's quantizer adds; not part of our output
 _MAX_PROTO = 2**31 - 1
 
@@ -77,7 +82,7 @@ def _load(path: Path) -> tuple[bytes, onnx.ModelProto]:
 
 def _float_bytes(onnx_bytes: int, path: Path, model: onnx.ModelProto) -> int:
     """Size of the float model: the .onnx file and its external data files."""
-    from ..algorithms.external_data import locations
+    from qbuild_onnx_common.models import locations
 
     return onnx_bytes + sum((Path(path).parent / loc).stat().st_size
                             for loc in locations(model))
@@ -132,7 +137,7 @@ def _run_quantizer(build: Callable[[], Any], log: Log, warn: Log, model: onnx.Mo
                    model_path: Path) -> onnx.ModelProto:
     """Run onnxruntime's quantizer; external weights are read from ``model_path``'s folder
     one at a time, and those left float are loaded into the result."""
-    from ..algorithms.external_data import fill, uses_external_data, weights_readable_from
+    from qbuild_onnx_common.models import fill, uses_external_data, weights_readable_from
 
     base = os.path.abspath(Path(model_path).parent) if uses_external_data(model) else None
     with weights_readable_from(base):
@@ -149,7 +154,8 @@ def _run_ort_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.Mo
             raise OnnxError(f"onnxruntime's quantizer rejected the model or options: "
                                 f"{type(exc).__name__}: {exc}") from None
         quantizer.model.topological_sort()
-    return quantizer.model.model
+    quantized: onnx.ModelProto = quantizer.model.model
+    return quantized
 
 
 def _finish(original: onnx.ModelProto, box: list[onnx.ModelProto], output_path: Path,
@@ -231,6 +237,7 @@ def quantize_static_model(
     log = log or (lambda _msg: None)
     warn = warn or log
     check_static_options(options)
+    model: onnx.ModelProto | None  # dropped before _finish (see there)
     data, model = _load(model_path)
     _check_quantizable(model, "static quantization", warn)
     calibration = load_calibration(calibration_path)
@@ -290,7 +297,7 @@ def quantize_static_model(
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
     atype = quant_type(options.activation_type, "activation_type", "activation_type")
 
-    def build():
+    def build() -> BaseQuantizer:
         if options.quant_format == "qoperator":
             from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
             from onnxruntime.quantization.quant_utils import QuantizationMode
@@ -303,7 +310,8 @@ def quantize_static_model(
         return QDQQuantizer(model, options.per_channel, options.reduce_range, wtype, atype,
                             ranges, list(options.nodes_to_quantize), excluded, op_types, extra)
 
-    quantized = _run_quantizer(build, log, warn, model, model_path)
+    # the box holds the only reference, so that _finish can drop it
+    box = [_run_quantizer(build, log, warn, model, model_path)]
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -319,7 +327,7 @@ def quantize_static_model(
                                     list(j.widths), "float_nodes": list(j.float_nodes),
                                     "reaches_output": j.reaches_output} for j in joins]
     # the quantizer may have edited ``model`` in place: no reference may outlive _finish's
-    box, quantized, model = [quantized], None, None
+    model = None
     info, report, written = _finish(original, box, output_path, report_path,
                                     _float_bytes(len(data), model_path, original), settings,
                                     had_infer_key)
@@ -330,7 +338,8 @@ def quantize_static_model(
     return info
 
 
-def _resolve_selectors(options, model: onnx.ModelProto, rewrites, log: Log):
+def _resolve_selectors(options: OptionsT, model: onnx.ModelProto,
+                       rewrites: Mapping[str, Any] | None, log: Log) -> OptionsT:
     """``options`` with every node / tensor selector expanded to names on ``model``."""
     changes: dict[str, Any] = {}
     for attr in ("nodes_to_quantize", "nodes_to_exclude"):
@@ -341,11 +350,13 @@ def _resolve_selectors(options, model: onnx.ModelProto, rewrites, log: Log):
                 log(f"{attr}: {len(given)} entr{'y' if len(given) == 1 else 'ies'} select "
                     f"{len(names)} node(s)")
             changes[attr] = names
-    if getattr(options, "node_overrides", None):
-        changes["node_overrides"] = resolve_node_table(options.node_overrides, model,
+    node_overrides = getattr(options, "node_overrides", None)
+    if node_overrides:
+        changes["node_overrides"] = resolve_node_table(node_overrides, model,
                                                        "node_overrides", rewrites)
-    if getattr(options, "tensor_overrides", None):
-        changes["tensor_overrides"] = resolve_tensors(options.tensor_overrides, model,
+    tensor_overrides = getattr(options, "tensor_overrides", None)
+    if tensor_overrides:
+        changes["tensor_overrides"] = resolve_tensors(tensor_overrides, model,
                                                       "tensor_overrides", rewrites)
     return replace(options, **changes) if changes else options
 
@@ -397,6 +408,10 @@ def quantize_dynamic_model(
     log = log or (lambda _msg: None)
     warn = warn or log
     check_dynamic_options(options)
+    # dropped once used (see below): these models can be large
+    model: onnx.ModelProto | None
+    original: onnx.ModelProto | None
+    written: onnx.ModelProto | None
     data, model = _load(model_path)
     _check_quantizable(model, "dynamic quantization", warn)
     options = _resolve_selectors(options, model, rewrites, log)
@@ -409,7 +424,7 @@ def quantize_dynamic_model(
     op_types = sorted(options.op_types or DYNAMIC_OP_TYPES)
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
 
-    def build():
+    def build() -> BaseQuantizer:
         from onnxruntime.quantization.onnx_quantizer import ONNXQuantizer
         from onnxruntime.quantization.quant_utils import QuantizationMode, QuantType
 
@@ -418,7 +433,8 @@ def quantize_dynamic_model(
                              list(options.nodes_to_quantize), list(options.nodes_to_exclude),
                              op_types, extra)
 
-    quantized = _run_quantizer(build, log, warn, model, model_path)
+    # the box holds the only reference, so that _finish can drop it
+    box = [_run_quantizer(build, log, warn, model, model_path)]
     settings = {
         "mode": "dynamic",
         "format": "dynamic",
@@ -429,7 +445,7 @@ def quantize_dynamic_model(
         "input_model_sha256": sha256_bytes(data),
     }
     # the quantizer may have edited ``model`` in place: no reference may outlive _finish's
-    box, quantized, model = [quantized], None, None
+    model = None
     info, report, written = _finish(original, box, output_path, report_path,
                                     _float_bytes(len(data), model_path, original), settings,
                                     had_infer_key)
@@ -460,7 +476,7 @@ _SLOWER_RATIO = 1.25  # below this, run-to-run noise on a shared CPU could flip 
 
 
 def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
-                       ) -> dict[str, float] | None:
+                       ) -> dict[str, float | str] | None:
     """Latency of both models on one synthetic input, timed interleaved (1 thread, 3
     warm-up rounds, median of 15): a dict when the quantized model is clearly slower in
     CPU time (steady under load from other processes, unlike wall time), else None."""
@@ -484,9 +500,9 @@ def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
             feed[i.name] = rng.standard_normal(shape).astype(dtype)
         else:
             name = i.type[len("tensor("):-1]
-            dtype = helper.tensor_dtype_to_np_dtype(
+            int_dtype = helper.tensor_dtype_to_np_dtype(
                 getattr(onnx.TensorProto, name.upper(), onnx.TensorProto.INT64))
-            feed[i.name] = np.zeros(shape, dtype)
+            feed[i.name] = np.zeros(shape, int_dtype)
     try:
         lat = interleaved_latency_ms({"float": fs, "quantized": qs}, feed, runs=15, warmup=3)
     except Exception as exc:  # onnxruntime raises several unrelated types on bad feeds

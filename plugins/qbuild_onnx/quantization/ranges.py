@@ -12,9 +12,12 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
+
+if TYPE_CHECKING:
+    from onnxruntime.quantization.calibrate import TensorsData
 
 CALIBRATION_FORMAT = "qbuild-calibration"
 CALIBRATION_VERSION = 1
@@ -86,7 +89,7 @@ def check_calibration_matches(calibration: Calibration, model_path: Path, model_
         )
 
 
-def tensors_data(calibration: Calibration, tensor_names: set[str]):
+def tensors_data(calibration: Calibration, tensor_names: set[str]) -> TensorsData:
     """onnxruntime ``TensorsData`` holding the saved ranges of the tensors in the model.
 
     Ranges of tensors the model does not have are dropped (a pre-processed model can have

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 import onnx
-from qbuild_onnx_common.graph import opset
+from qbuild_onnx_common.graph import GraphIndex, opset
 from qbuild_onnx_common.summary import onnx_type_name
 
 _Q_OPS = ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear")
@@ -40,7 +40,7 @@ def quantized_ops(model: onnx.ModelProto) -> dict[str, int]:
     neighbours (e.g. an Add left out by ``op_types``) does not count.
     """
     inits = {i.name for i in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
+    producer = GraphIndex(model.graph).producers
     quantized_inputs = {o for n in model.graph.node if n.op_type == "QuantizeLinear"
                         for o in n.input[:1]}
     counts: Counter[str] = Counter()
@@ -64,7 +64,7 @@ def quantized_ops(model: onnx.ModelProto) -> dict[str, int]:
 def weight_granularity(model: onnx.ModelProto) -> dict[str, Any]:
     """Quantized Conv/Gemm/MatMul weights split into per-channel and per-tensor (node names)."""
     inits = {i.name: i for i in model.graph.initializer}
-    producer = {o: n for n in model.graph.node for o in n.output}
+    producer = GraphIndex(model.graph).producers
     per_channel: list[str] = []
     per_tensor: list[str] = []
     for node in model.graph.node:

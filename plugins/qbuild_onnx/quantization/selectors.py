@@ -264,7 +264,8 @@ def resolve_tensors(table: Mapping[str, Any], model: onnx.ModelProto, attr: str,
     return out
 
 
-def rewrites_between(before: onnx.ModelProto, after: onnx.ModelProto, by: str) -> dict:
+def rewrites_between(before: onnx.ModelProto, after: onnx.ModelProto, by: str
+                     ) -> dict[str, Any]:
     """What a graph rewrite did to node names: the record quantize's errors explain with."""
     after_names = {n.name for n in after.graph.node if n.name}
     removed = {n.name: {"op": n.op_type, "outputs": [o for o in n.output if o]}

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import onnx
 from qbuild_onnx_common.errors import OnnxError
-from qbuild_onnx_common.graph import real_inputs
+from qbuild_onnx_common.graph import GraphIndex, real_inputs
 from qbuild_onnx_common.ort import session
 from qbuild_onnx_common.summary import describe_values
 
@@ -58,10 +58,10 @@ def check_clamped_outputs(original: onnx.ModelProto, quantized: onnx.ModelProto)
     onnxruntime 1.31 removes such activations (the uint8 zero point clamps instead), but
     with ``DedicatedQDQPair`` it exports the unclamped float tensor as the graph output.
     """
-    def producers(model):
-        return {o: n.op_type for n in model.graph.node for o in n.output}
+    def producer_ops(model: onnx.ModelProto) -> dict[str, str]:
+        return {t: n.op_type for t, n in GraphIndex(model.graph).producers.items()}
 
-    before, after = producers(original), producers(quantized)
+    before, after = producer_ops(original), producer_ops(quantized)
     for out in quantized.graph.output:
         if before.get(out.name) in _CLAMPS:
             now = after.get(out.name, "")

@@ -52,8 +52,8 @@ def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
 def scatter_svg(rows: Sequence[Mapping[str, Any]], x_key: str, y_key: str, x_label: str,
                 y_label: str, chosen: str | None = None) -> str:
     """An accuracy (y) vs cost (x) chart of the rows that have both, front joined."""
-    pts = [(r["name"], _num(r.get(x_key)), _num(r.get(y_key))) for r in rows]
-    pts = [(n, x, y) for n, x, y in pts if x is not None and y is not None
+    measured = [(str(r["name"]), _num(r.get(x_key)), _num(r.get(y_key))) for r in rows]
+    pts = [(n, x, y) for n, x, y in measured if x is not None and y is not None
            and math.isfinite(x) and math.isfinite(y)]
     w, h, m = 560, 320, 50
     if not pts:
@@ -144,7 +144,7 @@ def evaluate_html(report: Mapping[str, Any]) -> str:
              "latency_ms": report.get("reference_latency_ms"), "score": None,
              "sqnr": "inf"}]
     for label, e in report["models"].items():
-        sq = [_num(m["sqnr_db"]) for m in e["outputs"].values()]
+        sq = [x for m in e["outputs"].values() if (x := _num(m["sqnr_db"])) is not None]
         form = e["quantized"] or "float (nothing quantized)" if "quantized" in e else ""
         rows.append({"name": label, "bytes": e.get("bytes"), "latency_ms": e.get("latency_ms"),
                      "score": (e.get("task") or {}).get("score"),

@@ -14,11 +14,13 @@ changing only a bar (min_f1, min_sqnr_db, ...) runs no model again.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.latency import slower_verdict
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
     DatasetInfo,
     OnnxModelInfo,
@@ -27,9 +29,15 @@ from qbuild_onnx_common.providers import (
 )
 from qbuild_onnx_common.rule import OnnxRule
 
-from qbuild import AnalysisContext, ConfigError, Dep, RunContext, attr, hookimpl
+from qbuild import AnalysisContext, ConfigError, Dep, Rule, RunContext, attr, hookimpl
 
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
+
+if TYPE_CHECKING:
+    from onnxruntime import InferenceSession
+
+    from ..accuracy.sensitivity import Outputs
+    from ..accuracy.tasks import Task
 
 
 def _model(dep: Dep) -> Path:
@@ -37,7 +45,7 @@ def _model(dep: Dep) -> Path:
 
 
 def _feeds(ctx: RunContext, dep: Dep, label: str, attr_name: str, model: Path,
-           limit: int = 0) -> list[dict]:
+           limit: int = 0) -> list[dict[str, Any]]:
     """Samples of a qbuild dataset fed to ``model`` as ``calibrate`` feeds them (arrays one
     rank higher are whole inputs: streaming models; scalar inputs work)."""
     from qbuild_onnx_common.errors import OnnxError
@@ -76,13 +84,14 @@ _TASK_ATTRS = {
 _BUILTIN_TASKS = ("sqnr", "classification", "detection", "yolo", "psnr", "custom")
 
 
-def _task_code(attrs: dict[str, Any]) -> list[str]:
+def _task_code(attrs: Mapping[str, Any]) -> list[str]:
     """A plugin's task is code the action runs: the qbuild_eval_tasks implementers, as
     the engine resolved them, join the key (and are what ``ctx.hooks`` calls)."""
     return [] if attrs.get("task") in _BUILTIN_TASKS else ["hook:qbuild_eval_tasks"]
 
 
-def _task(ctx: RunContext, extra: dict[str, Any] | None = None):
+def _task(ctx: RunContext, extra: dict[str, Any] | None = None
+          ) -> tuple[Task, dict[str, Any]]:
     """(task function, options) from the rule's task attributes."""
     from ..accuracy.tasks import get_task
 
@@ -106,7 +115,7 @@ class Evaluate(OnnxRule):
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 3
     heavy = True
-    def code(self, attrs: dict[str, Any]) -> list[str]:
+    def code(self, attrs: Mapping[str, Any]) -> list[str]:
         return [*super().code(attrs), *_task_code(attrs)]
 
     doc = ("Compares candidate models with a reference model on a dataset and writes "
@@ -141,7 +150,7 @@ class Evaluate(OnnxRule):
     outputs = ["report.json", "report.html"]
     provides = (EvaluationInfo,)
 
-    def is_reproducible(self, attrs: Any) -> bool:
+    def is_reproducible(self, attrs: Mapping[str, Any]) -> bool:
         return not attrs["latency_runs"]  # measured timings differ run to run
 
     def analyze(self, ctx: AnalysisContext) -> None:
@@ -217,11 +226,10 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
 def _quantized(path: Path) -> str | None:
     """How the model is quantized ('QDQ', 'QOperator', 'dynamic'), or None for a float
     model (a trial that kept everything float is the float model, not a candidate)."""
-    import onnx
 
     from ..source.model_checks import quantized_form
 
-    form = quantized_form(onnx.load(str(path), load_external_data=False))
+    form = quantized_form(load_model(path, external_data=False))
     return form[0] if form else None
 
 
@@ -238,7 +246,9 @@ def check_bars(ctx: RunContext) -> None:
         raise ctx.fail("; ".join(f for _, f in failures), attr=failures[0][0].split(":")[0])
 
 
-def _latency(report: dict, sessions: dict, feed, runs: int, ref: str, measure) -> None:
+def _latency(report: dict[str, Any], sessions: Mapping[str, InferenceSession],
+             feed: Mapping[str, Any], runs: int, ref: str,
+             measure: Callable[..., dict[str, dict[str, Any]]]) -> None:
     """Interleaved 1-thread timings of the reference and every model into ``report``."""
     lat = measure(sessions, feed, runs=runs, warmup=3, reference=ref)
     ref_ms = lat[ref]["median_ms"]
@@ -288,7 +298,7 @@ class Sensitivity(OnnxRule):
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 2
     heavy = True
-    def code(self, attrs: dict[str, Any]) -> list[str]:
+    def code(self, attrs: Mapping[str, Any]) -> list[str]:
         return [*super().code(attrs), *_task_code(attrs)]
 
     doc = ("Ranks the quantization sites (activations and weights) of a QDQ model by their "
@@ -315,7 +325,7 @@ class Sensitivity(OnnxRule):
     outputs = ["sensitivity.json"]
     provides = (SensitivityInfo,)
 
-    def validate(self, attrs: Any) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         bad = sorted(set(attrs["kinds"]) - {"activation", "weight"})
         if bad:
             raise ConfigError(f"unknown site kind(s) {bad} (known: activation, weight)",
@@ -339,14 +349,16 @@ def sensitivity(ctx: RunContext) -> SensitivityInfo:
     ref_path = _model(deps["reference"])
     feeds = _feeds(ctx, deps["dataset"], a["labels"]["dataset"], "dataset", ref_path,
                    a["max_samples"])
-    metric = None
+    metric: Callable[[Outputs, Outputs], float] | None = None
     if a["task"] != "sqnr":
         from ..accuracy.tasks import run_task, score_of
 
         task, options = _task(ctx)
 
-        def metric(ref, outs):
+        def task_score(ref: Outputs, outs: Outputs) -> float:
             return score_of(run_task(task, ref, outs, options))
+
+        metric = task_score
     try:
         rep = analyze(_model(deps["model"]), ref_path, feeds,
                       mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log,
@@ -455,11 +467,10 @@ def mixed_precision(ctx: RunContext) -> OverridesInfo:
 def _tensor_selection(model: Path, entries: list[str]) -> list[str]:
     if not entries:
         return []
-    import onnx
 
     from ..quantization.selectors import resolve_tensor_list
 
-    return resolve_tensor_list(entries, onnx.load(str(model), load_external_data=False),
+    return resolve_tensor_list(entries, load_model(model, external_data=False),
                                "tensors")
 
 
@@ -609,7 +620,7 @@ def bias_correction(ctx: RunContext) -> OnnxModelInfo:
 
 
 @hookimpl
-def qbuild_rule_types():
+def qbuild_rule_types() -> list[type[Rule]]:
     from .auto import AutoQuantize, SensitiveRegion
 
     return [Evaluate, Sensitivity, SensitivityMerge, MixedPrecision, BiasCorrection,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo
@@ -157,12 +158,13 @@ class AutoQuantize(OnnxRule):
     provides = (OnnxModelInfo,)
 
     @staticmethod
-    def expand_targets(name: str, raw: dict[str, Any]):
+    def expand_targets(name: str, raw: dict[str, Any]
+                       ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
         from ..auto.plan import expand
 
         return expand(name, raw)
 
-    def validate(self, attrs: dict[str, Any]) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         from ..auto.select import check_bar
 
         problems = check_bar(attrs["bar"] or {})

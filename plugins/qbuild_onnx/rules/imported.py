@@ -20,6 +20,7 @@ from qbuild_onnx_common.rule import OnnxRule
 from qbuild import AnalysisContext, Rule, RunContext, attr
 
 from ..providers import OverridesInfo
+from .datasets import dataset_provider, dataset_summary
 
 
 class SavedDataset(OnnxRule):
@@ -40,8 +41,6 @@ class SavedDataset(OnnxRule):
 
 def saved_dataset(ctx: RunContext) -> DatasetInfo:
     """``saved_dataset``'s action: copy the folder's files, read dataset.json."""
-    from .source import dataset_provider, dataset_summary
-
     srcs = ctx.inputs["srcs"]
     if not any(p.name == "dataset.json" for p in srcs):
         raise ctx.fail("no dataset.json among the files", attr="srcs")

@@ -11,8 +11,9 @@ onnx, onnxruntime and numpy are imported only inside the actions.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import (
@@ -37,6 +38,8 @@ from ..quantization.options import (
     check_dynamic_options,
     check_static_options,
 )
+
+OptionsT = TypeVar("OptionsT", StaticOptions, DynamicOptions)
 
 _COMMON = {
     "model": attr.label(
@@ -95,7 +98,7 @@ def merge_label_overrides(a: dict[str, Any], doc: dict[str, Any]) -> tuple[dict[
     return merged, shadowed
 
 
-def _static_options(a: dict[str, Any]) -> StaticOptions:
+def _static_options(a: Mapping[str, Any]) -> StaticOptions:
     return StaticOptions(
         quant_format=a["format"], per_channel=a["per_channel"], weight_type=a["weight_type"],
         activation_type=a["activation_type"], activation_symmetric=a["activation_symmetric"],
@@ -105,7 +108,7 @@ def _static_options(a: dict[str, Any]) -> StaticOptions:
         node_overrides=a["node_overrides"], extra_options=a["extra_options"])
 
 
-def _dynamic_options(a: dict[str, Any]) -> DynamicOptions:
+def _dynamic_options(a: Mapping[str, Any]) -> DynamicOptions:
     return DynamicOptions(
         per_channel=a["per_channel"], weight_type=a["weight_type"],
         reduce_range=a["reduce_range"], op_types=tuple(a["op_types"]),
@@ -119,14 +122,15 @@ def _rewrites(dep: Dep) -> dict[str, Any] | None:
     return rewrites if isinstance(rewrites, dict) else None
 
 
-def _validate(check, options) -> None:
+def _validate(check: Callable[[OptionsT], None], options: OptionsT) -> None:
     try:
         check(options)
     except OnnxError as exc:
         raise ConfigError(exc.message, attr=exc.attr) from None
 
 
-def _run(ctx: RunContext, work, inputs: dict[Path, str]) -> dict[str, Any]:
+def _run(ctx: RunContext, work: Callable[[], dict[str, Any]], inputs: dict[Path, str]
+         ) -> dict[str, Any]:
     try:
         return work()
     except OnnxError as exc:
@@ -136,7 +140,8 @@ def _run(ctx: RunContext, work, inputs: dict[Path, str]) -> dict[str, Any]:
         raise ctx.fail(message, attr=exc.attr) from None
 
 
-def _quantize_action(ctx: AnalysisContext, function: Any, deps: tuple[str, ...]) -> None:
+def _quantize_action(ctx: AnalysisContext, function: Callable[[RunContext], Any],
+                     deps: tuple[str, ...]) -> None:
     """The one action of a quantize rule: value attributes and the labels of the
     dependencies (named in messages) as params."""
     a = ctx.attrs
@@ -196,7 +201,7 @@ class Quantize(OnnxRule):
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo, QuantizedModelInfo)
 
-    def validate(self, attrs: dict[str, Any]) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         _validate(check_static_options, _static_options(attrs))
 
     def analyze(self, ctx: AnalysisContext) -> None:
@@ -227,7 +232,7 @@ class QuantizeDynamic(OnnxRule):
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo, QuantizedModelInfo)
 
-    def validate(self, attrs: dict[str, Any]) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         _validate(check_dynamic_options, _dynamic_options(attrs))
 
     def analyze(self, ctx: AnalysisContext) -> None:

@@ -11,9 +11,11 @@ check, never the decoding. Heavy libraries are imported inside the actions only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
     CalibrationInfo,
     DatasetInfo,
@@ -33,6 +35,12 @@ from qbuild import (
     hookimpl,
 )
 
+from .datasets import dataset_provider, dataset_summary
+from .imported import RULES as IMPORTED
+
+if TYPE_CHECKING:
+    import pluggy
+
 # What a folder in image_dataset's `images` stands for (source.images.IMAGE_SUFFIXES,
 # repeated so loading the rules does not import the image code).
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
@@ -42,26 +50,6 @@ _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".w
 def _model_inputs(model: Dep) -> dict[str, Any]:
     """A model dependency's inputs as ``check_dataset_against_model`` reads them."""
     return {"inputs": list(model[OnnxModelInfo].inputs)}
-
-
-def dataset_summary(path: Path) -> dict[str, Any]:
-    """A dataset folder's sample count, batch size and inputs (name -> dtype, shape),
-    from its manifest alone: no digest of the arrays, so numpy is not imported (the
-    model check runs in the main process)."""
-    from ..source.datasets import open_dataset
-
-    ds = open_dataset(path)
-    return {"count": ds.count, "batch_size": ds.batch_size,
-            "inputs": {k: {"dtype": v["dtype"], "shape": v["shape"]}
-                       for k, v in ds.manifest["inputs"].items()}}
-
-
-def dataset_provider(out: Path, info: dict[str, Any] | None = None) -> DatasetInfo:
-    """The DatasetInfo of a dataset folder an action wrote."""
-    info = info or dataset_summary(out)
-    inputs = tuple({"name": k, **v} for k, v in sorted(info["inputs"].items()))
-    return DatasetInfo(path=out, samples=info["count"], inputs=inputs,
-                       batch_size=info["batch_size"])
 
 
 def _check_against(data: Path, model: Dep) -> None:
@@ -80,8 +68,8 @@ def check_dataset(ctx: RunContext) -> None:
     _check_against(ctx.inputs["data/"], ctx.inputs["model"])
 
 
-def _dataset_actions(ctx: AnalysisContext, build: Any, inputs: list[str],
-                     params: dict[str, Any]) -> None:
+def _dataset_actions(ctx: AnalysisContext, build: Callable[[RunContext], Any],
+                     inputs: list[str], params: dict[str, Any]) -> None:
     """A dataset rule's actions: ``build`` writes data/ and gives DatasetInfo; with a
     ``model``, a light second action checks the dataset against it."""
     ctx.action(build, inputs=inputs, outputs=["data/"], params=params, mnemonic="Dataset")
@@ -104,7 +92,7 @@ class OnnxModel(OnnxRule):
     outputs = ["{name}.onnx"]
     provides = (OnnxModelInfo,)
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         outs = [f"{name}.onnx"]
         src = attrs.get("src")
         for d in attrs.get("data") or []:
@@ -156,11 +144,10 @@ def stage_onnx_model(ctx: RunContext) -> OnnxModelInfo:
 def _note_model_shape(ctx: RunContext, model: Path) -> None:
     """Tell the user now about shapes later rules refuse or fix (already quantized,
     compute inside If/Loop, initializers listed as inputs)."""
-    import onnx
 
     from ..source.model_checks import summary
 
-    shape = summary(onnx.load(str(model), load_external_data=False))
+    shape = summary(load_model(model, external_data=False))
     if shape["already_quantized"]:
         ctx.warn(f"the model is already quantized ({shape['already_quantized']}): quantize, "
                  "quantize_dynamic and quant_preprocess refuse it")
@@ -225,7 +212,7 @@ class ImageDataset(_DatasetRule):
            "seeded augmentation to get more samples than images.")
     attrs = _IMAGE_ATTRS
 
-    def validate(self, attrs: Any) -> None:
+    def validate(self, attrs: Mapping[str, Any]) -> None:
         if len(attrs["size"]) != 2:
             raise ConfigError(f"size must be [height, width] (2 integers), got {attrs['size']}",
                               attr="size")
@@ -358,7 +345,7 @@ class CustomDataset(_DatasetRule):
         **_DATASET_COMMON,
     }
 
-    def code(self, attrs: dict[str, Any]) -> list[str]:
+    def code(self, attrs: Mapping[str, Any]) -> list[str]:
         # The reader's code decides the samples: key it like the rule's own code.
         reader = attrs["reader"]
         return [*super().code(attrs),
@@ -408,7 +395,7 @@ class QuantPreprocess(OnnxRule):
     outputs = ["{name}.onnx"]
     provides = (OnnxModelInfo,)
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         outs = [f"{name}.onnx"]
         if attrs.get("external_data"):
             outs.append(f"{name}.onnx.data")
@@ -425,7 +412,8 @@ def preprocess(ctx: RunContext) -> OnnxModelInfo:
     from qbuild_onnx_common.errors import OnnxError
 
     from ..ort_logs import ort_output_to_log
-    from ..quantization.preprocess import PreprocessOptions, preprocess_model
+    from ..quantization.options import PreprocessOptions
+    from ..quantization.preprocess import preprocess_model
 
     a = ctx.params
     opts = PreprocessOptions(
@@ -479,10 +467,10 @@ class Calibrate(OnnxRule):
     outputs = ["calibration.json"]
     provides = (CalibrationInfo,)
 
-    def resources(self, attrs: dict[str, Any]) -> tuple[int, int]:
+    def resources(self, attrs: Mapping[str, Any]) -> tuple[int, int]:
         return max(1, attrs["threads"]), 0
 
-    def declared_outputs(self, name: str, attrs: dict[str, Any]) -> list[str]:
+    def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         if attrs.get("method", "minmax") in ("entropy", "percentile", "distribution"):
             return ["calibration.json", "histograms.npz"]
         return ["calibration.json"]
@@ -521,14 +509,12 @@ def calibrate(ctx: RunContext) -> CalibrationInfo:
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    from .imported import RULES as IMPORTED
-
     return [OnnxModel, ImageDataset, NumpyDataset, SyntheticDataset, CustomDataset,
             QuantPreprocess, Calibrate, *IMPORTED]
 
 
 @hookimpl
-def qbuild_addhooks(pluginmanager) -> None:
+def qbuild_addhooks(pluginmanager: pluggy.PluginManager) -> None:
     from .. import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)

@@ -17,12 +17,20 @@ import hashlib
 import json
 import os
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
+
+if TYPE_CHECKING:
+    import pluggy
+    from numpy.typing import DTypeLike
+    from qbuild_onnx_common.arrays import Array
+
+# A custom dataset reader: reader(files, options) yields samples (input name -> array).
+Reader = Callable[[list[Path], dict[str, Any]], Iterable[Mapping[str, Any]]]
 
 FORMAT = "qbuild-dataset"
 VERSION = 1
@@ -34,7 +42,7 @@ _HEADER_BYTES = 256  # fixed .npy header size, so the sample count can be patche
 # Writing
 
 
-def _npy_header(dtype, shape: tuple[int, ...]) -> bytes:
+def _npy_header(dtype: DTypeLike, shape: tuple[int, ...]) -> bytes:
     import numpy as np
 
     desc = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)),
@@ -138,11 +146,11 @@ def write_dataset(out_dir: str | Path, arrays: Mapping[str, Any], batch_size: in
     import numpy as np
 
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
-    counts = {k: (v.shape[0] if v.ndim else None) for k, v in arrays.items()}
-    if any(c is None for c in counts.values()):
-        bad = [k for k, c in counts.items() if c is None]
-        raise OnnxError(f"input '{bad[0]}': a scalar has no sample axis; store it with a "
+    scalars = [k for k, v in arrays.items() if not v.ndim]
+    if scalars:
+        raise OnnxError(f"input '{scalars[0]}': a scalar has no sample axis; store it with a "
                            "leading axis of length N")
+    counts = {k: v.shape[0] for k, v in arrays.items()}
     if len(set(counts.values())) != 1:
         raise OnnxError(f"inputs have different sample counts: {counts}")
     w = DatasetWriter(out_dir, {k: (v.dtype, v.shape[1:]) for k, v in arrays.items()},
@@ -178,13 +186,14 @@ class Dataset:
         """Input name -> (dtype name, full shape including the sample axis)."""
         return {k: (v["dtype"], tuple(v["shape"])) for k, v in self.manifest["inputs"].items()}
 
-    def array(self, name: str):
+    def array(self, name: str) -> Array:
         """The whole array of one input, memory-mapped read-only."""
         import numpy as np
 
-        return np.load(self.path / self.manifest["inputs"][name]["file"], mmap_mode="r")
+        mapped: Array = np.load(self.path / self.manifest["inputs"][name]["file"], mmap_mode="r")
+        return mapped
 
-    def read(self, name: str, start: int, stop: int):
+    def read(self, name: str, start: int, stop: int) -> Array:
         """Samples ``[start, stop)`` of one input as a fresh in-memory array.
 
         Reads the bytes directly instead of keeping a mapping alive, so the pages do not
@@ -201,14 +210,14 @@ class Dataset:
         out = np.empty((n, *sample_shape), dtype=dt)
         with open(self.path / spec["file"], "rb") as f:
             f.seek(self._data_offset(f) + start * per)
-            got = f.readinto(memoryview(out).cast("B")) if out.nbytes else 0
+            got = f.readinto(out.data.cast("B")) if out.nbytes else 0
         if got != out.nbytes:
             raise OnnxError(f"dataset file {spec['file']} is truncated",
                                file=self.path / spec["file"])
         return out
 
     @staticmethod
-    def _data_offset(f) -> int:
+    def _data_offset(f: IO[bytes]) -> int:
         import numpy as np
 
         f.seek(0)
@@ -292,7 +301,7 @@ class FeedPlan:
     unbatched: tuple[str, ...] = ()
 
 
-def _fmt_shape(shape) -> str:
+def _fmt_shape(shape: Iterable[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
@@ -394,7 +403,7 @@ def fed_count(count: int, plan: FeedPlan) -> int:
 # Builders
 
 
-def _load_array_spec(spec: str, files: Mapping[str, Path]):
+def _load_array_spec(spec: str, files: Mapping[str, Path]) -> Array:
     """``"file.npy"`` or ``"file.npz:key"`` (file names as listed in ``files``)."""
     import numpy as np
 
@@ -417,7 +426,8 @@ def _load_array_spec(spec: str, files: Mapping[str, Path]):
                 return np.asarray(z[key])
         if key:
             raise OnnxError(f"'{spec}': only .npz files have keys", file=path)
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        mapped: Array = np.load(path, mmap_mode="r", allow_pickle=False)
+        return mapped
     except OnnxError:
         raise
     except Exception as e:
@@ -517,7 +527,7 @@ def build_synthetic_dataset(out_dir: str | Path, model_info: Mapping[str, Any], 
     return w.close()
 
 
-def build_reader_dataset(out_dir: str | Path, reader, files: list[Path],
+def build_reader_dataset(out_dir: str | Path, reader: Reader, files: list[Path],
                          options: Mapping[str, Any], batch_size: int = 1,
                          limit: int | None = None, name: str = "") -> dict[str, Any]:
     """Build a dataset from a custom reader: ``reader(files, options)`` yields samples
@@ -561,7 +571,7 @@ def remove_partial(out_dir: str | Path) -> None:
 # Custom readers (the qbuild_dataset_readers hook)
 
 
-def available_readers(pm=None) -> dict[str, Any]:
+def available_readers(pm: pluggy.PluginManager | None = None) -> dict[str, Reader]:
     """Readers from every ``qbuild`` plugin. Without ``pm``, a plugin manager is built here
     from the entry points (rules run in worker processes, away from the engine's)."""
     import pluggy
@@ -574,7 +584,7 @@ def available_readers(pm=None) -> dict[str, Any]:
         pm.load_setuptools_entrypoints("qbuild")
     elif not hasattr(pm.hook, "qbuild_dataset_readers"):
         pm.add_hookspecs(hookspecs)
-    found: dict[str, Any] = {}
+    found: dict[str, Reader] = {}
     for result in pm.hook.qbuild_dataset_readers():
         for name, reader in (result or {}).items():
             if name in found and found[name] is not reader:
@@ -583,14 +593,15 @@ def available_readers(pm=None) -> dict[str, Any]:
     return found
 
 
-def find_reader(name: str, pm=None):
+def find_reader(name: str, pm: pluggy.PluginManager | None = None) -> Reader:
     """A reader by hook name, or by ``"package.module:function"`` reference."""
     import importlib
 
     if ":" in name:
         mod, _, fn = name.partition(":")
         try:
-            return getattr(importlib.import_module(mod), fn)
+            reader: Reader = getattr(importlib.import_module(mod), fn)
+            return reader
         except (ImportError, AttributeError) as e:
             raise OnnxError(f"cannot import dataset reader '{name}': {e}",
                                attr="reader") from None

@@ -15,11 +15,19 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 
 from .datasets import DatasetWriter
+
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+    from qbuild_onnx_common.arrays import Array, Float32Array
+
+# luma weights of ITU-R BT.601, for colour -> grey
+_LUMA = (0.299, 0.587, 0.114)
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                   ".pgm", ".pbm")
@@ -92,7 +100,7 @@ class ImageOptions:
 
 def list_images(sources: Iterable[str | Path]) -> list[Path]:
     """Expand folders to the image files inside them (not recursive); sort everything."""
-    found = []
+    found: list[Path] = []
     for src in sources:
         p = Path(src)
         if p.is_dir():
@@ -105,7 +113,8 @@ def list_images(sources: Iterable[str | Path]) -> list[Path]:
     return sorted(set(found), key=lambda f: f.as_posix())
 
 
-def decode_image(path: str | Path, background: Sequence[float] = (255.0, 255.0, 255.0)):
+def decode_image(path: str | Path, background: Sequence[float] = (255.0, 255.0, 255.0)
+                 ) -> Float32Array:
     """Decode to (float32 HxWxC array in 0..255, C = 1 or 3), compositing any alpha."""
     import numpy as np
     from PIL import Image, ImageOps, UnidentifiedImageError
@@ -154,20 +163,20 @@ def decode_image(path: str | Path, background: Sequence[float] = (255.0, 255.0, 
     if alpha is not None:
         bg = np.asarray(background, dtype=np.float32)
         if arr.shape[-1] == 1:
-            bg = bg[:1] if bg.size == 1 else np.asarray([bg @ np.float32([0.299, 0.587, 0.114])],
-                                                        dtype=np.float32)
+            luma = np.asarray(_LUMA, dtype=np.float32)
+            bg = bg[:1] if bg.size == 1 else np.asarray([bg @ luma], dtype=np.float32)
         arr = arr * alpha + bg * (1.0 - alpha)
     return np.ascontiguousarray(arr, dtype=np.float32)
 
 
-def _resample(name: str):
+def _resample(name: str) -> Image.Resampling:
     from PIL import Image
 
     return {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
             "nearest": Image.Resampling.NEAREST, "lanczos": Image.Resampling.LANCZOS}[name]
 
 
-def _resize(arr, h: int, w: int, interpolation: str):
+def _resize(arr: Float32Array, h: int, w: int, interpolation: str) -> Float32Array:
     """Resize a float HxWxC array channel by channel (Pillow mode F keeps precision)."""
     import numpy as np
     from PIL import Image
@@ -181,7 +190,8 @@ def _resize(arr, h: int, w: int, interpolation: str):
     return out
 
 
-def _augment(arr, rng, opts: ImageOptions):
+def _augment(arr: Float32Array, rng: np.random.Generator, opts: ImageOptions
+             ) -> Float32Array:
     """A random crop (area fraction in [min_scale, 1], aspect 3/4..4/3) and maybe a flip."""
     h, w = arr.shape[:2]
     area = rng.uniform(opts.min_scale, 1.0)
@@ -196,7 +206,7 @@ def _augment(arr, rng, opts: ImageOptions):
     return arr
 
 
-def _geometry(arr, opts: ImageOptions):
+def _geometry(arr: Float32Array, opts: ImageOptions) -> Float32Array:
     import numpy as np
 
     H, W = opts.height, opts.width
@@ -218,14 +228,14 @@ def _geometry(arr, opts: ImageOptions):
     return big[y0:y0 + H, x0:x0 + W]
 
 
-def _finish(arr, opts: ImageOptions):
+def _finish(arr: Float32Array, opts: ImageOptions) -> Array:
     """Colour order, normalisation, layout, dtype."""
     import numpy as np
 
     c = arr.shape[2]
     if opts.color == "GRAY":
         if c == 3:
-            arr = arr @ np.float32([0.299, 0.587, 0.114])
+            arr = arr @ np.asarray(_LUMA, dtype=np.float32)
             arr = arr[..., None]
     else:
         if c == 1:
@@ -244,7 +254,8 @@ def _finish(arr, opts: ImageOptions):
     return np.ascontiguousarray(x.astype(dt))
 
 
-def image_to_sample(path: str | Path, opts: ImageOptions, augment_rng=None):
+def image_to_sample(path: str | Path, opts: ImageOptions,
+                    augment_rng: np.random.Generator | None = None) -> Array:
     """One image file -> one per-sample array (C,H,W or H,W,C)."""
     arr = decode_image(path, opts.background)
     if augment_rng is not None:

@@ -13,14 +13,18 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
+from qbuild_onnx_common.models import load_model
+from qbuild_onnx_common.models import locations as external_locations
+
+if TYPE_CHECKING:
+    from onnx import ModelProto
 
 
-def _load_proto_without_data(path: Path):
-    import onnx
+def _load_proto_without_data(path: Path) -> ModelProto:
     from google.protobuf.message import DecodeError
 
     if not path.is_file():
@@ -28,7 +32,7 @@ def _load_proto_without_data(path: Path):
     if path.stat().st_size == 0:
         raise OnnxError("model file is empty (0 bytes): not an ONNX model", file=path)
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        model = load_model(path, external_data=False)
     except DecodeError as e:
         raise OnnxError(
             f"not a readable ONNX model (protobuf decode failed: {e}); "
@@ -43,18 +47,6 @@ def _load_proto_without_data(path: Path):
             file=path,
         )
     return model
-
-
-def _external_locations(model) -> list[str]:
-    """Distinct external-data ``location`` values of every tensor in the model, sorted."""
-    from onnx import external_data_helper
-
-    locations = set()
-    for tensor in external_data_helper._get_all_tensors(model):
-        if external_data_helper.uses_external_data(tensor):
-            info = external_data_helper.ExternalDataInfo(tensor)
-            locations.add(info.location)
-    return sorted(locations)
 
 
 def check_external_locations(model_path: Path, locations: list[str]) -> list[str]:
@@ -106,7 +98,7 @@ def validate_model(path: str | Path) -> dict[str, Any]:
 
     path = Path(path)
     proto = _load_proto_without_data(path)
-    locations = check_external_locations(path, _external_locations(proto))
+    locations = check_external_locations(path, external_locations(proto))
     try:
         if locations:
             _check_external_model(path)
@@ -132,8 +124,7 @@ def _check_external_model(path: Path) -> None:
     shapes strictly on the graph with its small tensors (shape constants) loaded and its
     weights left on disk."""
     import onnx
-
-    from ..algorithms.external_data import lean_load
+    from qbuild_onnx_common.models import lean_load
 
     onnx.checker.check_model(str(path))
     onnx.shape_inference.infer_shapes(lean_load(path), check_type=True, strict_mode=True)

@@ -12,7 +12,10 @@ with more than one element is ambiguous", onnxruntime 1.31).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from onnx import GraphProto, ModelProto
 
 _QOPERATOR = {"QLinearConv", "QLinearMatMul", "QLinearAdd", "QLinearMul", "QLinearConcat",
               "QLinearSigmoid", "QLinearLeakyRelu", "QLinearAveragePool",
@@ -25,7 +28,7 @@ _COMPUTE = {"Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "Attention
 _CONTROL = {"If", "Loop", "Scan"}
 
 
-def quantized_form(model) -> tuple[str, dict[str, int]] | None:
+def quantized_form(model: ModelProto) -> tuple[str, dict[str, int]] | None:
     """('QOperator' | 'dynamic' | 'QDQ', op counts) if the model is already quantized."""
     ops = Counter(n.op_type for n in model.graph.node)
     for form, kinds in (("QOperator", _QOPERATOR), ("dynamic", _DYNAMIC), ("QDQ", _QDQ)):
@@ -35,7 +38,7 @@ def quantized_form(model) -> tuple[str, dict[str, int]] | None:
     return None
 
 
-def describe_quantized(model, action: str) -> str | None:
+def describe_quantized(model: ModelProto, action: str) -> str | None:
     """The one-line refusal for an already-quantized model, or None."""
     q = quantized_form(model)
     if q is None:
@@ -51,7 +54,7 @@ def describe_quantized(model, action: str) -> str | None:
            f"model: {route}"
 
 
-def _subgraph_compute(graph) -> int:
+def _subgraph_compute(graph: GraphProto) -> int:
     count = 0
     for n in graph.node:
         if n.op_type in _COMPUTE:
@@ -64,7 +67,7 @@ def _subgraph_compute(graph) -> int:
     return count
 
 
-def control_flow_compute(model) -> list[tuple[str, str, int]]:
+def control_flow_compute(model: ModelProto) -> list[tuple[str, str, int]]:
     """(node name, op type, compute nodes inside) of top-level If/Loop/Scan nodes whose
     subgraphs hold Conv/MatMul/Gemm/... nodes."""
     found = []
@@ -78,17 +81,17 @@ def control_flow_compute(model) -> list[tuple[str, str, int]]:
     return found
 
 
-def top_level_compute(model) -> int:
+def top_level_compute(model: ModelProto) -> int:
     return sum(1 for n in model.graph.node if n.op_type in _COMPUTE)
 
 
-def initializer_inputs(model) -> list[str]:
+def initializer_inputs(model: ModelProto) -> list[str]:
     """Names of initializers also listed as graph inputs."""
     inits = {i.name for i in model.graph.initializer}
     return [i.name for i in model.graph.input if i.name in inits]
 
 
-def drop_initializer_inputs(model) -> int:
+def drop_initializer_inputs(model: ModelProto) -> int:
     """Remove initializers from the graph inputs (they become constants, so BatchNorm
     folding and per-channel axes see them); returns how many were removed."""
     inits = {i.name for i in model.graph.initializer}
@@ -103,7 +106,7 @@ def drop_initializer_inputs(model) -> int:
     return dropped
 
 
-def grouped_conv_transposes_with_bias(model) -> list[str]:
+def grouped_conv_transposes_with_bias(model: ModelProto) -> list[str]:
     """ConvTranspose nodes with group > 1 and a bias: onnxruntime's per-channel QDQ
     quantizer fails on them (its bias scale has the per-group weight channel count)."""
     from qbuild_onnx_common.graph import attr
@@ -118,7 +121,7 @@ def grouped_conv_transposes_with_bias(model) -> list[str]:
     return out
 
 
-def summary(model) -> dict[str, Any]:
+def summary(model: ModelProto) -> dict[str, Any]:
     """What ``onnx_model`` reports about these shapes (for its info)."""
     q = quantized_form(model)
     return {"already_quantized": q[0] if q else None,
@@ -126,7 +129,7 @@ def summary(model) -> dict[str, Any]:
             "control_flow_compute": [list(c) for c in control_flow_compute(model)]}
 
 
-def flatten_gemm_biases(model) -> list[str]:
+def flatten_gemm_biases(model: ModelProto) -> list[str]:
     """Reshape [1, N] Gemm biases (what onnxruntime's MatMul+Add fusion leaves) to [N]:
     the same broadcast, and the shape onnxruntime's per-channel int32-bias adjustment
     handles. Only initializers read by that one node are changed; returns the nodes."""
