@@ -52,10 +52,11 @@ def io():
     fields = dict(line.split(": ") for line in Path("/proc/self/io").read_text().splitlines())
     return {k: int(v) for k, v in fields.items()}
 
-from qbuild._build import Build, BuildOptions, Session
-from qbuild._plugins import load_registry
-from qbuild._progress import ConsoleReporter
-from qbuild._workspace import load_workspace
+from qbuild.build.run import Build, BuildOptions
+from qbuild.build.session import Session
+from qbuild.analysis.plugins import load_registry
+from qbuild.build.progress import ConsoleReporter
+from qbuild.analysis.workspace import load_workspace
 import io as _io
 
 root = Path(sys.argv[1])

@@ -15,34 +15,16 @@ from __future__ import annotations
 
 import pluggy
 
-from ._actions import AnalysisContext, RunContext, forward_files
-from ._attrs import Attr, attr
-from ._errors import BuildFailed, ConfigError, PluginError, QbuildError, RuleError, UsageError
-from ._label import output_folder
-from ._providers import DefaultInfo, Provider
-from ._rule import ActionContext, Dep, Rule
-
-__version__ = "0.1.0"
+from .api.actions import AnalysisContext, RunContext, forward_files
+from .api.attrs import Attr, attr
+from .api.providers import DefaultInfo, Provider
+from .api.rule import ActionContext, Dep, Rule
+from .core.errors import BuildFailed, ConfigError, PluginError, QbuildError, RuleError, UsageError
+from .core.labels import output_folder
+from .core.versions import __version__, dist_version
 
 hookimpl = pluggy.HookimplMarker("qbuild")
 """Decorator for hook implementations in a plugin module (``@qbuild.hookimpl``)."""
-
-_versions: dict[str, str] = {}
-
-
-def dist_version(distribution: str) -> str:
-    """The installed version of a distribution ("absent" if not installed), without
-    importing it: for ``Rule.env()`` facts such as the onnxruntime version."""
-    version = _versions.get(distribution)
-    if version is None:
-        from importlib import metadata
-
-        try:
-            version = metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            version = "absent"
-        _versions[distribution] = version
-    return version
 
 
 __all__ = [

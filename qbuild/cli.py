@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import __version__
-from ._errors import QbuildError, UsageError
+from .core.errors import QbuildError, UsageError
+from .core.versions import __version__
 
 if TYPE_CHECKING:
-    from ._session import Session
-    from ._workspace import Workspace
+    from .analysis.workspace import Workspace
+    from .build.session import Session
 
 EXIT_OK, EXIT_BUILD_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 REMOTE_JOBS = 64  # default -j with --remote_executor (actions in flight, as Bazel's advice)
@@ -188,8 +188,8 @@ def _local_resources(items: list[str]) -> dict[str, int]:
 
 def _blocked(args: argparse.Namespace) -> tuple[str, ...]:
     """The plugins ``-p no:NAME`` blocks."""
-    from ._errors import ConfigError
-    from ._workspace import blocked_plugins
+    from .analysis.workspace import blocked_plugins
+    from .core.errors import ConfigError
 
     try:
         return blocked_plugins(list(getattr(args, "plugin_options", None) or []))
@@ -199,7 +199,7 @@ def _blocked(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _session(args: argparse.Namespace) -> tuple[Session, str | None]:
     """The session of the current directory's workspace, as the flags configure it."""
-    from ._session import Session
+    from .build.session import Session
 
     remote_flags = None
     if hasattr(args, "remote_cache"):
@@ -256,8 +256,8 @@ def _check_remote_flags(args: argparse.Namespace) -> None:
 def cmd_build(args: argparse.Namespace) -> int:
     import time
 
-    from ._noop import environment, try_noop
-    from ._workspace import load_workspace
+    from .analysis.workspace import load_workspace
+    from .shortcuts.noop import environment, try_noop
 
     _check_remote_flags(args)  # even when the fast path answers: a typo must not pass
     workspace = load_workspace(Path.cwd())
@@ -273,7 +273,7 @@ def cmd_build(args: argparse.Namespace) -> int:
             line = (f"Build OK: {summary['targets']} targets, 0 actions run, "
                     f"{summary['actions']} cache hits (nothing changed)")
             if summary.get("cache_dir"):
-                from ._progress import human_size, short_path
+                from .build.progress import human_size, short_path
 
                 line += f"; cache {short_path(summary['cache_dir'])}"
                 if not os.path.isdir(summary["cache_dir"]):
@@ -315,33 +315,23 @@ def _make_folders(workspace: Workspace) -> None:
                 continue  # reported where the folder is used
             created = True
     if created:
-        from ._digest import granularity
+        from .core.files import granularity
 
         st = os.stat(workspace.output_dir.parent)
         time.sleep(granularity(st.st_mtime_ns, st.st_ctime_ns))
 
 
 def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -> int:
-    from ._build import BuildOptions
-    from ._executor import clean_stale_sandboxes
-    from ._noop import forget, record
-    from ._progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
+    from .build.progress import ConsoleReporter, EventLogReporter, FanOut, Reporter
+    from .build.run import BuildOptions
+    from .commands.build import BuildRequest, full_build
 
     session, package = _session(args)
-    from ._digest import load_known, save_known
-
-    known_file = session.workspace.output_dir / ".qbuild" / "digests.json"
-    session.known_digests = load_known(known_file)
     try:
-        from ._toolchain import check as check_toolchain
-
-        check_toolchain(dict(session.workspace.toolchain), args.toolchain_mismatch,
-                        session.workspace.root / "qbuild.toml",
-                        lambda line: print(line, file=sys.stderr))
         executor: Any = None
         if args.remote_executor is not None or session.workspace.has_remote or \
                 "QBUILD_REMOTE_EXECUTOR" in os.environ:  # (else nothing names one)
-            from ._dask_executor import resolve_executor
+            from .execution.dask_executor import resolve_executor
 
             executor = resolve_executor(session.workspace.root, {
                 "executor": args.remote_executor,
@@ -355,48 +345,29 @@ def _full_build(args: argparse.Namespace, started: float, env: dict[str, Any]) -
             jobs = max(jobs, REMOTE_JOBS)  # the cluster queues and places them
         if jobs < 1:
             raise UsageError("-j must be at least 1")
-        forget(session.workspace.output_dir, args.patterns, package)
         resources = _local_resources(args.local_resources)
         reporters: list[Reporter] = [ConsoleReporter(quiet=getattr(args, "quiet", False),
                                                      verbose=getattr(args, "verbose", False))]
         if args.event_log:
             reporters.append(EventLogReporter(args.event_log))
-        reporter = FanOut(*reporters)
-        clean_stale_sandboxes(session.store.tmp)
-        build = session.build(args.patterns, package,
-                              BuildOptions(jobs=jobs, keep_going=args.keep_going,
-                                           explain=args.explain, remote_executor=executor,
-                                           **resources), reporter,
-                              started=started, incremental=env)
-        result = build.result
-        save_known(known_file, session.digests, started)
-        lines, shown = [], []
-        root_prefix = len(str(session.workspace.root)) + 1
-        cwd = os.getcwd()
-        for label in result.requested:
-            for path in result.outputs.get(label, []):
-                shown.append(_shown(path, cwd))
-                lines.append(path[root_prefix:].replace(os.sep, "/"))
-        if shown:
-            sys.stdout.write("\n".join(shown) + "\n")
-        reads = build.reads()
-        if result.ok and reads is not None:
-            record(session.workspace.root, session.workspace.output_dir, args.patterns,
-                   package, reads=reads, outputs=build.placed_outputs(), started=started,
-                   env=env, lines=lines,
-                   summary={"targets": len(result.requested),
-                            "actions": len(result.ran) + len(result.cached),
-                            "cache_dir": str(session.store.directory),
-                            "cache_bytes": session.store.volume()},
-                   code_files=sorted(build.code_files()), sources=build.source_files())
-        return EXIT_OK if result.ok else EXIT_BUILD_FAILED
+        request = BuildRequest(
+            args.patterns, package,
+            BuildOptions(jobs=jobs, keep_going=args.keep_going, explain=args.explain,
+                         remote_executor=executor, **resources),
+            started=started, environment=env, toolchain_mismatch=args.toolchain_mismatch)
+        run = full_build(session, request, FanOut(*reporters),
+                         lambda line: print(line, file=sys.stderr))
+        if run.paths:
+            cwd = os.getcwd()
+            sys.stdout.write("\n".join(_shown(path, cwd) for path in run.paths) + "\n")
+        return EXIT_OK if run.build.result.ok else EXIT_BUILD_FAILED
     finally:
         session.close()
 
 
 def cmd_query(args: argparse.Namespace) -> int:
-    from ._query import Query
-    from ._query_output import as_build, as_records
+    from .commands.query import Query
+    from .commands.query_output import as_build, as_records
 
     session, package = _session(args)
     labels = Query(session.graph, package).evaluate(args.expression)
@@ -411,7 +382,7 @@ def cmd_query(args: argparse.Namespace) -> int:
 
 
 def cmd_aquery(args: argparse.Namespace) -> int:
-    from ._aquery import actions, as_text
+    from .commands.aquery import actions, as_text
 
     session, package = _session(args)
     try:
@@ -426,7 +397,7 @@ def cmd_aquery(args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from ._graphviz import render
+    from .commands.graphviz import render
 
     session, package = _session(args)
     roots = session.graph.expand(args.patterns, package)
@@ -436,8 +407,8 @@ def cmd_graph(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ._explain import explain
-    from ._label import parse_label
+    from .commands.explain import explain
+    from .core.labels import parse_label
 
     session, package = _session(args)
     try:
@@ -451,7 +422,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
-    from ._workspace import CACHE_ENTRIES, load_workspace
+    from .analysis.workspace import CACHE_ENTRIES, load_workspace
 
     workspace = load_workspace(Path.cwd())  # refuses folders qbuild does not own
     if not workspace.output_dir.is_symlink():
@@ -476,12 +447,12 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
-    from ._store import LocalStore
-    from ._workspace import load_workspace
+    from .analysis.workspace import load_workspace
+    from .store.local import LocalStore
 
     if args.cache_command is None:
         raise UsageError("say 'qbuild cache stats' or 'qbuild cache gc --max-size SIZE'")
-    from ._progress import human_size
+    from .build.progress import human_size
 
     workspace = load_workspace(Path.cwd())
     if not workspace.cache_dir.is_dir():  # expunged or never used: do not create it
@@ -507,9 +478,9 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ._info import info_lines, plugin_lines
-    from ._plugins import load_registry
-    from ._workspace import load_workspace
+    from .analysis.plugins import load_registry
+    from .analysis.workspace import load_workspace
+    from .commands.info import info_lines, plugin_lines
 
     workspace = load_workspace(Path.cwd())
     registry = load_registry(blocked=[*workspace.blocked_plugins, *_blocked(args)])
@@ -519,7 +490,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_outputs(args: argparse.Namespace) -> int:
-    from ._outputs import declared_paths
+    from .commands.outputs import declared_paths
 
     session, package = _session(args)
     for path in declared_paths(session, args.patterns, package):
@@ -528,7 +499,7 @@ def cmd_outputs(args: argparse.Namespace) -> int:
 
 
 def cmd_rules(args: argparse.Namespace) -> int:
-    from ._plugins import load_registry
+    from .analysis.plugins import load_registry
 
     registry = load_registry(blocked=_blocked(args))
     if args.kind is None:
@@ -666,7 +637,7 @@ def _tune_gc() -> None:
 def _interrupted() -> None:
     """Ctrl-C: end every process the build started and exit 130 at once, without
     waiting for the threads still running actions."""
-    from ._executor import kill_children
+    from .execution.sandbox import kill_children
 
     kill_children()
     print("interrupted", file=sys.stderr)

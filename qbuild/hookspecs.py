@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:
-    from ._rule import Rule
+    from .api.rule import Rule
     from .events import ActionEvent, BuildSummary
 
 hookspec = pluggy.HookspecMarker("qbuild")

@@ -35,14 +35,25 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._errors import QbuildError
+from .core.errors import QbuildError
 
 if TYPE_CHECKING:
     import concurrent.futures
 
-    from ._records import Action, Outcome
+    from .core.records import Action, Outcome
 
 __all__ = ["BuildOutcome", "CliOutcome", "FakeExecutor", "Workspace", "qbuild_workspace"]
+
+
+def _options_digest(plugins: Iterable[Any], *settings: Any) -> str:
+    """What the command line's options digest holds for an in-process build: the
+    plugins registered by hand and the settings given as arguments (hashed, so no
+    header value is written down)."""
+    import hashlib
+    import json
+
+    names = [getattr(p, "__name__", None) or type(p).__qualname__ for p in plugins]
+    return hashlib.sha256(json.dumps([names, *settings], default=str).encode()).hexdigest()
 
 
 @dataclass
@@ -87,12 +98,12 @@ class BuildOutcome:
     def provider(self, label: str, cls: type) -> Any:
         """A requested target's provider ``cls``, typed, its paths in qbuild-out
         (``KeyError`` if the target does not give it)."""
-        from ._providers import decode, provider_name
+        from .api.providers import decode, provider_name
 
         data = self._providers.get(label, {}).get(provider_name(cls))
         if data is None:
             raise KeyError(f"{label} gives no {cls.__qualname__}")
-        from ._label import output_folder
+        from .core.labels import output_folder
 
         root = self._output_dir / output_folder(label) if self._output_dir else None
         return decode(cls, data, root)
@@ -118,7 +129,7 @@ class Workspace:
     @classmethod
     def existing(cls, root: Path, plugins: list[ModuleType | Any] | None = None) -> Workspace:
         """A handle on a workspace that already exists (its qbuild.toml is kept as is)."""
-        from ._workspace import load_workspace
+        from .analysis.workspace import load_workspace
 
         workspace = cls.__new__(cls)
         workspace.root = Path(root)
@@ -159,18 +170,26 @@ class Workspace:
               remote_upload: bool | None = None, remote_timeout: float | None = None,
               remote_headers: list[str] | None = None, blocked: tuple[str, ...] = (),
               remote_executor: str | None = None, strategy: list[str] | None = None,
-              remote_local_fallback: bool | None = None) -> BuildOutcome:
+              remote_local_fallback: bool | None = None, toolchain_mismatch: str = "error",
+              shortcuts: bool = True) -> BuildOutcome:
         """Build in-process with the real engine; configuration errors become
         ``ok=False, exit_code=2`` with ``error`` set, failed actions ``exit_code=1``.
 
         The remote cache comes from the ``remote_*`` arguments (like the ``--remote_*``
         flags) and ``[remote]`` in ``qbuild.toml``, never from this process's environment.
-        ``blocked`` names plugins not to load (like ``-p no:NAME``). The engine is wired
-        by the same ``Session`` the command line opens.
+        ``blocked`` names plugins not to load (like ``-p no:NAME``). The build goes
+        through the command line's own ``commands.build.full_build``: the toolchain pins
+        are checked, the digest memo kept, stale sandboxes swept, and (with
+        ``shortcuts``) the analysis cache and incremental path used and the no-op
+        snapshot recorded, as for a user's ``qbuild build``.
         """
-        from ._build import BuildOptions
-        from ._progress import ConsoleReporter
-        from ._session import Session
+        import time
+
+        from .build.progress import ConsoleReporter
+        from .build.run import BuildOptions
+        from .build.session import Session
+        from .commands.build import BuildRequest, full_build
+        from .shortcuts.noop import environment
 
         log = io.StringIO()
         session = None
@@ -183,18 +202,25 @@ class Workspace:
                 remote_flags={"cache": remote_cache, "upload": remote_upload,
                               "timeout": remote_timeout, "headers": remote_headers},
                 environ={}, entry_point_cache=False)
-            from ._dask_executor import resolve_executor
+            from .execution.dask_executor import resolve_executor
 
             executor = resolve_executor(session.workspace.root, {
                 "executor": remote_executor, "strategy": strategy,
                 "local_fallback": remote_local_fallback}, environ={})
             if executor is not None and session.remote is None:
                 raise QbuildError("remote_executor needs a remote cache")
-            result = session.build(list(patterns), package,
-                                   BuildOptions(jobs=jobs, keep_going=keep_going,
-                                                explain=explain, cpu=cpu, memory=memory,
-                                                remote_executor=executor),
-                                   ConsoleReporter(log, tty=False)).result
+            started = time.time()
+            request = BuildRequest(
+                list(patterns), package,
+                BuildOptions(jobs=jobs, keep_going=keep_going, explain=explain, cpu=cpu,
+                             memory=memory, remote_executor=executor),
+                started=started, toolchain_mismatch=toolchain_mismatch,
+                environment=environment(_options_digest(self.plugins, blocked, remote_cache,
+                                                        remote_upload, remote_headers,
+                                                        remote_timeout))
+                if shortcuts else None)
+            result = full_build(session, request, ConsoleReporter(log, tty=False),
+                                lambda line: print(line, file=log)).build.result
             output_dir = session.workspace.output_dir
         except QbuildError as exc:
             return BuildOutcome(ok=False, exit_code=exc.exit_code, error=str(exc),
@@ -222,8 +248,8 @@ class Workspace:
     def aquery(self, *patterns: str) -> list[dict[str, Any]]:
         """The records ``qbuild aquery --output=json`` prints, computed in-process with
         this workspace's plugins (keys from what the cache holds; nothing runs)."""
-        from ._aquery import actions
-        from ._session import Session
+        from .build.session import Session
+        from .commands.aquery import actions
 
         session, package = Session.open(self.root, plugins=self.plugins,
                                         entry_point_cache=False)
@@ -278,8 +304,8 @@ class FakeExecutor:
     def wait(self, fs: Iterable[concurrent.futures.Future[Outcome]], *, return_when: str
              ) -> tuple[set[concurrent.futures.Future[Outcome]],
                         set[concurrent.futures.Future[Outcome]]]:
-        from ._executor import ActionFailed
-        from ._records import ActionResult, Outcome
+        from .core.records import ActionResult, Outcome
+        from .execution.failures import ActionFailed
 
         fs = set(fs)
         if not any(f.done() for f in fs):

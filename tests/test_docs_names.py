@@ -6,11 +6,6 @@ and tensor names it quotes from a model.
   root, to the page's folder, to ``plugins/``, or to one plugin package (pages name
   modules inside a plugin as ``accuracy/detection.py``). Generated paths (under
   ``qbuild-out/``, ``.qbuild/``, ``~`` or ``/``) are not checked.
-* **Engine modules.** ``qbuild/_name.py`` paths are the engine's modules before it was
-  reorganised into sub-packages (``qbuild/build/run.py``, ...) on another branch. Until
-  that branch merges and updates the pages, a missing ``qbuild/_name.py`` is an expected
-  failure (xfail naming the paths), never a pass in silence; every other missing path
-  fails.
 * **Model names.** A section (a heading and its text) that talks about one of the
   repository's models (it names the model or its file) may quote node names
   (``Mul_75``: an ONNX operator type, ``_`` and a number), tensors in selectors
@@ -42,7 +37,6 @@ _FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.S | re.M)
 _CODE = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"^[\w.-]+(?:/[\w.-]+)+\.(?:py|toml|md|onnx|json|txt|sh|lock|cfg|ini|yml|yaml)$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
-_ENGINE_PRIVATE = re.compile(r"^qbuild/_\w+\.py$")
 _GENERATED = ("qbuild-out/", ".qbuild/", "~", "/")
 
 # The repository's models a section may talk about: how pages name them, and the file.
@@ -108,13 +102,7 @@ def test_the_path_check_finds_paths():
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
 def test_every_quoted_path_exists(page):
     missing = [p for p in _quoted_paths(page) if not _exists(p, page)]
-    engine = [p for p in missing if _ENGINE_PRIVATE.match(p)]
-    other = [p for p in missing if p not in engine]
-    assert not other, f"{_page_id(page)} names files that do not exist: {other}"
-    if engine:
-        pytest.xfail(f"{_page_id(page)} names engine modules from before the engine's "
-                     f"sub-packages ({', '.join(engine)}); the engine branch updates them "
-                     "when it merges")
+    assert not missing, f"{_page_id(page)} names files that do not exist: {missing}"
 
 
 # ---------------------------------------------------------------------------------------
@@ -168,7 +156,7 @@ def test_the_name_check_sees_the_yolo_example_and_the_walkthrough():
 
 
 @pytest.fixture(scope="module")
-def model_names():
+def model_names(preprocessed):
     """Every node and tensor name of each model, as shipped and pre-processed."""
     import onnx
 
@@ -190,21 +178,21 @@ def model_names():
     return get
 
 
-_PREPROCESSED: dict[str, Path] = {}
-
-
-def preprocessed(key: str) -> Path:
+@pytest.fixture(scope="module")
+def preprocessed(tmp_path_factory):
     """The model after onnxruntime's quantization pre-processing (the form
-    ``quant_preprocess`` gives the rules), made once per test session."""
-    if key not in _PREPROCESSED:
-        import tempfile
+    ``quant_preprocess`` gives the rules), made once per module."""
+    made: dict[str, Path] = {}
 
-        from onnxruntime.quantization.shape_inference import quant_pre_process
+    def get(key: str) -> Path:
+        if key not in made:
+            from onnxruntime.quantization.shape_inference import quant_pre_process
 
-        folder = Path(tempfile.mkdtemp(prefix=f"docs-names-{key}-"))
-        quant_pre_process(str(MODELS[key][1]), str(folder / "pre.onnx"))
-        _PREPROCESSED[key] = folder / "pre.onnx"
-    return _PREPROCESSED[key]
+            made[key] = tmp_path_factory.mktemp(f"pre-{key}") / "pre.onnx"
+            quant_pre_process(str(MODELS[key][1]), str(made[key]))
+        return made[key]
+
+    return get
 
 
 @pytest.mark.parametrize(("section", "models", "names"), CHECKED,
@@ -255,7 +243,7 @@ def test_the_region_check_reads_the_yolo_example():
 
 @pytest.mark.parametrize(("section", "model", "kind", "name", "count"), CLAIMS,
                          ids=[f"{c[0]}: {c[3]}" for c in CLAIMS])
-def test_region_sizes_match_the_model(section, model, kind, name, count):
+def test_region_sizes_match_the_model(section, model, kind, name, count, preprocessed):
     import onnx
     from qbuild_onnx.quantization.selectors import resolve_nodes
 

@@ -13,7 +13,7 @@ import time
 import dist_rules
 import toy_rules
 
-from qbuild._store import LocalStore
+from qbuild.store.local import LocalStore
 from qbuild.testing import Workspace
 
 GRAPH = """
@@ -81,7 +81,7 @@ def test_builds_on_the_cluster_byte_identical_to_local(tmp_path, cache_server, l
     # Build without the bytes: the client holds the requested outputs, not //p:one's.
     store = LocalStore(there.cache_dir)
     try:
-        held = set(store._cas.iterkeys())
+        held = set(store.blob_digests())
     finally:
         store.close()
     here_store = LocalStore(here.cache_dir)
@@ -99,7 +99,7 @@ def test_builds_on_the_cluster_byte_identical_to_local(tmp_path, cache_server, l
 
 
 def _last_keys(ws: Workspace) -> dict[str, str]:
-    from qbuild._state import WorkspaceState
+    from qbuild.build.state import WorkspaceState
 
     return WorkspaceState(ws.path("qbuild-out")).last_keys
 
@@ -140,7 +140,7 @@ def test_a_worker_killed_mid_action_is_survived(tmp_path, cache_server, local_cl
     assert result.output("//k:slow").read_text() == "done"
     assert result.remote_execution["remote_actions"] == 1
     # Nothing partial on the server: one entry, and every blob it names is there whole.
-    from qbuild._remote_store import parse_action_result
+    from qbuild.store.remote import parse_action_result
 
     entries = list((cache_server.root / tmp_path.name / "ac").iterdir())
     assert len(entries) == 1

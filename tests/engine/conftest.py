@@ -4,7 +4,7 @@ the incremental path reused."""
 import pytest
 import toy_rules
 
-from qbuild import _incremental
+from qbuild.shortcuts import incremental as _incremental
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from qbuild._store import LocalStore
+from qbuild.store.local import LocalStore
 
 ENGINE_TESTS = os.path.dirname(__file__)
 
@@ -144,7 +144,7 @@ def test_ctrl_c_kills_running_commands_and_exits_130(ws, tmp_path):
 
 
 def test_stale_sandbox_sweep_spares_a_live_sandbox_of_another_pid_namespace(ws):
-    from qbuild._executor import clean_stale_sandboxes
+    from qbuild.execution.sandbox import clean_stale_sandboxes
 
     store = LocalStore(ws.cache_dir)
     store.close()
@@ -172,7 +172,7 @@ def test_stale_sandbox_sweep_spares_a_live_sandbox_of_another_pid_namespace(ws):
 def test_stale_sandbox_sweep_spares_a_folder_locked_sandbox(ws):
     """Sandboxes lock their own folder (no lock file per action): the sweep spares one
     whose folder lock is held, however old, and removes it once its owner is gone."""
-    from qbuild._executor import clean_stale_sandboxes, new_sandbox
+    from qbuild.execution.sandbox import clean_stale_sandboxes, new_sandbox
 
     store = LocalStore(ws.cache_dir)
     store.close()

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
-from qbuild import _build, _rebuild
-from qbuild._digest import has_reflinks
+from qbuild.build import rebuild as _rebuild
+from qbuild.build import run as _build
+from qbuild.core.files import has_reflinks
 
 
 def test_a_target_rebuilt_to_new_bytes_after_it_was_placed_is_placed_again(ws):

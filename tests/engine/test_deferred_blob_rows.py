@@ -4,12 +4,11 @@ were fsync'ed, and always before an action entry that names it. These tests try 
 that: another process must not find a row whose file is not durable, this process must
 find its own blobs at once, and a dropped blob must never get a row."""
 
-import json
 import os
 
-from qbuild import _store
-from qbuild._digest import hash_file
-from qbuild._store import LocalStore
+from qbuild.core.files import hash_file
+from qbuild.store import local as _store
+from qbuild.store.local import LocalStore
 
 
 def _blob(tmp, name, data):
@@ -46,7 +45,7 @@ def test_rows_are_written_after_the_files_are_durable(tmp_path, monkeypatch):
 
 
 def test_an_entry_is_never_written_before_the_rows_of_its_blobs(tmp_path):
-    from qbuild._records import ActionResult, OutputEntry
+    from qbuild.core.records import ActionResult, OutputEntry
 
     store = LocalStore(tmp_path / "cache")
     store.defer_sync()
@@ -55,8 +54,8 @@ def test_an_entry_is_never_written_before_the_rows_of_its_blobs(tmp_path):
     result = ActionResult((OutputEntry("o", digest, 13, False),), ("o",))
     store.put_results([("k" * 64, {"parts": 1}, result)])
     other = LocalStore(tmp_path / "cache")
-    entry = json.loads(other._ac.get("k" * 64))
-    assert [o["digest"] for o in entry["outputs"]] == [digest]
+    entry = other.get_action("k" * 64)
+    assert entry is not None and [o.digest for o in entry.outputs] == [digest]
     assert other.has_blob(digest)
     store.close()
     other.close()

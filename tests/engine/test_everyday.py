@@ -176,7 +176,7 @@ def test_event_log_separates_queued_from_running(ws, tmp_path):
 def test_live_line_counts_running_and_queued_separately():
     import io
 
-    from qbuild._progress import ConsoleReporter
+    from qbuild.build.progress import ConsoleReporter
 
     stream = io.StringIO()
     reporter = ConsoleReporter(stream, tty=True)
@@ -198,7 +198,7 @@ def test_lines_off_a_terminal_are_written_in_batches_in_order_and_soon():
     line, and never longer than a moment even while a long action runs."""
     import io
 
-    from qbuild._progress import _HOLD, ConsoleReporter
+    from qbuild.build.progress import _HOLD, ConsoleReporter
 
     stream = io.StringIO()
     reporter = ConsoleReporter(stream, tty=False)

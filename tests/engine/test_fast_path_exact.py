@@ -146,7 +146,7 @@ def test_a_copied_workspace_sees_its_own_edits(ws, tmp_path):
 
 
 def test_timestamps_in_whole_seconds_mean_a_coarse_filesystem():
-    from qbuild._digest import granularity, is_racy
+    from qbuild.core.files import granularity, is_racy
 
     whole = 1_700_000_000 * 10**9
     assert granularity(whole, whole) >= 1.0

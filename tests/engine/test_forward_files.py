@@ -13,7 +13,7 @@ import time
 import toy_rules_v2
 
 import qbuild
-from qbuild._actions import FORWARD_FILES, function_ref
+from qbuild.api.actions import FORWARD_FILES, function_ref
 
 
 def test_the_engine_knows_forward_files_by_its_reference():

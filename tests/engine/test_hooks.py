@@ -8,7 +8,7 @@ import hook_hello
 import hook_host
 
 from qbuild import hookimpl
-from qbuild._state import WorkspaceState
+from qbuild.build.state import WorkspaceState
 from qbuild.events import ActionEvent, BuildSummary
 
 BUILD = """
@@ -86,10 +86,10 @@ def test_info_plugins_and_p_no(qbuild_workspace):
     shown = ws.cli("info", "--plugins")
     assert shown.code == 0, shown.stderr
     line = next(x for x in shown.stdout.splitlines() if x.startswith("generic:"))
-    assert " qbuild 0.1.0 from " in line and line.endswith("__init__.py")
+    assert " qbuild 0.2.0 from " in line and line.endswith("__init__.py")
     assert "  rules: " in shown.stdout
     blocked = ws.cli("-p", "no:generic", "info", "--plugins")
-    assert "generic: qbuild 0.1.0 (qbuild_generic) blocked (-p no:generic)" in blocked.stdout
+    assert "generic: qbuild 0.2.0 (qbuild_generic) blocked (-p no:generic)" in blocked.stdout
     rules = ws.cli("rules", "-p", "no:generic")
     assert rules.code == 0 and "filegroup" not in rules.stdout
     ws.write("qbuild.toml", ws.path("qbuild.toml").read_text()

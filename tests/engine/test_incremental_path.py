@@ -73,7 +73,7 @@ def test_a_dependency_rebuilt_to_the_same_bytes_stops_the_rebuild(ws, reused):
 
 
 def test_a_dropped_cache_entry_is_not_reused(ws, reused):
-    from qbuild._store import LocalStore
+    from qbuild.store.local import LocalStore
 
     state = ws.root / "qbuild-out/.qbuild/state.json"
     import json

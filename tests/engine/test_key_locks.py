@@ -1,4 +1,4 @@
-"""Action key locks (``qbuild._keylock``): keys sharing a lock file's prefix do not wait
+"""Action key locks (``qbuild.store.keylock``): keys sharing a lock file's prefix do not wait
 for each other inside one process, while the same key still waits (in another thread,
 or in another process through the shared lock file)."""
 
@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from qbuild._keylock import KeyLocks
+from qbuild.store.keylock import KeyLocks
 
 A = "abc" + "0" * 61
 B = "abc" + "1" * 61  # same prefix as A: the same lock file

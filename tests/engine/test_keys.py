@@ -86,11 +86,11 @@ def test_editing_a_rule_helper_module_reruns_the_action(ws, plugin):
 
 
 def test_qbuild_explain_names_the_changed_code_file(ws, plugin):
-    from qbuild._build import Session
-    from qbuild._explain import explain
-    from qbuild._label import Label
-    from qbuild._plugins import load_registry
-    from qbuild._workspace import load_workspace
+    from qbuild.analysis.plugins import load_registry
+    from qbuild.analysis.workspace import load_workspace
+    from qbuild.build.session import Session
+    from qbuild.commands.explain import explain
+    from qbuild.core.labels import Label
 
     name, package = plugin
     ws.write("p/BUILD.toml", '[g]\nrule = "greet"\n')
@@ -119,7 +119,7 @@ def test_qbuild_version_is_keyed(ws, monkeypatch):
     ws.write("p/a.txt", "a")
     ws.write("p/BUILD.toml", '[a]\nrule = "concat"\nsrcs = ["a.txt"]\n')
     assert ws.build("//p:a").ran == ["//p:a"]
-    monkeypatch.setattr("qbuild._keys.__version__", qbuild.__version__ + ".post1")
+    monkeypatch.setattr("qbuild.core.versions.__version__", qbuild.__version__ + ".post1")
     again = ws.build("//p:a", explain=True)
     assert again.ran == ["//p:a"]
     assert any(line.startswith("qbuild: ") for line in again.explanations["//p:a"])

@@ -3,7 +3,7 @@
 import pytest
 
 from qbuild import ConfigError
-from qbuild._label import Label, Pattern, parse_label, parse_pattern
+from qbuild.core.labels import Label, Pattern, parse_label, parse_pattern
 
 
 @pytest.mark.parametrize(("text", "package", "expected"), [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from qbuild._digest import has_reflinks
+from qbuild.core.files import has_reflinks
 
 SIZE = 8 << 20
 

@@ -43,8 +43,8 @@ def test_sandboxes_are_gone_when_the_build_returns(ws):
 def test_a_damaged_fresh_blob_is_still_caught(tmp_path):
     """A blob this process stored from a file it hashed is trusted (not hashed again
     when placed) only while it keeps the stat it was stored with."""
-    from qbuild._digest import hash_file
-    from qbuild._store import LocalStore
+    from qbuild.core.files import hash_file
+    from qbuild.store.local import LocalStore
 
     store = LocalStore(tmp_path / "cache")
     try:
@@ -163,10 +163,10 @@ def test_analysis_cache_follows_rule_code(ws, tmp_path, monkeypatch):
     import importlib
     import sys
 
-    from qbuild import _analysis_cache
-    from qbuild._build import Session
-    from qbuild._plugins import load_registry
-    from qbuild._workspace import load_workspace
+    from qbuild.analysis.plugins import load_registry
+    from qbuild.analysis.workspace import load_workspace
+    from qbuild.build.session import Session
+    from qbuild.shortcuts import analysis_cache as _analysis_cache
 
     plugin = tmp_path / "plug" / "perf_probe_rules.py"
     plugin.parent.mkdir()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qbuild._digest import clone_or_copy, hash_file
+from qbuild.core.files import clone_or_copy, hash_file
 from qbuild.testing import Workspace
 
 _SIZE = 24 << 20

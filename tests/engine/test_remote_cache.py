@@ -14,7 +14,7 @@ import pytest
 import toy_rules
 from remote_servers import Nginx, Wsgidav, nginx_binary
 
-from qbuild._store import LocalStore
+from qbuild.store.local import LocalStore
 from qbuild.testing import Workspace
 
 GRAPH = """

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from remote_servers import Wsgidav
 
-from qbuild._state import WorkspaceState
-from qbuild._store import LocalStore
+from qbuild.build.state import WorkspaceState
+from qbuild.store.local import LocalStore
 from qbuild.testing import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -72,7 +72,7 @@ def test_quantization_pipeline_through_a_shared_wsgidav(tmp_path):
         assert changed.ok and changed.ran == ["//m:int8"]
         store = LocalStore(c.cache_dir)
         try:
-            have = {d for d in store._cas.iterkeys()}
+            have = set(store.blob_digests())
         finally:
             store.close()
         key = WorkspaceState(a.path("qbuild-out")).last_keys["//m:images"]

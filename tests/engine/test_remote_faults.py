@@ -19,7 +19,7 @@ from remote_servers import FaultServer, Nginx, Wsgidav, free_port, nginx_binary
 from test_remote_cache import GRAPH, make
 
 from qbuild import ActionContext, Rule, attr, hookimpl
-from qbuild._store import LocalStore
+from qbuild.store.local import LocalStore
 
 ALL = ["//p:one", "//p:top", "//p:two"]
 
@@ -35,7 +35,7 @@ def assert_cache_is_clean(ws) -> None:
     """Every blob in a local cache hashes to its digest."""
     store = LocalStore(ws.cache_dir)
     try:
-        for digest in list(store._cas.iterkeys()):
+        for digest in store.blob_digests():
             path = store._blob_path(digest)
             assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
     finally:

@@ -141,7 +141,8 @@ def test_aquery_lists_actions_inputs_outputs_and_keys(ws):
     # Nothing built: the transform's key is known from its inputs, the report's is not.
     assert transform["key"] and not transform["cached"]
     assert report["key"] is None
-    assert plain["key"] and plain["v2"] is False
+    # A rule with ``run`` declares one action, named after its kind, calling ``run``.
+    assert plain["key"] and plain["function"] == "qbuild.api.rule:run_rule"
     built = ws.build("//p:words", "//p:plain")
     assert built.ok, built.error
     after = ws.aquery("//p:words", "//p:plain")
@@ -160,7 +161,7 @@ def test_an_action_whose_cached_blobs_are_gone_runs_again(ws):
     import hashlib
     import os
 
-    from qbuild._store import LocalStore
+    from qbuild.store.local import LocalStore
 
     setup(ws)
     first = ws.build("//p:words")
@@ -185,12 +186,12 @@ def test_a_declared_provider_must_be_returned(ws):
     ws.write("f/BUILD.toml", '[v1]\nrule = "forgetful_v1"\n[v2]\nrule = "forgetful_v2"\n')
     result = ws.build("//f:v1", "//f:v2", keep_going=True)
     assert result.exit_code == 1
-    assert "did not return the declared provider(s) TextInfo" in result.failed["//f:v1"]
+    assert "returned the declared provider(s) TextInfo" in result.failed["//f:v1"]
     assert "no action returned the declared provider(s) TextInfo" in result.failed["//f:v2"]
 
 
 def test_aquery_text_says_when_an_action_writes_nothing():
-    from qbuild._aquery import as_text
+    from qbuild.commands.aquery import as_text
 
     record = {"mnemonic": "CheckBars", "target": "//p:ev", "function": "m:check",
               "inputs": [], "outputs": [], "params": {}, "key": None, "cached": False}

@@ -10,9 +10,9 @@ import time
 import pytest
 from cli_answers import build, full_answer, outputs
 
-from qbuild import _analysis_cache
-from qbuild._keys import _dep_part, dep_part
-from qbuild._records import ActionResult, OutputEntry
+from qbuild.core.records import ActionResult, OutputEntry
+from qbuild.keys.parts import _dep_part, dep_part
+from qbuild.shortcuts import analysis_cache as _analysis_cache
 
 
 def test_a_dependency_part_is_computed_once_and_stays_exact():
@@ -97,15 +97,15 @@ def test_a_deleted_target_and_a_changed_attribute_agree_with_the_full_path(fan, 
 def test_a_target_keyed_by_its_one_action_has_that_action_s_own_key(fan):
     """The key is computed before the action record is made (once): it is the key the
     record itself gives, and the one the last build stored its result under."""
-    from qbuild._session import Session
-    from qbuild._steps import step_components, step_key
+    from qbuild.build.session import Session
+    from qbuild.keys.action_keys import step_components, step_key
 
     session, _ = Session.open(fan.root)
     try:
         graph = session.graph
         results = {}
         for label in graph.analyze(graph.expand(["//..."], None)):
-            _parts, key, action = session.keyed(graph.targets[label], results,
+            _parts, key, action = session.keyer.keyed(graph.targets[label], results,
                                                 with_parts=False)
             assert action.keyed_by_step and action.key == key
             assert key == step_key(step_components(action, 0, {}))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from qbuild._label import Label
-from qbuild._plan import Plan
-from qbuild._records import Action
-from qbuild._scheduler import Scheduler
+from qbuild.build.plan import Plan
+from qbuild.build.scheduler import Scheduler
+from qbuild.core.labels import Label
+from qbuild.core.records import Action
 from qbuild.testing import FakeExecutor
 
 

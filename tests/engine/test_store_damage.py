@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from qbuild._digest import hash_file
-from qbuild._store import LocalStore
+from qbuild.core.files import hash_file
+from qbuild.store.local import LocalStore
 
 
 def _damage(path):
@@ -198,8 +198,8 @@ def test_hostile_names_nesting_and_matrices_are_refused_in_one_line(ws):
 RACER = """
 import sys, time
 from pathlib import Path
-from qbuild._store import LocalStore
-from qbuild._digest import hash_file
+from qbuild.store.local import LocalStore
+from qbuild.core.files import hash_file
 cache, role, data = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 store = LocalStore(cache)
 digest = hash_file(data)

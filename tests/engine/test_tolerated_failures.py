@@ -92,9 +92,9 @@ def test_every_candidate_failing_is_the_dependents_failure(tws):
 def test_a_tolerated_failure_leaves_no_shortcut_for_the_next_build(tws):
     """Neither the no-op fast path nor the incremental path may answer the next build
     from this one: that would skip trying the failed dependency again."""
-    from qbuild._build import BuildOptions
-    from qbuild._progress import ConsoleReporter
-    from qbuild._session import Session
+    from qbuild.build.progress import ConsoleReporter
+    from qbuild.build.run import BuildOptions
+    from qbuild.build.session import Session
 
     tws.write("p/BUILD.toml", BUILD.format(fail_b="true", fail_c="false"))
     session, package = Session.open(tws.root, plugins=tws.plugins, environ={},

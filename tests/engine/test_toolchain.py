@@ -8,8 +8,10 @@ from typing import Any
 
 import pytest
 
-from qbuild import ActionContext, Rule, _keys, _machine, attr, dist_version, hookimpl
-from qbuild._toolchain import matches, mismatches
+from qbuild import ActionContext, Rule, attr, dist_version, hookimpl
+from qbuild.keys import machine as _machine
+from qbuild.keys import parts as _keys
+from qbuild.keys.toolchain import matches, mismatches
 
 PLUGGY = dist_version("pluggy")
 

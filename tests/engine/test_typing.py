@@ -1,5 +1,6 @@
-"""The engine type-checks under ``mypy --strict`` (configuration: ``[tool.mypy]`` in
-pyproject.toml). Run here so the README's one test command is also CI's type check."""
+"""The engine and the built-in plugins type-check under ``mypy --strict`` (configuration:
+``[tool.mypy]`` in pyproject.toml: ``qbuild/`` and ``plugins/``). Run here so the README's
+one test command is also CI's type check."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_engine_passes_mypy_strict(tmp_path):
+def test_engine_and_plugins_pass_mypy_strict(tmp_path):
     pytest.importorskip("mypy", reason="mypy comes with the 'test' extra")
     proc = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)

@@ -114,7 +114,7 @@ def test_an_untouched_target_s_removed_output_is_placed_again(ws, reused):
 
 
 def test_an_untouched_target_s_dropped_cache_entry_runs_it_again(ws, reused):
-    from qbuild._store import LocalStore
+    from qbuild.store.local import LocalStore
 
     key = json.loads((ws.root / "qbuild-out/.qbuild/state.json").read_text()
                      )["last_keys"]["//p:mid"]
@@ -163,7 +163,7 @@ def test_a_tool_added_earlier_on_path_is_seen(ws, tmp_path, monkeypatch):
 
 
 def test_an_untouched_target_s_event_record_is_the_event_s_own():
-    from qbuild._build import cached_record
+    from qbuild.build.run import cached_record
     from qbuild.events import ActionEvent
 
     made = ActionEvent("//p:a", "cached", key="k" * 64, origin="local_cache").to_json()
@@ -177,10 +177,10 @@ def test_records_made_field_by_field_have_every_field():
     without their generated __init__: each must hold exactly the class's fields."""
     import dataclasses
 
-    from qbuild._actions import ActionSpec
-    from qbuild._analysis_cache import _spec
-    from qbuild._records import ActionResult, OutputEntry
-    from qbuild._session import _ACTION_DEFAULTS
+    from qbuild.api.actions import ActionSpec
+    from qbuild.core.records import ActionResult, OutputEntry
+    from qbuild.keys.keyer import _ACTION_DEFAULTS
+    from qbuild.shortcuts.analysis_cache import _spec
 
     spec = ActionSpec("M", "m:f", ("srcs",), ("o",), {"x": 1}, True, {"srcs": ["a"]}, True)
     assert _spec(spec.describe()) == spec
@@ -191,7 +191,7 @@ def test_records_made_field_by_field_have_every_field():
     assert decoded == result
     assert set(decoded.__dict__) == {f.name for f in dataclasses.fields(result)}
     assert set(decoded.outputs[0].__dict__) == {f.name for f in dataclasses.fields(OutputEntry)}
-    from qbuild._records import Action
+    from qbuild.core.records import Action
 
     required = {f.name for f in dataclasses.fields(Action)} - set(_ACTION_DEFAULTS)
     assert required == {"label", "build_file", "rule_ref", "heavy", "attrs", "attr_types",
@@ -201,16 +201,16 @@ def test_records_made_field_by_field_have_every_field():
 def test_a_keyed_action_record_equals_one_made_by_its_init(ws):
     import dataclasses
 
-    from qbuild._label import Label
-    from qbuild._records import Action
-    from qbuild._session import Session
+    from qbuild.build.session import Session
+    from qbuild.core.labels import Label
+    from qbuild.core.records import Action
 
     session, _ = Session.open(ws.root)
     try:
         order = session.graph.analyze([Label("p", "a"), Label("p", "mid")])
         results = {}
         for label in order:
-            _parts, key, action = session.keyed(session.graph.targets[label], results)
+            _parts, key, action = session.keyer.keyed(session.graph.targets[label], results)
             assert set(action.__dict__) == {f.name for f in dataclasses.fields(Action)}
             assert Action(**{f.name: getattr(action, f.name)
                              for f in dataclasses.fields(Action)}) == action
@@ -223,7 +223,7 @@ def test_a_keyed_action_record_equals_one_made_by_its_init(ws):
 def test_a_source_edited_after_it_was_vouched_for_is_seen_next_time(ws, monkeypatch):
     """An edit landing after the untouched targets were chosen (during the build) is
     never recorded as seen: the next build keys that target again."""
-    from qbuild import _incremental
+    from qbuild.shortcuts import incremental as _incremental
 
     chosen = _incremental.Reuse.untouched
 
@@ -249,7 +249,7 @@ def test_a_source_edited_after_it_was_vouched_for_is_seen_next_time(ws, monkeypa
 def test_record_hashes_read_directly_are_importlib_metadata_s(dist, monkeypatch):
     """Code units of installed rules are keyed by their RECORD hashes, read without
     importing importlib.metadata; the table must be exactly what it would give."""
-    from qbuild import _code
+    from qbuild.keys import code as _code
 
     monkeypatch.setattr(_code, "_records", {})
     direct = _code._record_hashes(dist)

@@ -1,0 +1,3 @@
+"""What the command line offers beside ``build``: query, aquery, graph, explain,
+outputs and info.
+"""

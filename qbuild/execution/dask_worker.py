@@ -1,0 +1,242 @@
+"""The worker side of remote execution: run one action sent by a qbuild client on this
+machine, with the remote cache as the only way bytes come in and go out.
+
+Owns: ``run_remote(request)`` (the function a Dask worker runs; it imports nothing from
+Dask, so any executor that can call a function by reference could run it), the identity
+check that refuses an action when this machine's qbuild, plugin, rule code, declared
+environment facts or toolchain pins differ from the client's, and the per-process state
+(a local cache under ``QBUILD_WORKER_CACHE_DIR``, one ``LocalExecutor`` per remote cache).
+
+The sandbox, rule call, output checks and heavy-action worker pool are the engine's own
+(``LocalExecutor`` over ``Sandboxes``): only where a source file comes from changes (the
+remote cache, by the digest the client's key holds, instead of the client's workspace).
+Outputs are uploaded before the action entry (``LayeredStore``'s upload order), and the
+call returns only after the entry is written, so a worker killed at any point leaves no
+entry behind.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from ..core.errors import QbuildError, RuleError
+from ..core.files import SourceDigests, stat_key
+from ..core.records import Action
+from ..core.versions import __version__, dist_version
+from ..keys.code import CodeDigests
+from ..store.http import RemoteConfig, RemoteError
+from ..store.local import LocalStore
+from ..store.remote import LayeredStore
+from .failures import ActionFailed, MissingBlob
+from .local import LocalExecutor
+from .sandbox import Sandboxes, clean_stale_sandboxes
+
+PROTOCOL = 1  # bump when the request or reply changes shape
+
+
+class _Unchanging:
+    """Source digests for inputs staged from the cache: bytes named by their digest
+    cannot change under the action (the engine's re-check after the run always holds)."""
+
+    def still(self, path: Path, expected_digest: str, expected_key: str) -> bool:
+        return True
+
+
+class WorkerSandboxes(Sandboxes):
+    """The engine's sandboxes, staging source files from the cache by digest."""
+
+    def __init__(self, store: LayeredStore, jobs: int) -> None:
+        super().__init__(store, Path(store.tmp), _Unchanging(), jobs)  # type: ignore[arg-type]
+        self.executable: dict[str, set[str]] = {}  # action key -> executable sources
+
+    def stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
+        digest = action.sources[rel][0]
+        executable = rel in self.executable.get(action.key, ())
+        if not self.store.restore_blob(digest, dest, executable):
+            raise ActionFailed(RuleError(f"input {rel} ({digest[:12]}) is not in the remote "
+                                         "cache (the client uploads sources before sending "
+                                         "an action; was it evicted?)",
+                                         target=str(action.label)))
+        return stat_key(os.lstat(dest))
+
+    def run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+                      ) -> Any:
+        # A Dask worker is itself the process that isolates actions (its nanny restarts
+        # it, the scheduler reschedules what it ran) and, being daemonic, cannot start
+        # a pool: heavy actions run in its thread, as light ones do.
+        return function(*args)
+
+
+class WorkerExecutor(LocalExecutor):
+    """The engine's executor, in ``WorkerSandboxes``."""
+
+    def __init__(self, store: LayeredStore, jobs: int) -> None:
+        sandboxes = WorkerSandboxes(store, jobs)
+        super().__init__(store, sandboxes.root, sandboxes.digests, jobs, sandboxes=sandboxes)
+        self.executable = sandboxes.executable  # action key -> executable sources
+
+
+class _State:
+    """What one worker process keeps between actions."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.local: LocalStore | None = None
+        self.executors: dict[tuple[Any, ...], tuple[LayeredStore, WorkerExecutor]] = {}
+        self.digests: SourceDigests | None = None
+        self.units: dict[str, str] = {}  # code unit -> digest, taken once
+
+    def cache_dir(self) -> Path:
+        chosen = os.environ.get("QBUILD_WORKER_CACHE_DIR")
+        if chosen:
+            return Path(chosen)
+        return Path(tempfile.gettempdir()) / f"qbuild-worker-{os.getuid()}"
+
+    def executor(self, config: RemoteConfig, jobs: int) -> tuple[LayeredStore, WorkerExecutor]:
+        ident = (config.url, config.timeout, tuple(sorted(config.headers.items())))
+        with self.lock:
+            if self.local is None:
+                self.local = LocalStore(self.cache_dir())
+                self.digests = SourceDigests(self.local)
+                clean_stale_sandboxes(self.local.tmp)
+            known = self.executors.get(ident)
+            if known is not None and known[0].usable:
+                return known
+            store = LayeredStore(self.local, config)
+            store.warn = lambda text: None  # the reply carries the problem instead
+            pair = (store, WorkerExecutor(store, jobs))
+            self.executors[ident] = pair
+            return pair
+
+
+_STATE = _State()
+
+
+def _worker_name() -> tuple[str, int]:
+    """(address, threads) of the Dask worker running this call; a host name otherwise."""
+    try:
+        from distributed import get_worker
+
+        worker: Any = get_worker()
+        return str(worker.address), int(getattr(worker, "nthreads", 0) or 1)
+    except (ImportError, ValueError, AttributeError):
+        import socket
+
+        return f"{socket.gethostname()}:{os.getpid()}", os.cpu_count() or 1
+
+
+def _rule_class(rule_ref: str) -> Any:
+    import importlib
+
+    module_name, qualname = rule_ref.split(":", 1)
+    obj: Any = importlib.import_module(module_name)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def differences(request: dict[str, Any], digests: SourceDigests) -> list[str]:
+    """What differs between this process's installation and the client's, as far as
+    this action's outputs can tell: one line each, empty when the worker may run it."""
+    parts, out = request["parts"], []
+    if request.get("protocol") != PROTOCOL:
+        return [f"remote-execution protocol {request.get('protocol')} (client) vs "
+                f"{PROTOCOL} (worker)"]
+    if parts["qbuild_version"] != __version__:
+        out.append(f"qbuild {parts['qbuild_version']} (client) vs {__version__} (worker)")
+    dist = parts["plugin"]
+    # A plugin module registered by hand (not installed) has no distribution version;
+    # its code digest below still covers it.
+    if dist and not dist.startswith("local:") and dist_version(dist) != parts["plugin_version"]:
+        out.append(f"plugin distribution {dist} {parts['plugin_version']} (client) vs "
+                   f"{dist_version(dist)} (worker)")
+    code = CodeDigests(digests, [dist] if dist and not dist.startswith("local:") else [])
+    for unit, digest in sorted(parts["code"].items()):
+        mine = _STATE.units.get(unit)
+        if mine is None:
+            # Once per process: the code a worker runs is what it imported, and files
+            # changed under a running worker do not change its modules (restart workers
+            # after installing other code).
+            mine = _STATE.units[unit] = code.unit(unit)[0]
+        if mine != digest:
+            out.append(f"rule code {unit} differs (client {digest[:12]}, worker {mine[:12]}; "
+                       "see qbuild explain for the files)")
+    from ..keys.toolchain import mismatches
+
+    out += [f"toolchain pin: {line}" for line in mismatches(dict(request.get("pins", {})))]
+    if out:  # the rule's own facts need its import, which mismatched code may break
+        return out
+    try:
+        from ..keys.parts import target_env
+
+        rule = _rule_class(request["action"].rule_ref)()
+        shim: Any = SimpleNamespace(rule=rule, attrs=request["action"].attrs)
+        env = target_env(shim)
+    except Exception as exc:  # importing the rule here is part of the check
+        return [f"rule {request['action'].rule_ref} cannot be loaded "
+                f"({type(exc).__name__}: {exc})"]
+    want: dict[str, str] = parts["env"]
+    for name in sorted(set(want) | set(env)):
+        if want.get(name) != env.get(name):
+            out.append(f"environment fact {name}: {want.get(name, '<absent>')!r} (client) "
+                       f"vs {env.get(name, '<absent>')!r} (worker)")
+    return out
+
+
+def run_remote(request: dict[str, Any]) -> dict[str, Any]:
+    """Run one action for a client; always returns a reply dict (never raises for the
+    action's own failures, so Dask retries only what a lost worker interrupted).
+
+    Reply ``status``: ``ok`` (outputs in the remote cache, entry written last),
+    ``failed`` (the rule failed: ``error``, ``log_tail``), ``missing`` (a dependency's
+    blob is not in the remote cache: ``dep``), ``refused`` (``reason``: what differs),
+    ``error`` (the remote cache could not be used: ``error``).
+    """
+    started = time.monotonic()
+    worker, threads = _worker_name()
+    reply: dict[str, Any] = {"worker": worker, "pid": os.getpid()}
+    action: Action = request["action"]
+    config = RemoteConfig(url=request["remote"]["url"], upload=True,
+                          timeout=request["remote"]["timeout"],
+                          headers=dict(request["remote"]["headers"]), environ=os.environ)
+    try:
+        store, executor = _STATE.executor(config, max(1, threads))
+        assert _STATE.digests is not None
+        problems = differences(request, _STATE.digests)
+    except QbuildError as exc:
+        return {**reply, "status": "error", "error": str(exc)}
+    if problems:
+        return {**reply, "status": "refused", "reason": "; ".join(problems)}
+    executor.executable[action.key] = set(request["parts"]["executable_sources"])
+    try:
+        outcome = executor.execute(action)
+    except ActionFailed as exc:
+        return {**reply, "status": "failed", "error": str(exc.error), "log_tail": exc.log_tail}
+    except MissingBlob as exc:
+        if not store.usable:
+            return {**reply, "status": "error", "error": store.problem}
+        return {**reply, "status": "missing", "dep": exc.dep_label}
+    except (QbuildError, OSError) as exc:
+        return {**reply, "status": "error", "error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        executor.executable.pop(action.key, None)
+    result = outcome.result
+    store.put_components(action.key, request["parts"])
+    try:
+        store.publish(action.key, result)  # blobs, metadata, then the entry
+    except (RemoteError, OSError) as exc:
+        return {**reply, "status": "error",
+                "error": f"outputs could not be uploaded to {store.remote.display_url}: "
+                         f"{exc}"}
+    return {**reply, "status": "ok", "outputs": [e.to_json() for e in result.outputs],
+            "info": dict(result.info), "warnings": list(result.warnings),
+            "providers": dict(result.providers), "steps": list(outcome.steps),
+            "seconds": outcome.seconds,
+            "code": request["parts"]["code"],
+            "worker_seconds": round(time.monotonic() - started, 4)}

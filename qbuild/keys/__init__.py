@@ -1,0 +1,3 @@
+"""Everything that enters an action key: the key parts, code digests, machine and
+toolchain facts.
+"""

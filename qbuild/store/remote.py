@@ -1,0 +1,536 @@
+"""Local cache first, then a shared remote one: the ``Store`` a build uses when a remote
+cache is configured, and where its settings come from.
+
+Owns: the remote-cache settings (``--remote_*`` flags, then the ``QBUILD_REMOTE_*``
+environment, then ``[remote]`` in ``qbuild.toml``); the mapping between qbuild's action
+results and REAPI ``ActionResult`` JSON; fetching action results lazily ("build without
+the bytes": a remote hit records the result, and a blob is downloaded only when
+``restore_blob`` is asked for it, i.e. when a dependent runs or the user requested the
+target); uploading local results in background threads (every blob before the entry
+that references it, so no entry ever points at a missing blob).
+
+The remote never fails a build: the first transport error, garbage entry or blob that
+does not match its digest gives one warning and the rest of the build is local only.
+Nothing downloaded is used before its digest is verified.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..core.errors import ConfigError, UsageError
+from ..core.files import hash_bytes
+from ..core.records import ActionResult, KeyParts
+from ..core.toml import load_toml
+from .http import DigestMismatch, HttpCache, RemoteConfig, RemoteError, is_digest
+from .keylock import KeyLock
+from .local import LocalStore
+
+RESULT_PATH = ".qbuild/result.json"  # the output file of an ActionResult holding our metadata
+_FORMAT = 1
+_KNOWN = {"cache", "upload_local_results", "timeout", "headers",
+          "executor", "local_fallback", "strategy"}  # the last three: _dask_executor
+_UPLOAD_THREADS = 4
+
+
+# -- settings ---------------------------------------------------------------------------------
+def _truthy(text: str) -> bool | None:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    return None
+
+
+def resolve_remote(root: Path, flags: Mapping[str, Any] | None = None,
+                   environ: Mapping[str, str] | None = None) -> RemoteConfig | None:
+    """The remote cache settings of a command, or None when no remote cache is set.
+
+    ``flags`` holds ``cache``, ``upload``, ``timeout`` (None: not given) and ``headers``
+    (a list of ``Name=Value``). An empty ``--remote_cache=`` turns a configured one off.
+    """
+    flags = dict(flags or {})
+    environ = os.environ if environ is None else environ
+    marker = root / "qbuild.toml"
+    table = load_toml(marker).get("remote", {})
+    if not isinstance(table, dict):
+        raise ConfigError("[remote] must be a table", file=marker)
+    unknown = sorted(set(table) - _KNOWN)
+    if unknown:
+        raise ConfigError(f"unknown [remote] setting(s) {', '.join(unknown)}; known: "
+                          f"{', '.join(sorted(_KNOWN))}", file=marker)
+    url = flags.get("cache")
+    if url is None:
+        url = environ.get("QBUILD_REMOTE_CACHE")
+    if url is None:
+        url = table.get("cache")
+        if url is not None and not isinstance(url, str):
+            raise ConfigError("[remote] 'cache' must be a URL string", file=marker)
+    if not url:
+        return None
+    upload = flags.get("upload")
+    if upload is None and environ.get("QBUILD_REMOTE_UPLOAD_LOCAL_RESULTS"):
+        upload = _truthy(environ["QBUILD_REMOTE_UPLOAD_LOCAL_RESULTS"])
+        if upload is None:
+            raise UsageError("QBUILD_REMOTE_UPLOAD_LOCAL_RESULTS must be true or false")
+    if upload is None:
+        upload = table.get("upload_local_results", True)
+        if not isinstance(upload, bool):
+            raise ConfigError("[remote] 'upload_local_results' must be true or false",
+                              file=marker)
+    timeout = flags.get("timeout")
+    if timeout is None:
+        timeout = table.get("timeout", 60)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ConfigError("[remote] 'timeout' must be a positive number of seconds",
+                              file=marker)
+    elif timeout <= 0:
+        raise UsageError("--remote_timeout must be a positive number of seconds")
+    headers: dict[str, str] = {}
+    table_headers = table.get("headers", {})
+    if not isinstance(table_headers, dict) or not all(
+            isinstance(v, str) for v in table_headers.values()):
+        raise ConfigError("[remote] 'headers' must be a table of strings", file=marker)
+    headers.update(table_headers)
+    for item in flags.get("headers") or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip() or any(c in name for c in ": \r\n") or any(
+                c in value for c in "\r\n"):
+            # The value may be a secret: name only the header.
+            raise UsageError(f"--remote_header must be Name=Value (got a malformed header "
+                             f"{name.strip()[:40]!r})")
+        headers[name.strip()] = value
+    config = RemoteConfig(url=url, upload=upload, timeout=float(timeout), headers=headers,
+                          environ=environ)
+    try:
+        HttpCache(config)
+    except ValueError as exc:
+        raise UsageError(f"bad remote cache URL: {exc}") from None
+    return config
+
+
+# -- ActionResult <-> qbuild result ------------------------------------------------------------
+def _digest_json(digest: str, size: int) -> dict[str, str]:
+    # Proto3 JSON writes int64 as a string.
+    return {"hash": digest, "sizeBytes": str(size)}
+
+
+def to_action_result(outputs: list[dict[str, Any]], meta_digest: str, meta_size: int
+                     ) -> bytes:
+    """REAPI ``ActionResult`` JSON listing the outputs and our metadata blob."""
+    files = [{"path": e["path"], "digest": _digest_json(e["digest"], e["size"])}
+             for e in outputs]
+    files.append({"path": RESULT_PATH, "digest": _digest_json(meta_digest, meta_size)})
+    return json.dumps({"outputFiles": files}, sort_keys=True).encode()
+
+
+def _size(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError("bad size")
+    size = int(value)  # proto3 JSON: int64 as string or number
+    if size < 0:
+        raise ValueError("negative size")
+    return size
+
+
+def _safe_path(path: Any) -> bool:
+    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
+        return False
+    return posixpath.normpath(path) == path and not path.startswith("..")
+
+
+def parse_action_result(raw: bytes) -> tuple[list[dict[str, Any]], tuple[str, int]]:
+    """Output entries and the metadata blob's (digest, size); ValueError if malformed."""
+    data = json.loads(raw.decode("utf-8"))
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    files = data.get("outputFiles", data.get("output_files"))
+    if not isinstance(files, list):
+        raise ValueError("no outputFiles")
+    outputs: list[dict[str, Any]] = []
+    meta: tuple[str, int] | None = None
+    for item in files:
+        digest = item.get("digest") if isinstance(item, dict) else None
+        if not isinstance(digest, dict) or not _safe_path(item.get("path")):
+            raise ValueError("malformed output file")
+        value = digest.get("hash")
+        size = _size(digest.get("sizeBytes", digest.get("size_bytes", 0)))
+        if not isinstance(value, str) or not is_digest(value):
+            raise ValueError("malformed digest")
+        if item["path"] == RESULT_PATH:
+            meta = (value, size)
+        else:
+            outputs.append({"path": item["path"], "digest": value, "size": size})
+    if meta is None:
+        raise ValueError("not written by qbuild (no metadata blob)")
+    return outputs, meta
+
+
+def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
+    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+        raise ValueError("unknown metadata format")
+    declared = meta.get("declared")
+    if not isinstance(declared, list) or not all(
+            isinstance(d, str) and _safe_path(d.removesuffix("/")) for d in declared):
+        raise ValueError("bad declared outputs")
+    if not isinstance(meta.get("info"), dict) or not isinstance(meta.get("warnings"), list):
+        raise ValueError("bad info")
+    if not isinstance(meta.get("providers", {}), dict):
+        raise ValueError("bad providers")
+    paths = [e["path"] for e in outputs]
+    if len(set(paths)) != len(paths):
+        raise ValueError("duplicate output paths")
+    dirs = tuple(d for d in declared if d.endswith("/"))
+    for path in paths:
+        if path not in declared and not path.startswith(dirs or ("\0",)):
+            raise ValueError(f"output {path} was not declared")
+    for name in declared:
+        if not name.endswith("/") and name not in paths:
+            raise ValueError(f"declared output {name} is missing")
+
+
+# -- the layered store ---------------------------------------------------------------------
+class LayeredStore:
+    """A ``Store``: the local cache, backed by a remote Bazel HTTP cache. Every member of
+    ``Store`` is spelled out here (what the remote layer does not change is the local
+    store's), so the type checker sees any it lacks."""
+
+    def __init__(self, local: LocalStore, config: RemoteConfig) -> None:
+        self.local = local
+        self.directory = local.directory
+        self.tmp = local.tmp
+        self.remote_config = config
+        self.remote = HttpCache(config)
+        self.upload = config.upload
+        self.warn: Callable[[str], None] = lambda text: print(text, file=sys.stderr)
+        self.remote_hits = 0
+        self.blobs_downloaded = 0
+        self.uploads_done = 0
+        self._disabled = False
+        self.problem = ""
+        self._lock = threading.Lock()
+        self._sizes: dict[str, int] = {}
+        self._bad_blobs: set[str] = set()  # served with wrong bytes: replace once we have them
+        self.blobs_repaired = 0
+        self._fetching: dict[str, threading.Lock] = {}
+        self._pool: Any = None
+        self._futures: list[Any] = []
+
+    # -- failure policy -------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        return not self._disabled
+
+    @property
+    def remote_usable(self) -> bool:
+        """Blobs of remote results can be downloaded until the remote is given up on."""
+        return self.usable
+
+    def _give_up(self, why: str) -> None:
+        with self._lock:
+            if self._disabled:
+                return
+            self._disabled = True
+            self.problem = why
+        self.warn(f"WARNING: remote cache {self.remote.display_url}: {why}; continuing "
+                  "with the local cache only for the rest of this build")
+
+    # -- action cache -----------------------------------------------------------------------
+    def get_action(self, key: str) -> ActionResult | None:
+        return self.find_action(key)[0]
+
+    def prefetch_actions(self, keys: list[str]) -> None:
+        self.local.prefetch_actions(keys)  # (remote entries are fetched one by one)
+
+    def action_texts(self, keys: list[str]) -> dict[str, str]:
+        return self.local.action_texts(keys)
+
+    def find_action(self, key: str, record: bool = True
+                    ) -> tuple[ActionResult | None, Literal["local", "remote"]]:
+        """(result, "local" | "remote"); a remote hit is recorded locally unless
+        ``record`` is False (``qbuild explain`` only looks)."""
+        result = self.local.get_action(key)
+        if result is not None or not self.usable:
+            return result, "local"
+        found = self._remote_action(key)
+        if found is None:
+            return None, "local"
+        result, components = found
+        if record:
+            if isinstance(components, dict):
+                self.local.put_components(key, components)
+            self.local.put_action(key, result)
+        with self._lock:
+            self.remote_hits += 1
+        return result, "remote"
+
+    def _remote_action(self, key: str) -> tuple[ActionResult, Any] | None:
+        """The remote result of ``key`` and the key parts stored with it."""
+        try:
+            raw = self.remote.get_ac(key)
+            if raw is None:
+                return None
+            try:
+                outputs, (meta_digest, meta_size) = parse_action_result(raw)
+            except (ValueError, UnicodeDecodeError, AttributeError, TypeError) as exc:
+                self._give_up(f"the action-cache entry {key[:12]} is not a valid "
+                              f"ActionResult ({exc})")
+                return None
+            meta_file = self.tmp / f"{os.getpid()}-meta-{os.urandom(6).hex()}"
+            try:
+                if not self.remote.get_cas(meta_digest, meta_file, max_bytes=meta_size):
+                    return None
+                meta = json.loads(meta_file.read_text(encoding="utf-8"))
+            finally:
+                meta_file.unlink(missing_ok=True)
+            try:
+                _check_meta(meta, outputs)
+            except ValueError as exc:
+                self._give_up(f"the action-cache entry {key[:12]} is inconsistent ({exc})")
+                return None
+            # Like bazel-remote: an entry whose blobs are gone is a miss.
+            for entry in outputs:
+                if self.remote.cas_size(entry["digest"]) not in (entry["size"], -1):
+                    return None
+        except DigestMismatch as exc:
+            self._give_up(f"a blob did not match its digest ({exc})")
+            return None
+        except (ValueError, UnicodeDecodeError) as exc:
+            self._give_up(f"garbage metadata for {key[:12]} ({type(exc).__name__})")
+            return None
+        except RemoteError as exc:
+            self._give_up(str(exc))
+            return None
+        with self._lock:
+            for entry in outputs:
+                self._sizes[entry["digest"]] = entry["size"]
+        result = ActionResult.from_json({
+            "outputs": outputs, "declared": meta["declared"], "info": meta["info"],
+            "warnings": meta["warnings"], "origin": "remote",
+            "providers": meta.get("providers") or {}})
+        return result, meta.get("components")
+
+    def put_action(self, key: str, result: ActionResult) -> None:
+        self.local.put_action(key, result)
+        if result.origin == "remote":
+            return  # a remote worker made it and wrote its entry (``publish``)
+        if not self.upload or not self.usable:
+            return
+        if any(e.path == RESULT_PATH for e in result.outputs):
+            return  # cannot be told apart from our metadata: keep it local
+        meta = self._meta(key, result)
+        with self._lock:
+            if self._pool is None:
+                import concurrent.futures
+
+                self._pool = concurrent.futures.ThreadPoolExecutor(
+                    _UPLOAD_THREADS, thread_name_prefix="qbuild-upload")
+            self._futures.append(self._pool.submit(
+                self._upload, key, [e.to_json() for e in result.outputs], meta))
+
+    def put_results(self, items: list[tuple[str, KeyParts, ActionResult]]) -> None:
+        """Each item as ``put_components`` and ``put_action`` record it: each result is
+        uploaded on its own (which is why ``defer_sync`` says no to batches)."""
+        for key, parts, result in items:
+            self.put_components(key, parts)
+            self.put_action(key, result)
+
+    def defer_sync(self) -> bool:
+        """False: each entry is written and uploaded on its own (``put_action``)."""
+        return False
+
+    def _meta(self, key: str, result: ActionResult) -> dict[str, Any]:
+        meta = {"format": _FORMAT, "declared": list(result.declared),
+                "info": dict(result.info), "warnings": list(result.warnings),
+                "components": self.local.get_components(key)}
+        if result.providers:
+            meta["providers"] = dict(result.providers)
+        return meta
+
+    def publish(self, key: str, result: ActionResult) -> None:
+        """Upload a result now, in this thread, whatever ``upload`` says (a remote
+        worker's results): every blob, then the metadata, then the entry. Raises
+        RemoteError or OSError; the store stays usable for the next call."""
+        if any(e.path == RESULT_PATH for e in result.outputs):
+            raise RemoteError(f"an output is named {RESULT_PATH}, which qbuild's metadata "
+                              "uses")
+        if not self._send(key, [e.to_json() for e in result.outputs],
+                          self._meta(key, result)):
+            raise RemoteError("an output blob left the local cache before its upload")
+
+    def _send(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> bool:
+        meta_bytes = json.dumps(meta, sort_keys=True).encode()
+        meta_digest = hash_bytes(meta_bytes)
+        for entry in outputs:
+            if self.remote.cas_size(entry["digest"]) == entry["size"]:
+                continue
+            path = self.local._blob_path(entry["digest"])
+            if path is None:
+                return False  # evicted meanwhile: better no entry than one without blobs
+            self.remote.put_cas(entry["digest"], path, entry["size"])
+        if self.remote.cas_size(meta_digest) != len(meta_bytes):
+            self.remote.put_cas_bytes(meta_digest, meta_bytes)
+        self.remote.put_ac(key, to_action_result(outputs, meta_digest, len(meta_bytes)))
+        return True
+
+    def _upload(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+        if not self.usable:
+            return
+        try:
+            if not self._send(key, outputs, meta):
+                return
+        except RemoteError as exc:
+            self._give_up(f"upload failed ({exc})")
+            return
+        except OSError as exc:
+            self._give_up(f"upload failed ({exc.strerror or type(exc).__name__})")
+            return
+        with self._lock:
+            self.uploads_done += 1
+
+    def _repair(self) -> None:
+        """Upload the right bytes of blobs the server served wrong, if this build made
+        them (running the action again gives the same digest): the server stops serving
+        garbage. Only the bytes of the digest can be written, so this is always safe."""
+        if not self.upload:
+            return
+        with self._lock:
+            bad, self._bad_blobs = self._bad_blobs, set()
+        for digest in sorted(bad):
+            path = self.local._blob_path(digest)
+            if path is None or not path.exists():
+                continue
+            try:
+                self.remote.put_cas(digest, path, path.stat().st_size)
+            except (RemoteError, OSError):
+                return
+            self.blobs_repaired += 1
+
+    def flush(self) -> None:
+        """Wait for the uploads started so far."""
+        with self._lock:
+            futures, self._futures = self._futures, []
+        for future in futures:
+            future.result()
+
+    def drop_action(self, key: str) -> None:
+        self.local.drop_action(key)
+
+    def get_components(self, key: str) -> KeyParts | None:
+        return self.local.get_components(key)
+
+    def put_components(self, key: str, components: KeyParts) -> None:
+        self.local.put_components(key, components)
+
+    def lock_action(self, key: str) -> KeyLock | None:
+        return self.local.lock_action(key)
+
+    def get_code(self, digest: str) -> dict[str, str] | None:
+        return self.local.get_code(digest)
+
+    def put_code(self, digest: str, files: dict[str, str]) -> None:
+        self.local.put_code(digest, files)
+
+    # -- blobs --------------------------------------------------------------------------------
+    def has_blob(self, digest: str) -> bool:
+        return self.local.has_blob(digest)
+
+    def put_blob(self, path: Path, digest: str, adopt: bool = False,
+                 hashed: os.stat_result | None = None) -> bool:
+        return self.local.put_blob(path, digest, adopt, hashed)
+
+    def restore_blob(self, digest: str, dest: Path, executable: bool = False) -> bool:
+        if self.local.restore_blob(digest, dest, executable):
+            return True
+        if not self.usable:
+            return False
+        with self._lock:
+            gate = self._fetching.setdefault(digest, threading.Lock())
+        with gate:  # one download per blob even when several actions need it
+            if self.local.restore_blob(digest, dest, executable):
+                return True
+            if not self._download(digest):
+                return False
+        return self.local.restore_blob(digest, dest, executable)
+
+    def _download(self, digest: str) -> bool:
+        temp = self.tmp / f"{os.getpid()}-blob-{os.urandom(6).hex()}"
+        try:
+            if not self.remote.get_cas(digest, temp, max_bytes=self._sizes.get(digest)):
+                return False
+            self.local.put_blob(temp, digest)
+        except DigestMismatch as exc:
+            with self._lock:
+                self._bad_blobs.add(digest)
+            self._give_up(f"blob {digest[:12]} did not match its digest ({exc})")
+            return False
+        except RemoteError as exc:
+            self._give_up(str(exc))
+            return False
+        finally:
+            temp.unlink(missing_ok=True)
+        with self._lock:
+            self.blobs_downloaded += 1
+        return True
+
+    # Links and their checks are on the local copy (a blob not here is not linked: it
+    # is downloaded by ``restore_blob``).
+    def link_blob(self, digest: str, dest: Path) -> tuple[Path, os.stat_result] | None:
+        return self.local.link_blob(digest, dest)
+
+    def trusts(self, digest: str, st: os.stat_result) -> bool:
+        return self.local.trusts(digest, st)
+
+    def vouch(self, digest: str, st: os.stat_result) -> None:
+        self.local.vouch(digest, st)
+
+    def discard_blob(self, digest: str, inode: tuple[int, int]) -> None:
+        self.local.discard_blob(digest, inode)
+
+    # -- the rest is local ----------------------------------------------------------------------
+    def memo_get(self, key: str) -> str | None:
+        return self.local.memo_get(key)
+
+    def memo_put(self, key: str, digest: str) -> None:
+        self.local.memo_put(key, digest)
+
+    def volume(self) -> int:
+        return self.local.volume()
+
+    def summary(self) -> dict[str, Any]:
+        """What the remote cache did in this build (for the summary and the event log)."""
+        started = time.monotonic()
+        self.flush()
+        self._repair()
+        return {"url": self.remote.display_url, "hits": self.remote_hits,
+                "upload_wait_seconds": round(time.monotonic() - started, 3),
+                "blobs_downloaded": self.blobs_downloaded,
+                "bytes_downloaded": self.remote.bytes_downloaded,
+                "results_uploaded": self.uploads_done,
+                "bytes_uploaded": self.remote.bytes_uploaded, "ok": self.usable,
+                "blobs_repaired": self.blobs_repaired,
+                "problem": self.problem}
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self.remote.close()
+            self.local.close()
+
+
+if TYPE_CHECKING:
+    from ..core.protocols import Store
+
+    _A_STORE: type[Store] = LayeredStore  # mypy proves it implements every member of Store
