@@ -129,9 +129,17 @@ def test_a_failing_trial_is_reported_and_left_out(ws):
     assert failed == {"region", "region_bc", "region3", "region3_bc", "region_bc_int"}
     assert all("ZeroDivisionError" in rows[n]["failed"] for n in failed)
     assert set(r.tolerated) == {f"//m:auto.ev_{n}" for n in failed}
-    assert rep["chosen"] == "u8" and "5 trial(s) failed" in rep["note"]
+    # most trials failed: said loudly, in the note, the report, the page and the console
+    assert rep["chosen"] == "u8" and rep["note"].startswith("5 of 6 trials FAILED")
+    summary = rep["failures"]
+    assert summary["most"] and (summary["failed"], summary["trials"]) == (5, 6)
+    [reason] = summary["reasons"]  # one distinct reason, with the trials behind it
+    assert reason["count"] == 5 and "ZeroDivisionError" in reason["reason"]
+    assert sorted(reason["trials"]) == sorted(failed)
+    assert "most trials FAILED: 5 of 6" in r.log and "ZeroDivisionError" in r.log
     html = next(p for p in r.outputs("//m:auto") if p.name == "report.html").read_text()
     assert "failed</b>, left out" in html and "ZeroDivisionError" in html
+    assert 'id="failures"' in html and "Most trials failed: 5 of 6" in html
 
     # a failure is never cached: the next build evaluates those trials again; they fail
     # the same way, so the selection made from those very reasons is reused
