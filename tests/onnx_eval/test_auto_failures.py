@@ -152,3 +152,47 @@ def test_a_failing_trial_is_reported_and_left_out(ws):
     worst = ws.build("//m:auto")
     assert not worst.ok and "every trial failed (6)" in worst.failed["//m:auto"]
     assert "ZeroDivisionError" in worst.failed["//m:auto"]
+
+
+# The same metric written with a bare assert: the exception carries no message at all.
+ASSERTING = '''
+import numpy as np
+
+def snr(ref, cand, options):
+    s = sum(float((r[k] ** 2).sum()) for r in ref for k in r)
+    n = sum(float(((r[k] - c[k]) ** 2).sum()) for r, c in zip(ref, cand) for k in r)
+    assert n > 0
+    return {"score": 10 * np.log10(s / n)}
+'''
+
+
+def test_a_failure_without_a_message_reaches_the_report_with_its_reason(ws):
+    ws.write("m/snr.py", ASSERTING)
+    ws.write("m/BUILD.toml", BUILD.format(
+        extra='task = "custom"\ntask_options = { metric = "snr:snr" }\n'
+              'metric_srcs = ["snr.py"]\nbar = { min_score = 15 }').replace(
+        "bar = { min_sqnr_db = 15 }\n", ""))
+    r = ws.build("//m:auto")
+    assert r.ok, r.error
+    rows = {t["name"]: t for t in _report(r)["trials"]}
+    failed = [t["failed"] for t in rows.values() if t["status"] == "failed"]
+    assert len(failed) == 5
+    # not a bare "AssertionError": where it failed and the failing line
+    for why in failed:
+        assert why.endswith("the evaluation task failed: AssertionError at snr.py:6 "
+                            "(assert n > 0)"), why
+
+
+def test_exception_reason_names_an_installed_module_by_its_import_path():
+    from qbuild_onnx_common.errors import exception_reason
+
+    try:
+        json.loads("{")
+    except ValueError as e:
+        assert exception_reason(e).startswith("JSONDecodeError: Expecting")
+    try:
+        raise AssertionError  # as a bare assert raises it (pytest rewrites asserts here)
+    except AssertionError as e:
+        why = exception_reason(e)
+    assert why.startswith("AssertionError at ") and "(raise AssertionError " in why
+    assert " test_auto_failures.py:" in why
