@@ -196,3 +196,35 @@ def test_exception_reason_names_an_installed_module_by_its_import_path():
         why = exception_reason(e)
     assert why.startswith("AssertionError at ") and "(raise AssertionError " in why
     assert " test_auto_failures.py:" in why
+
+
+def _detector_like_model() -> onnx.ModelProto:
+    """A Conv whose output is reshaped to [1, 256, 6]: 256 boxes of x, y, w, h,
+    objectness and one class, as a decoded detector export looks."""
+    rng = np.random.default_rng(2)
+    w = numpy_helper.from_array(rng.normal(size=(6, 16, 3, 3)).astype(np.float32), "w")
+    shape = numpy_helper.from_array(np.array([1, 6, 256], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["r"], name="reshape"),
+             helper.make_node("Transpose", ["r"], ["dets"], name="boxes_last",
+                              perm=[0, 2, 1])]
+    graph = helper.make_graph(
+        nodes, "detector_like", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                               [1, 16, 16, 16])],
+        [helper.make_tensor_value_info("dets", TensorProto.FLOAT, [1, 256, 6])], [w, shape])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_an_sqnr_bar_on_a_detector_shaped_model_warns(ws):
+    onnx.save(_detector_like_model(), ws.path("m/det.onnx"))
+    ws.write("m/BUILD.toml", BUILD.format(extra="").replace('src = "conv.onnx"',
+                                                             'src = "det.onnx"').replace(
+        'steps = ["region", "lower"]', "steps = []"))
+    r = ws.build("//m:auto")
+    assert r.ok, r.error
+    rep = _report(r)
+    assert "does not measure detections" in rep["bar_warning"]
+    assert "output 'dets' is shaped like detections [1, 256, 6]" in rep["bar_warning"]
+    assert "min_sqnr_db does not measure detections" in r.log  # the console warning
+    html = next(p for p in r.outputs("//m:auto") if p.name == "report.html").read_text()
+    assert 'id="bar-warning"' in html
