@@ -3,15 +3,13 @@ its cost measured (latency on this machine, or size in bytes), and the cheapest 
 trial chosen. The float model is always a candidate: when no passing trial is cheaper
 than it, the float model is chosen and the report says so.
 
-Latency is compared as a ratio, never across processes: each trial's evaluate times the
-trial and the float model interleaved in one process, so ``relative_latency`` (the median
-over rounds of trial time / float time in the same round, or failing that the ratio of
-the two medians) holds up under load that makes absolute milliseconds of two runs
-incomparable. The times compared are the CPU times of the one timing thread where
-recorded (``latency_basis = "cpu"``): with one intra-op thread that is the whole run, and
-unlike wall time it does not count the time another process held the core. A trial
-replaces the float model only when its speed-up reaches ``min_speedup`` (a margin against
-timing noise: a quantized model that is not clearly faster is not recommended).
+Latency is compared as a ratio to the float model timed in the same interleaved run
+(``auto.timing``: every candidate and float in one run, latency.json; without it, each
+trial's own evaluate run), with its measured noise, and never decides inside that noise:
+a trial replaces float only when it reaches ``min_speedup`` at the slow end of its
+noise, a candidate is left out only when it is clearly slower than another, and the
+trials left are tied and ranked by accuracy (the task's score), then size, then name.
+The report says when the winner's margin was inside the noise (``latency_choice``).
 
 Trials that are not candidates are listed, never chosen: a trial that failed (its
 one-line reason in ``failed``; the caller fails the search only when every trial did)

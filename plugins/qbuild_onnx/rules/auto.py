@@ -2,7 +2,7 @@
 the target itself selects, see ``auto_select``) and ``sensitive_region`` (the stem or
 head region around the most sensitive activation, as quantize overrides). Registered by
 ``rules.accuracy``'s hook. Rule API v2: ``sensitive_region`` is one action,
-``auto_quantize`` three (Trials, Select, Copy: see ``AutoQuantize.analyze``); the
+``auto_quantize`` four (Trials, Time, Select, Copy: see ``AutoQuantize.analyze``); the
 selection names trials and the float model by label (report.json, report.html), so
 ``analyze`` passes those labels, and the target's own for the page title, as params.
 Heavy imports happen inside the actions; the selection's imports none.
@@ -95,8 +95,11 @@ class AutoQuantize(OnnxRule):
            "with an evaluate target (named <name>.<trial>, <name>.ev_<trial>), all ordinary "
            "cached targets; this target picks the cheapest trial (objective: measured "
            "latency or size) that meets every `bar`, or keeps the float model when none is "
-           "cheaper, and writes {name}.onnx, report.json and report.html (and trials.json, "
-           "chosen.json between its three actions). Changing the bar or objective reruns "
+           "cheaper; latency differences inside the measured noise (every candidate timed "
+           "interleaved in one run) never decide: such ties go to accuracy, then size, then "
+           "name. Writes {name}.onnx, report.json and report.html (and trials.json, "
+           "latency.json, chosen.json between its four actions). Changing the bar or "
+           "objective reruns "
            "only the selection, which reads JSON only (and the copy of the chosen model "
            "when the choice changes).")
     attrs = {
@@ -117,9 +120,12 @@ class AutoQuantize(OnnxRule):
                                    "size in bytes."),
         "min_speedup": attr.float(default=1.05, doc="objective latency: the speed-up over "
                                   "float (trial and float timed interleaved in one process) a "
-                                  "trial needs to replace the float model; below it the float "
-                                  "model is kept, so no recommended model is slower than float."),
-        "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate."),
+                                  "trial needs, at the slow end of its measured noise, to "
+                                  "replace the float model; below it the float model is "
+                                  "kept, so no recommended model is slower than float."),
+        "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate, and "
+                                 "rounds of the search's one interleaved timing of every "
+                                 "candidate (0: latency is not measured)."),
         "calibration_methods": attr.string_list(default=["minmax", "percentile"],
                                                 doc="Calibration methods tried."),
         "percentile": attr.float(default=99.99, doc="The percentile calibration's kept "
@@ -177,10 +183,11 @@ class AutoQuantize(OnnxRule):
                               attr="bar")
 
     def analyze(self, ctx: AnalysisContext) -> None:
-        # Three actions, so that a bar or objective change reruns only JSON work: Trials
-        # (what each candidate kept float; no bar in its key), Select (the reports against
-        # the bar: reads JSON only, stages no model) and Copy (the chosen model; its key is
-        # chosen.json, so it is a cache hit when the choice does not change).
+        # Four actions, so that a bar or objective change reruns only JSON work: Trials
+        # (what each candidate kept float; no bar in its key), Time (below), Select (the
+        # reports against the bar: reads JSON only, stages no model) and Copy (the chosen
+        # model; its key is chosen.json, so it is a cache hit when the choice does not
+        # change).
         a = ctx.attrs
         labels = {k: a[k] for k in ("model", "candidates")}
         ctx.action(trial_info, inputs=["model", "candidates"], outputs=["trials.json"],
