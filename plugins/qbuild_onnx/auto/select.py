@@ -99,7 +99,6 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
     ``timing``: the search's own interleaved timing of every candidate (``auto.timing``,
     latency.json); without it each trial's ratio comes from its evaluate run and its
     noise from that run's spread."""
-    cost_key = "relative_latency" if objective == "latency" else OBJECTIVES[objective]
     failed = failed or {}
     rows: list[dict[str, Any]] = []
     for order, (name, entry, rep) in enumerate(zip(names, entries, reports, strict=True)):
@@ -107,31 +106,8 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
             rows.append({"name": name, "order": order, "status": "failed", "passes": False,
                          "misses": [], "failed": failed.get(name, "not evaluated")})
             continue
-        miss = misses(entry, bar)
-        ref_ms = rep.get("reference_latency_ms")
-        lat = entry.get("latency") or {}
-        rel, basis = _relative_latency(entry, lat, ref_ms)
-        noise = None
-        if rel is not None:
-            spread = (lat.get("cpu") or {}).get("spread") if basis == "cpu" else None
-            noise = round(rel * float(spread if spread is not None
-                                      else lat.get("spread") or 0.0), 4)
         timed = (timing or {}).get("candidates", {}).get(name) or {}
-        if timed.get("ratio") is not None:
-            rel, noise, basis = timed["ratio"], timed["noise"], "cpu, one run"
-        row = {"name": name, "order": order, "latency_ms": entry.get("latency_ms"),
-               "relative_latency": rel, "latency_noise": noise, "latency_basis": basis,
-               "speedup": round(1.0 / rel, 3) if rel else None,
-               "latency_spread": lat.get("spread"), "noisy": lat.get("noisy"),
-               "bytes": entry.get("bytes"), "passes": not miss, "misses": miss,
-               "score": (entry.get("task") or {}).get("score"),
-               "worst_sqnr_db": measure(entry, "min_sqnr_db"),
-               "status": "meets the bar" if not miss else "misses the bar"}
-        if "quantized" in entry and entry["quantized"] is None:
-            row.update(passes=False, status="quantizes nothing", excluded=NOTHING)
-        for key in bar:
-            row[key] = measure(entry, key)
-        rows.append(row)
+        rows.append(_row(name, order, entry, rep, bar, timed))
     measured = [r for r in reports if r is not None]
     float_latency = [r["reference_latency_ms"] for r in measured if "reference_latency_ms" in r]
     float_row: dict[str, Any] = {
@@ -144,26 +120,12 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
     for key in bar:  # the float model measured against itself
         float_row[key] = _PERFECT.get(key, math.inf)
 
-    def cost(r: Mapping[str, Any]) -> float:
-        v = r.get(cost_key)
-        return math.inf if v is None else float(v)
-
     passing = [r for r in rows if r["passes"]]
     choice: dict[str, Any] | None = None
     if objective == "latency":
         chosen, note, choice = _by_latency(passing, float_row, min_speedup)
     else:
-        best = min(passing, key=lambda r: (cost(r), r["order"])) if passing else None
-        if best is None:
-            chosen = float_row
-            note = "no quantized trial meets the bar: the float model is kept"
-        elif not cost(best) < cost(float_row):
-            chosen = float_row
-            note = (f"no quantized trial that meets the bar is smaller than float "
-                    f"(best: {best['name']} at {best.get(cost_key)} vs float "
-                    f"{float_row.get(cost_key)}): the float model is kept")
-        else:
-            chosen, note = best, f"{best['name']} meets the bar at the lowest {objective}"
+        chosen, note = _by_cost(passing, float_row, OBJECTIVES[objective], objective)
     if chosen is float_row and not passing and all(
             r["status"] in ("failed", "quantizes nothing") for r in rows):
         note = ("no trial quantized anything that could be evaluated (failed or kept "
@@ -187,6 +149,53 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
 
 
 _WHERE = re.compile(r"^(?:[^,\n]*, )?target //\S+?: ")
+
+
+def _row(name: str, order: int, entry: Mapping[str, Any], rep: Mapping[str, Any],
+         bar: Mapping[str, float], timed: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's row: bar measures, size, and its speed ratio to float with its noise
+    (from the search's timing run ``timed`` when it has one, else from its evaluate)."""
+    miss = misses(entry, bar)
+    lat = entry.get("latency") or {}
+    rel, basis = _relative_latency(entry, lat, rep.get("reference_latency_ms"))
+    noise = None
+    if rel is not None:
+        spread = (lat.get("cpu") or {}).get("spread") if basis == "cpu" else None
+        noise = round(rel * float(spread if spread is not None
+                                  else lat.get("spread") or 0.0), 4)
+    if timed.get("ratio") is not None:
+        rel, noise, basis = timed["ratio"], timed["noise"], "cpu, one run"
+    row = {"name": name, "order": order, "latency_ms": entry.get("latency_ms"),
+           "relative_latency": rel, "latency_noise": noise, "latency_basis": basis,
+           "speedup": round(1.0 / rel, 3) if rel else None,
+           "latency_spread": lat.get("spread"), "noisy": lat.get("noisy"),
+           "bytes": entry.get("bytes"), "passes": not miss, "misses": miss,
+           "score": (entry.get("task") or {}).get("score"),
+           "worst_sqnr_db": measure(entry, "min_sqnr_db"),
+           "status": "meets the bar" if not miss else "misses the bar"}
+    if "quantized" in entry and entry["quantized"] is None:
+        row.update(passes=False, status="quantizes nothing", excluded=NOTHING)
+    for key in bar:
+        row[key] = measure(entry, key)
+    return row
+
+
+def _by_cost(passing: list[dict[str, Any]], float_row: dict[str, Any], cost_key: str,
+             objective: str) -> tuple[dict[str, Any], str]:
+    """(chosen row, note) for a deterministic cost (size): the cheapest passing trial,
+    ties to the earlier one, if it is cheaper than float."""
+    def cost(r: Mapping[str, Any]) -> float:
+        v = r.get(cost_key)
+        return math.inf if v is None else float(v)
+
+    best = min(passing, key=lambda r: (cost(r), r["order"])) if passing else None
+    if best is None:
+        return float_row, "no quantized trial meets the bar: the float model is kept"
+    if not cost(best) < cost(float_row):
+        return float_row, (f"no quantized trial that meets the bar is smaller than float "
+                           f"(best: {best['name']} at {best.get(cost_key)} vs float "
+                           f"{float_row.get(cost_key)}): the float model is kept")
+    return best, f"{best['name']} meets the bar at the lowest {objective}"
 
 
 def failure_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

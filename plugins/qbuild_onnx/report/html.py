@@ -183,22 +183,10 @@ def _speed_note(report: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
     return f"{x:.2f}x faster ({basis} time)"
 
 
-def auto_html(label: str, result: Mapping[str, Any],
-              sensitivity: Mapping[str, Any] | None = None) -> str:
-    """report.html of an ``auto_quantize`` selection: every trial, the chart, the
-    sensitivity ranking and what was kept float or promoted."""
-    rows = [dict(result["float"]), *[dict(r) for r in result["trials"]]]
-    for r in rows:
-        if r.get("relative_latency") is not None and r.get("latency_noise") is not None:
-            r["ratio_to_float"] = f"{r['relative_latency']} ± {r['latency_noise']}"
-    bar_keys = list(result["bar"])
-    cost_key = "latency_ms" if result["objective"] == "latency" else "bytes"
-    acc_key = bar_keys[0] if bar_keys else "score"
-    cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
-            ("ratio_to_float", "time / float (± noise)"),
-            *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
-            ("float_nodes", "float/promoted"), ("passes", "meets bar"), ("status", "status")]
-    warnings = []
+def _auto_warnings(result: Mapping[str, Any]) -> list[str]:
+    """The lines that open an auto_quantize page: most trials failed, a task-blind bar on
+    a detector, a latency margin inside the noise."""
+    warnings: list[str] = []
     failures = result.get("failures") or {}
     if failures.get("most"):
         listed = "".join(f"<li>{r['count']}× {escape(r['reason'])} "
@@ -214,6 +202,25 @@ def auto_html(label: str, result: Mapping[str, Any],
         warnings.append(f"<p id=\"latency-tie\">The winner's latency margin was inside "
                         f"the timing noise (tied: {escape(', '.join(choice['tied']))}); "
                         f"chosen by {escape(choice['decided_by'])}.</p>")
+    return warnings
+
+
+def auto_html(label: str, result: Mapping[str, Any],
+              sensitivity: Mapping[str, Any] | None = None) -> str:
+    """report.html of an ``auto_quantize`` selection: every trial, the chart, the
+    sensitivity ranking and what was kept float or promoted."""
+    rows = [dict(result["float"]), *[dict(r) for r in result["trials"]]]
+    for r in rows:
+        if r.get("relative_latency") is not None and r.get("latency_noise") is not None:
+            r["ratio_to_float"] = f"{r['relative_latency']} ± {r['latency_noise']}"
+    bar_keys = list(result["bar"])
+    cost_key = "latency_ms" if result["objective"] == "latency" else "bytes"
+    acc_key = bar_keys[0] if bar_keys else "score"
+    cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
+            ("ratio_to_float", "time / float (± noise)"),
+            *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
+            ("float_nodes", "float/promoted"), ("passes", "meets bar"), ("status", "status")]
+    warnings = _auto_warnings(result)
     sections = [
         *warnings,
         f"<p>Objective: <b>{escape(result['objective'])}</b>; bar: "
