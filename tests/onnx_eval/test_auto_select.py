@@ -31,6 +31,12 @@ def test_float_is_kept_when_no_passing_trial_is_clearly_faster():
     assert "faster than float by 1.05x" in rep["note"] and "b at 1.02x" in rep["note"]
     rep = select(["b"], [_entry(0.97, 9.8)], [_report(10.0)], {"min_f1": 0.95}, "latency",
                  "//m:pre", 1.0)
+    # 0.98 ± 0.049 (its run's 5 % spread): inside the noise, so float, the most accurate
+    assert rep["chosen"] == "float" and "inside the noise" in rep["note"]
+    steady = _entry(0.97, 9.8)
+    steady["latency"]["spread"] = 0.01
+    rep = select(["b"], [steady], [_report(10.0)], {"min_f1": 0.95}, "latency",
+                 "//m:pre", 1.0)
     assert rep["chosen"] == "b"
     rep = select(["b"], [_entry(0.97, 10.2)], [_report(10.0)], {"min_f1": 0.95}, "latency",
                  "//m:pre", 1.0)
@@ -84,3 +90,90 @@ def test_the_selection_reads_json_only():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.strip()
     assert out == "[]"
+
+
+def _timing(**ratios: tuple[float, float]) -> dict:
+    """A latency.json: per trial (ratio to float, noise) from one interleaved run."""
+    return {"rounds": 20, "basis": "cpu",
+            "candidates": {n: {"ratio": r, "noise": h} for n, (r, h) in ratios.items()}}
+
+
+def test_latency_inside_the_noise_never_decides_accuracy_does():
+    # b is 1 % slower than a by the median, well inside both trials' noise: it ties, and
+    # b is the more accurate one; the evaluate runs' own ratios are not used
+    entries = [_entry(0.96, 8.0), _entry(0.98, 8.1)]
+    rep = select(["a", "b"], entries, [_report(10.0)] * 2, {"min_f1": 0.95}, "latency",
+                 "//m:pre", 1.05, timing=_timing(a=(0.80, 0.02), b=(0.81, 0.02)))
+    assert rep["chosen"] == "b"
+    assert rep["latency_choice"] == {"tied": ["b", "a"], "decided_by": "accuracy",
+                                     "inside_noise": True}
+    assert "inside the timing noise" in rep["note"] and "by accuracy" in rep["note"]
+    rows = {t["name"]: t for t in rep["trials"]}
+    assert (rows["a"]["relative_latency"], rows["a"]["latency_noise"]) == (0.80, 0.02)
+    assert rows["a"]["latency_basis"] == "cpu, one run"
+    # the same run with less noise: a is clearly faster, and latency decides
+    rep = select(["a", "b"], entries, [_report(10.0)] * 2, {"min_f1": 0.95}, "latency",
+                 "//m:pre", 1.05, timing=_timing(a=(0.70, 0.02), b=(0.81, 0.02)))
+    assert rep["chosen"] == "a" and rep["latency_choice"]["decided_by"] == "latency"
+    assert not rep["latency_choice"]["inside_noise"]
+    assert {t["name"]: t["latency_verdict"] for t in rep["trials"]}["b"] == (
+        "clearly slower than a")
+
+
+def test_ties_in_accuracy_go_to_size_then_name():
+    small, big = _entry(0.97, 8.0), _entry(0.97, 8.0)
+    big["bytes"] = 200
+    timing = _timing(x=(0.8, 0.05), y=(0.79, 0.05), z=(0.81, 0.05))
+    rep = select(["x", "y", "z"], [big, small, _entry(0.97, 8.0)], [_report(10.0)] * 3,
+                 {"min_f1": 0.95}, "latency", "//m:pre", 1.05, timing=timing)
+    assert rep["chosen"] == "y" and rep["latency_choice"]["decided_by"] == "name"
+    assert rep["latency_choice"]["tied"] == ["y", "z", "x"]  # x is larger: last
+    rep = select(["x", "y"], [small, big], [_report(10.0)] * 2, {"min_f1": 0.95},
+                 "latency", "//m:pre", 1.05, timing=_timing(x=(0.8, 0.05), y=(0.75, 0.05)))
+    assert rep["chosen"] == "x" and rep["latency_choice"]["decided_by"] == "size"
+
+
+def test_float_wins_a_tie_with_the_speedup_margin():
+    # 0.93 ± 0.03 may be slower than 1/1.05 = 0.952: inside the noise, float (the most
+    # accurate) is kept; clear of it, the trial replaces float
+    rep = select(["a"], [_entry(0.97, 8.0)], [_report(10.0)], {"min_f1": 0.95}, "latency",
+                 "//m:pre", 1.05, timing=_timing(a=(0.93, 0.03)))
+    assert rep["chosen"] == "float" and "inside the noise" in rep["note"]
+    rep = select(["a"], [_entry(0.97, 8.0)], [_report(10.0)], {"min_f1": 0.95}, "latency",
+                 "//m:pre", 1.05, timing=_timing(a=(0.90, 0.03)))
+    assert rep["chosen"] == "a"
+
+
+def test_a_task_blind_bar_on_a_detector_warns():
+    from qbuild_onnx.auto.select import detector_warning
+
+    bar = {"min_sqnr_db": 30}
+    decoded = [{"name": "dets", "shape": [1, 484, 85]}]
+    yolov8 = [{"name": "out", "shape": [1, 84, 8400]}]
+    logits = [{"name": "prob", "shape": [1, 1000]}]
+    assert "output 'dets' is shaped like detections" in detector_warning(bar, "sqnr", {},
+                                                                         decoded)
+    assert detector_warning(bar, "sqnr", {}, yolov8)
+    assert "task = 'detection'" in detector_warning(bar, "detection", {"decoder": "ssd"},
+                                                    logits)
+    assert "decoder = 'yolox'" in detector_warning(bar, "custom", {"decoder": "yolox"},
+                                                   logits)
+    assert detector_warning(bar, "sqnr", {}, logits) is None  # a classifier
+    # a detection bar beside it: SQNR is not the only judge
+    assert detector_warning({**bar, "min_f1": 0.9}, "detection", {}, decoded) is None
+    assert detector_warning({"min_f1": 0.9}, "detection", {}, decoded) is None
+
+
+def test_most_trials_failing_is_said_in_the_note_and_the_summary():
+    where = "m/BUILD.toml, target //m:auto.ev_{}: action Evaluate: AssertionError: x"
+    names = ["a", "b", "c"]
+    rep = select(names, [None, None, _entry(0.97, 8.0)], [None, None, _report(10.0)],
+                 {"min_f1": 0.95}, "size", "//m:pre",
+                 failed={"a": where.format("a"), "b": where.format("b")})
+    assert rep["note"].startswith("2 of 3 trials FAILED")
+    assert rep["failures"]["reasons"] == [{"reason": "action Evaluate: AssertionError: x",
+                                           "trials": ["a", "b"], "count": 2}]
+    rep = select(names, [None, _entry(0.97, 8.0), _entry(0.97, 8.0)],
+                 [None, _report(10.0), _report(10.0)], {"min_f1": 0.95}, "size", "//m:pre",
+                 failed={"a": where.format("a")})
+    assert not rep["failures"]["most"] and "1 trial(s) failed" in rep["note"]

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.errors import OnnxError, exception_reason
 
 from .metrics import ErrorAccumulator, json_float
 
@@ -210,8 +210,15 @@ def get_task(name: str, options: Mapping[str, Any], srcs: Sequence[Path] = (),
 
 def run_task(task: Task, ref: Samples, cand: Samples, options: Mapping[str, Any]
              ) -> dict[str, Any]:
-    """Run a task and check its result has a numeric ``score``; floats are rounded."""
-    result = task(ref, cand, options)
+    """Run a task and check its result has a numeric ``score``; floats are rounded. A
+    task that fails without a message (a bare ``assert``) is reported with where it
+    failed, so the reason reaches the reports."""
+    try:
+        result = task(ref, cand, options)
+    except Exception as e:
+        if str(e).strip():
+            raise
+        raise OnnxError(f"the evaluation task failed: {exception_reason(e)}") from e
     if not isinstance(result, dict) or not isinstance(result.get("score"), (int, float)):
         raise OnnxError("an evaluation task must return a dict with a numeric 'score'")
     return {k: json_float(v) if isinstance(v, float) else v for k, v in result.items()}

@@ -3,15 +3,13 @@ its cost measured (latency on this machine, or size in bytes), and the cheapest 
 trial chosen. The float model is always a candidate: when no passing trial is cheaper
 than it, the float model is chosen and the report says so.
 
-Latency is compared as a ratio, never across processes: each trial's evaluate times the
-trial and the float model interleaved in one process, so ``relative_latency`` (the median
-over rounds of trial time / float time in the same round, or failing that the ratio of
-the two medians) holds up under load that makes absolute milliseconds of two runs
-incomparable. The times compared are the CPU times of the one timing thread where
-recorded (``latency_basis = "cpu"``): with one intra-op thread that is the whole run, and
-unlike wall time it does not count the time another process held the core. A trial
-replaces the float model only when its speed-up reaches ``min_speedup`` (a margin against
-timing noise: a quantized model that is not clearly faster is not recommended).
+Latency is compared as a ratio to the float model timed in the same interleaved run
+(``auto.timing``: every candidate and float in one run, latency.json; without it, each
+trial's own evaluate run), with its measured noise, and never decides inside that noise:
+a trial replaces float only when it reaches ``min_speedup`` at the slow end of its
+noise, a candidate is left out only when it is clearly slower than another, and the
+trials left are tied and ranked by accuracy (the task's score), then size, then name.
+The report says when the winner's margin was inside the noise (``latency_choice``).
 
 Trials that are not candidates are listed, never chosen: a trial that failed (its
 one-line reason in ``failed``; the caller fails the search only when every trial did)
@@ -22,6 +20,7 @@ None: every node was kept float, so it is the float model under another name).
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -93,10 +92,13 @@ NOTHING = "quantizes nothing (every node kept float): it is the float model, not
 def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
            reports: Sequence[Mapping[str, Any] | None], bar: Mapping[str, float],
            objective: str, reference: str, min_speedup: float = 1.0,
-           failed: Mapping[str, str] | None = None) -> dict[str, Any]:
+           failed: Mapping[str, str] | None = None,
+           timing: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The selection report: one row per trial (and the float model), and ``chosen``.
-    ``failed``: trial name -> why it failed (its entry and report are then None)."""
-    cost_key = "relative_latency" if objective == "latency" else OBJECTIVES[objective]
+    ``failed``: trial name -> why it failed (its entry and report are then None).
+    ``timing``: the search's own interleaved timing of every candidate (``auto.timing``,
+    latency.json); without it each trial's ratio comes from its evaluate run and its
+    noise from that run's spread."""
     failed = failed or {}
     rows: list[dict[str, Any]] = []
     for order, (name, entry, rep) in enumerate(zip(names, entries, reports, strict=True)):
@@ -104,23 +106,8 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
             rows.append({"name": name, "order": order, "status": "failed", "passes": False,
                          "misses": [], "failed": failed.get(name, "not evaluated")})
             continue
-        miss = misses(entry, bar)
-        ref_ms = rep.get("reference_latency_ms")
-        lat = entry.get("latency") or {}
-        rel, basis = _relative_latency(entry, lat, ref_ms)
-        row = {"name": name, "order": order, "latency_ms": entry.get("latency_ms"),
-               "relative_latency": rel, "latency_basis": basis,
-               "speedup": round(1.0 / rel, 3) if rel else None,
-               "latency_spread": lat.get("spread"), "noisy": lat.get("noisy"),
-               "bytes": entry.get("bytes"), "passes": not miss, "misses": miss,
-               "score": (entry.get("task") or {}).get("score"),
-               "worst_sqnr_db": measure(entry, "min_sqnr_db"),
-               "status": "meets the bar" if not miss else "misses the bar"}
-        if "quantized" in entry and entry["quantized"] is None:
-            row.update(passes=False, status="quantizes nothing", excluded=NOTHING)
-        for key in bar:
-            row[key] = measure(entry, key)
-        rows.append(row)
+        timed = (timing or {}).get("candidates", {}).get(name) or {}
+        rows.append(_row(name, order, entry, rep, bar, timed))
     measured = [r for r in reports if r is not None]
     float_latency = [r["reference_latency_ms"] for r in measured if "reference_latency_ms" in r]
     float_row: dict[str, Any] = {
@@ -133,42 +120,211 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
     for key in bar:  # the float model measured against itself
         float_row[key] = _PERFECT.get(key, math.inf)
 
+    passing = [r for r in rows if r["passes"]]
+    choice: dict[str, Any] | None = None
+    if objective == "latency":
+        chosen, note, choice = _by_latency(passing, float_row, min_speedup)
+    else:
+        chosen, note = _by_cost(passing, float_row, OBJECTIVES[objective], objective)
+    if chosen is float_row and not passing and all(
+            r["status"] in ("failed", "quantizes nothing") for r in rows):
+        note = ("no trial quantized anything that could be evaluated (failed or kept "
+                "every node float): the float model is kept")
+    failures = failure_summary(rows)
+    if failures["most"]:
+        note = (f"{failures['failed']} of {failures['trials']} trials FAILED (see "
+                f"'failures'); " + note)
+    elif failed:
+        note += f"; {len(failed)} trial(s) failed and were left out: see their rows"
+    if chosen is not float_row:
+        chosen["status"] = "chosen"
+    out = {"objective": objective, "bar": dict(bar), "chosen": chosen["name"], "note": note,
+           "min_speedup": min_speedup if objective == "latency" else None,
+           "float": float_row, "trials": rows}
+    if failed:
+        out["failures"] = failures
+    if choice is not None:
+        out["latency_choice"] = choice
+    return out
+
+
+_WHERE = re.compile(r"^(?:[^,\n]*, )?target //\S+?: ")
+
+
+def _row(name: str, order: int, entry: Mapping[str, Any], rep: Mapping[str, Any],
+         bar: Mapping[str, float], timed: Mapping[str, Any]) -> dict[str, Any]:
+    """A trial's row: bar measures, size, and its speed ratio to float with its noise
+    (from the search's timing run ``timed`` when it has one, else from its evaluate)."""
+    miss = misses(entry, bar)
+    lat = entry.get("latency") or {}
+    rel, basis = _relative_latency(entry, lat, rep.get("reference_latency_ms"))
+    noise = None
+    if rel is not None:
+        spread = (lat.get("cpu") or {}).get("spread") if basis == "cpu" else None
+        noise = round(rel * float(spread if spread is not None
+                                  else lat.get("spread") or 0.0), 4)
+    if timed.get("ratio") is not None:
+        rel, noise, basis = timed["ratio"], timed["noise"], "cpu, one run"
+    row = {"name": name, "order": order, "latency_ms": entry.get("latency_ms"),
+           "relative_latency": rel, "latency_noise": noise, "latency_basis": basis,
+           "speedup": round(1.0 / rel, 3) if rel else None,
+           "latency_spread": lat.get("spread"), "noisy": lat.get("noisy"),
+           "bytes": entry.get("bytes"), "passes": not miss, "misses": miss,
+           "score": (entry.get("task") or {}).get("score"),
+           "worst_sqnr_db": measure(entry, "min_sqnr_db"),
+           "status": "meets the bar" if not miss else "misses the bar"}
+    if "quantized" in entry and entry["quantized"] is None:
+        row.update(passes=False, status="quantizes nothing", excluded=NOTHING)
+    for key in bar:
+        row[key] = measure(entry, key)
+    return row
+
+
+def _by_cost(passing: list[dict[str, Any]], float_row: dict[str, Any], cost_key: str,
+             objective: str) -> tuple[dict[str, Any], str]:
+    """(chosen row, note) for a deterministic cost (size): the cheapest passing trial,
+    ties to the earlier one, if it is cheaper than float."""
     def cost(r: Mapping[str, Any]) -> float:
         v = r.get(cost_key)
         return math.inf if v is None else float(v)
 
-    passing = [r for r in rows if r["passes"]]
     best = min(passing, key=lambda r: (cost(r), r["order"])) if passing else None
-    # the float model's own cost; for latency a trial must be faster by the margin
-    limit = (1.0 / min_speedup if objective == "latency" else cost(float_row))
     if best is None:
-        chosen, note = float_row, "no quantized trial meets the bar: the float model is kept"
-        if all(r["status"] in ("failed", "quantizes nothing") for r in rows):
-            note = ("no trial quantized anything that could be evaluated (failed or kept "
-                    "every node float): the float model is kept")
-    elif not cost(best) < limit:
-        chosen = float_row
-        if objective == "latency" and best["speedup"] is None:
-            note = ("latency was not measured (latency_runs = 0), so no trial can be shown "
-                    "faster than float: the float model is kept")
-        elif objective == "latency":
-            note = (f"no quantized trial that meets the bar is faster than float by "
-                    f"{min_speedup}x (best: {best['name']} at {best['speedup']}x, measured "
-                    f"interleaved with float): the float model is kept")
-        else:
-            note = (f"no quantized trial that meets the bar is smaller than float "
-                    f"(best: {best['name']} at {best.get(cost_key)} vs float "
-                    f"{float_row.get(cost_key)}): the float model is kept")
-    elif objective == "latency":
-        chosen = best
-        note = (f"{best['name']} meets the bar at the lowest latency: {best['speedup']}x "
-                f"float's speed (measured interleaved with float, 1 thread)")
+        return float_row, "no quantized trial meets the bar: the float model is kept"
+    if not cost(best) < cost(float_row):
+        return float_row, (f"no quantized trial that meets the bar is smaller than float "
+                           f"(best: {best['name']} at {best.get(cost_key)} vs float "
+                           f"{float_row.get(cost_key)}): the float model is kept")
+    return best, f"{best['name']} meets the bar at the lowest {objective}"
+
+
+def failure_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """How many trials failed, whether that is most of them, and the trials behind each
+    distinct reason (most frequent first, then by reason)."""
+    by_reason: dict[str, list[str]] = {}
+    for r in rows:
+        if r["status"] == "failed":
+            # the same reason on different trials differs only by where ("BUILD.toml,
+            # target //pkg:aq.ev_x: ..."): grouped without it
+            why = _WHERE.sub("", str(r["failed"]), count=1)
+            by_reason.setdefault(why, []).append(r["name"])
+    count = sum(len(v) for v in by_reason.values())
+    reasons = [{"reason": k, "trials": v, "count": len(v)}
+               for k, v in sorted(by_reason.items(), key=lambda kv: (-len(kv[1]), kv[0]))]
+    return {"failed": count, "trials": len(rows), "most": count * 2 > len(rows),
+            "reasons": reasons}
+
+
+def _accuracy(r: Mapping[str, Any]) -> float:
+    """The task's score, or the worst output SQNR for the task-blind sqnr task."""
+    v = r.get("score")
+    if v is None:
+        v = r.get("worst_sqnr_db")
+    return -math.inf if v is None else _f(v)
+
+
+def _tie_key(r: Mapping[str, Any]) -> tuple[float, float, str]:
+    # more accurate first, then smaller, then the trial's name: no measurement
+    return (-_accuracy(r), math.inf if r.get("bytes") is None else float(r["bytes"]),
+            str(r["name"]))
+
+
+def _decided_by(tied: Sequence[Mapping[str, Any]]) -> str:
+    if len(tied) < 2:
+        return "latency"
+    a, b = _tie_key(tied[0]), _tie_key(tied[1])
+    return "accuracy" if a[0] != b[0] else "size" if a[1] != b[1] else "name"
+
+
+def _by_latency(passing: list[dict[str, Any]], float_row: dict[str, Any],
+                min_speedup: float) -> tuple[dict[str, Any], str, dict[str, Any] | None]:
+    """(chosen row, note, the latency decision) for ``objective = "latency"``.
+
+    Each passing trial has a speed ratio to float and its noise. A trial stays a
+    candidate only when it is faster than float by ``min_speedup`` even at the slow end
+    of its noise (inside it, it ties with float, and float is the most accurate); a
+    candidate is left out only when it is clearly slower than another (its fast end
+    above the other's slow end). The rest are tied on latency and ranked by accuracy,
+    then size, then name, so a difference inside the noise never decides."""
+    measured = [r for r in passing if r.get("relative_latency") is not None]
+    if passing and not measured:
+        return float_row, ("latency was not measured (latency_runs = 0), so no trial can be "
+                           "shown faster than float: the float model is kept"), None
+    if not passing:
+        return float_row, "no quantized trial meets the bar: the float model is kept", None
+    limit = 1.0 / min_speedup
+    fast = [r for r in measured if r["relative_latency"] + r["latency_noise"] <= limit]
+    for r in measured:
+        if r not in fast:
+            r["latency_verdict"] = (f"not clearly {min_speedup}x faster than float "
+                                    f"(ratio {r['relative_latency']} ± {r['latency_noise']})")
+    if not fast:
+        best = min(measured, key=lambda r: (r["relative_latency"], r["name"]))
+        inside = best["relative_latency"] - best["latency_noise"] < limit
+        return float_row, (
+            f"no quantized trial that meets the bar is faster than float by "
+            f"{min_speedup}x (best: {best['name']} at {best['speedup']}x, ratio "
+            f"{best['relative_latency']} ± {best['latency_noise']}, measured interleaved "
+            f"with float{'; inside the noise, so float, the most accurate, wins' if inside else ''}"
+            f"): the float model is kept"), {"tied": [], "decided_by": "min_speedup",
+                                             "inside_noise": inside}
+    bound = min(r["relative_latency"] + r["latency_noise"] for r in fast)
+    fastest = min(fast, key=lambda r: (r["relative_latency"] + r["latency_noise"], r["name"]))
+    tied = sorted((r for r in fast if r["relative_latency"] - r["latency_noise"] <= bound),
+                  key=_tie_key)
+    for r in fast:
+        r["latency_verdict"] = ("tied on latency (inside the noise)" if r in tied and
+                                len(tied) > 1 else "fastest" if r in tied else
+                                f"clearly slower than {fastest['name']}")
+    chosen, by = tied[0], _decided_by(tied)
+    choice = {"tied": [r["name"] for r in tied], "decided_by": by,
+              "inside_noise": len(tied) > 1}
+    if len(tied) == 1:
+        note = (f"{chosen['name']} meets the bar at the lowest latency: {chosen['speedup']}x "
+                f"float's speed (ratio {chosen['relative_latency']} ± "
+                f"{chosen['latency_noise']}, every other trial clearly slower; measured "
+                f"interleaved with float, 1 thread)")
     else:
-        chosen, note = best, f"{best['name']} meets the bar at the lowest {objective}"
-    if failed:
-        note += f"; {len(failed)} trial(s) failed and were left out: see their rows"
-    if chosen is not float_row:
-        chosen["status"] = "chosen"
-    return {"objective": objective, "bar": dict(bar), "chosen": chosen["name"], "note": note,
-            "min_speedup": min_speedup if objective == "latency" else None,
-            "float": float_row, "trials": rows}
+        others = ", ".join(r["name"] for r in tied[1:])
+        note = (f"{chosen['name']} meets the bar at {chosen['speedup']}x float's speed; its "
+                f"margin over {others} is inside the timing noise, so it was chosen by "
+                f"{by} (accuracy, then size, then name), not by latency")
+    return chosen, note, choice
+
+
+_DETECTION_BARS = ("min_f1", "min_f1_lower", "min_ap50")
+_DETECTION_TASKS = ("detection", "yolo")
+
+
+def _detection_shaped(shape: Sequence[Any]) -> bool:
+    # decoded [N, boxes, 4+1+classes] (box fields last, boxes at least 4x as many) or
+    # yolov8's [N, 4+classes, anchors] (a thousand anchors or more: a 320 input has 2100)
+    if len(shape) != 3 or not all(isinstance(d, int) for d in shape[1:]):
+        return False
+    boxes, fields = int(shape[1]), int(shape[2])
+    if 5 <= fields <= 300 and boxes >= 4 * fields:
+        return True
+    return 5 <= boxes <= 300 and fields >= max(1000, 4 * boxes)
+
+
+def detector_warning(bar: Mapping[str, Any], task: str, task_options: Mapping[str, Any],
+                     outputs: Sequence[Mapping[str, Any]]) -> str | None:
+    """A warning when ``min_sqnr_db`` (task-blind) is the only kind of bar on a model that
+    looks like a detector: a detection task or decoder configured, or an output shaped
+    like detections. SQNR can stay high while every detection is lost."""
+    if "min_sqnr_db" not in bar or any(k in bar for k in _DETECTION_BARS):
+        return None
+    why = None
+    if task in _DETECTION_TASKS or "decoder" in task_options:
+        why = f"task = {task!r}" + (f", decoder = {task_options['decoder']!r}"
+                                    if "decoder" in task_options else "")
+    else:
+        shaped = [o for o in outputs if _detection_shaped(list(o.get("shape") or []))]
+        if shaped:
+            why = (f"output {shaped[0].get('name')!r} is shaped like detections "
+                   f"{list(shaped[0].get('shape') or [])}")
+    if why is None:
+        return None
+    return (f"the bar min_sqnr_db does not measure detections, and this model looks like a "
+            f"detector ({why}): a trial can meet it and detect nothing; bar on "
+            f"min_f1 or min_f1_lower with task = \"detection\" and its decoder")

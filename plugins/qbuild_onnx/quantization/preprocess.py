@@ -19,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.errors import OnnxError, exception_reason
 from qbuild_onnx_common.files import sha256_file
 from qbuild_onnx_common.models import load_model, uses_external_data
 from qbuild_onnx_common.summary import model_info
@@ -79,11 +79,11 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
             else:
                 quant_pre_process(str(src_for_ort), str(out), **kwargs)
     except Exception as e:
-        text = " ".join(str(e).split())[:500] or type(e).__name__
+        text = exception_reason(e)[:500]
         hint = ""
         if "2GB" in text or "2 GB" in text or "exceeds" in text.lower():
             hint = " (for models over 2 GB set external_data = true)"
-        raise OnnxError(f"quantization pre-processing failed: {type(e).__name__}: {text}{hint}",
+        raise OnnxError(f"quantization pre-processing failed: {text}{hint}",
                          file=src) from None
     finally:
         if fixed is not None:

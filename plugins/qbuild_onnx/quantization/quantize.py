@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import onnx
-from qbuild_onnx_common.errors import OnnxError
+from qbuild_onnx_common.errors import OnnxError, exception_reason
 from qbuild_onnx_common.files import sha256_bytes
 from qbuild_onnx_common.graph import bump_ir_version, real_inputs
 from qbuild_onnx_common.models import lean_load, weightless
@@ -152,7 +152,7 @@ def _run_ort_quantizer(build: Callable[[], Any], log: Log, warn: Log) -> onnx.Mo
             quantizer.quantize_model()
         except (ValueError, TypeError, KeyError, AssertionError, NotImplementedError) as exc:
             raise OnnxError(f"onnxruntime's quantizer rejected the model or options: "
-                                f"{type(exc).__name__}: {exc}") from None
+                                f"{exception_reason(exc)}") from None
         quantizer.model.topological_sort()
     quantized: onnx.ModelProto = quantizer.model.model
     return quantized

@@ -16,7 +16,8 @@ from typing import Any
 _CSS = """body{font-family:sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 8px;
 text-align:right}td:first-child,th:first-child{text-align:left}tr.chosen{background:#dfd}
-tr.fail td{color:#a00}svg{border:1px solid #ccc;background:#fff}.note{color:#555}"""
+tr.fail td{color:#a00}svg{border:1px solid #ccc;background:#fff}.note{color:#555}
+.warn{color:#a00}"""
 
 
 def _num(v: Any) -> float | None:
@@ -182,18 +183,46 @@ def _speed_note(report: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
     return f"{x:.2f}x faster ({basis} time)"
 
 
+def _auto_warnings(result: Mapping[str, Any]) -> list[str]:
+    """The lines that open an auto_quantize page: most trials failed, a task-blind bar on
+    a detector, a latency margin inside the noise."""
+    warnings: list[str] = []
+    failures = result.get("failures") or {}
+    if failures.get("most"):
+        listed = "".join(f"<li>{r['count']}× {escape(r['reason'])} "
+                        f"({escape(', '.join(r['trials']))})</li>"
+                        for r in failures["reasons"])
+        warnings.append(f"<p class=\"warn\" id=\"failures\"><b>Most trials failed: "
+                        f"{failures['failed']} of {failures['trials']}.</b></p><ul>{listed}</ul>")
+    if result.get("bar_warning"):
+        warnings.append(f"<p class=\"warn\" id=\"bar-warning\"><b>Warning:</b> "
+                        f"{escape(result['bar_warning'])}</p>")
+    choice = result.get("latency_choice") or {}
+    if choice.get("inside_noise") and choice.get("tied"):
+        warnings.append(f"<p id=\"latency-tie\">The winner's latency margin was inside "
+                        f"the timing noise (tied: {escape(', '.join(choice['tied']))}); "
+                        f"chosen by {escape(choice['decided_by'])}.</p>")
+    return warnings
+
+
 def auto_html(label: str, result: Mapping[str, Any],
               sensitivity: Mapping[str, Any] | None = None) -> str:
     """report.html of an ``auto_quantize`` selection: every trial, the chart, the
     sensitivity ranking and what was kept float or promoted."""
     rows = [dict(result["float"]), *[dict(r) for r in result["trials"]]]
+    for r in rows:
+        if r.get("relative_latency") is not None and r.get("latency_noise") is not None:
+            r["ratio_to_float"] = f"{r['relative_latency']} ± {r['latency_noise']}"
     bar_keys = list(result["bar"])
     cost_key = "latency_ms" if result["objective"] == "latency" else "bytes"
     acc_key = bar_keys[0] if bar_keys else "score"
     cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
+            ("ratio_to_float", "time / float (± noise)"),
             *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
             ("float_nodes", "float/promoted"), ("passes", "meets bar"), ("status", "status")]
+    warnings = _auto_warnings(result)
     sections = [
+        *warnings,
         f"<p>Objective: <b>{escape(result['objective'])}</b>; bar: "
         f"{escape(', '.join(f'{k} = {v}' for k, v in result['bar'].items()))}.</p>",
         f"<p>Chosen: <b id=\"chosen\">{escape(result['chosen'])}</b> — "
@@ -215,6 +244,9 @@ def auto_html(label: str, result: Mapping[str, Any],
         if r.get("misses"):
             notes.append(f"<li>{escape(r['name'])}: misses {escape('; '.join(r['misses']))}"
                          "</li>")
+        if r.get("latency_verdict"):
+            notes.append(f"<li>{escape(r['name'])}: latency: "
+                         f"{escape(r['latency_verdict'])}</li>")
         if r.get("float_joins"):
             notes.append(f"<li>{escape(r['name'])}: joins kept float (very different input "
                          f"ranges): {escape(', '.join(r['float_joins']))}</li>")

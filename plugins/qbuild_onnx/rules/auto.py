@@ -2,7 +2,7 @@
 the target itself selects, see ``auto_select``) and ``sensitive_region`` (the stem or
 head region around the most sensitive activation, as quantize overrides). Registered by
 ``rules.accuracy``'s hook. Rule API v2: ``sensitive_region`` is one action,
-``auto_quantize`` three (Trials, Select, Copy: see ``AutoQuantize.analyze``); the
+``auto_quantize`` four (Trials, Time, Select, Copy: see ``AutoQuantize.analyze``); the
 selection names trials and the float model by label (report.json, report.html), so
 ``analyze`` passes those labels, and the target's own for the page title, as params.
 Heavy imports happen inside the actions; the selection's imports none.
@@ -95,8 +95,11 @@ class AutoQuantize(OnnxRule):
            "with an evaluate target (named <name>.<trial>, <name>.ev_<trial>), all ordinary "
            "cached targets; this target picks the cheapest trial (objective: measured "
            "latency or size) that meets every `bar`, or keeps the float model when none is "
-           "cheaper, and writes {name}.onnx, report.json and report.html (and trials.json, "
-           "chosen.json between its three actions). Changing the bar or objective reruns "
+           "cheaper; latency differences inside the measured noise (every candidate timed "
+           "interleaved in one run) never decide: such ties go to accuracy, then size, then "
+           "name. Writes {name}.onnx, report.json and report.html (and trials.json, "
+           "latency.json, chosen.json between its four actions). Changing the bar or "
+           "objective reruns "
            "only the selection, which reads JSON only (and the copy of the chosen model "
            "when the choice changes).")
     attrs = {
@@ -117,9 +120,12 @@ class AutoQuantize(OnnxRule):
                                    "size in bytes."),
         "min_speedup": attr.float(default=1.05, doc="objective latency: the speed-up over "
                                   "float (trial and float timed interleaved in one process) a "
-                                  "trial needs to replace the float model; below it the float "
-                                  "model is kept, so no recommended model is slower than float."),
-        "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate."),
+                                  "trial needs, at the slow end of its measured noise, to "
+                                  "replace the float model; below it the float model is "
+                                  "kept, so no recommended model is slower than float."),
+        "latency_runs": attr.int(default=20, doc="Timed runs per trial's evaluate, and "
+                                 "rounds of the search's one interleaved timing of every "
+                                 "candidate (0: latency is not measured)."),
         "calibration_methods": attr.string_list(default=["minmax", "percentile"],
                                                 doc="Calibration methods tried."),
         "percentile": attr.float(default=99.99, doc="The percentile calibration's kept "
@@ -154,8 +160,10 @@ class AutoQuantize(OnnxRule):
         "sensitivity": attr.label(doc="(filled in by the expansion)",
                                   providers=[SensitivityInfo], tolerate_failures=True),
     }
-    outputs = ["{name}.onnx", "report.json", "report.html", "trials.json", "chosen.json"]
+    outputs = ["{name}.onnx", "report.json", "report.html", "trials.json", "chosen.json",
+               "latency.json"]
     provides = (OnnxModelInfo,)
+    machine_dependent = True  # its Time action measures this machine
 
     @staticmethod
     def expand_targets(name: str, raw: dict[str, Any]
@@ -175,17 +183,27 @@ class AutoQuantize(OnnxRule):
                               attr="bar")
 
     def analyze(self, ctx: AnalysisContext) -> None:
-        # Three actions, so that a bar or objective change reruns only JSON work: Trials
-        # (what each candidate kept float; no bar in its key), Select (the reports against
-        # the bar: reads JSON only, stages no model) and Copy (the chosen model; its key is
-        # chosen.json, so it is a cache hit when the choice does not change).
+        # Four actions, so that a bar or objective change reruns only JSON work: Trials
+        # (what each candidate kept float; no bar in its key), Time (below), Select (the
+        # reports against the bar: reads JSON only, stages no model) and Copy (the chosen
+        # model; its key is chosen.json, so it is a cache hit when the choice does not
+        # change).
         a = ctx.attrs
         labels = {k: a[k] for k in ("model", "candidates")}
-        ctx.action(trial_info, inputs=["candidates"], outputs=["trials.json"],
+        ctx.action(trial_info, inputs=["model", "candidates"], outputs=["trials.json"],
                    mnemonic="Trials", heavy=False,
                    params={"trial_names": a["trial_names"], "labels": labels})
-        params = {k: a[k] for k in ("trial_names", "bar", "objective", "min_speedup")}
-        ctx.action(auto_select, inputs=["reports", "sensitivity", "trials.json"],
+        # Time: every candidate and the float model in one interleaved run, so their
+        # ratios share one machine state and each has a measured noise (auto.timing);
+        # no bar in its key either
+        ctx.action(time_trials, inputs=["model", "candidates", "evaluation_data",
+                                        "trials.json"],
+                   outputs=["latency.json"], mnemonic="Time", heavy=True,
+                   params={"trial_names": a["trial_names"], "rounds": a["latency_runs"]})
+        params = {k: a[k] for k in ("trial_names", "bar", "objective", "min_speedup",
+                                    "task", "task_options")}
+        ctx.action(auto_select, inputs=["reports", "sensitivity", "trials.json",
+                                        "latency.json"],
                    outputs=["report.json", "report.html", "chosen.json"], mnemonic="Select",
                    heavy=False, params={**params, "labels": labels, "label": ctx.label})
         ctx.action(copy_chosen, inputs=["model", "candidates", "chosen.json"],
@@ -205,17 +223,51 @@ def trial_info(ctx: RunContext) -> None:
         model = dep[OnnxModelInfo]
         rows[name] = {"float_nodes": len(model.promoted),
                       "float_joins": list(model.float_joins)}
-    ctx.output("trials.json").write_text(json.dumps(rows, indent=1, sort_keys=True) + "\n")
+    doc = {"trials": rows, "model_outputs": list(ctx.inputs["model"][OnnxModelInfo].outputs)}
+    ctx.output("trials.json").write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+
+
+def time_trials(ctx: RunContext) -> None:
+    """``auto_quantize``'s timing: the float model (twice: the twin measures the noise
+    between two sessions of one model) and every candidate that did not fail, timed in
+    one interleaved run on the first evaluation sample; latency.json (``auto.timing``)."""
+    from qbuild_onnx_common.errors import OnnxError
+    from qbuild_onnx_common.ort import session
+
+    from ..accuracy.feeds import model_feeds
+    from ..auto.timing import FLOAT, TWIN, summarise, time_candidates
+
+    out = ctx.output("latency.json")
+    rounds = ctx.params["rounds"]
+    trials = json.loads(ctx.inputs["trials.json"].read_text())["trials"]
+    doc: dict[str, Any] = {"rounds": 0, "candidates": {}}
+    if rounds > 0:
+        ref = ctx.inputs["model"][OnnxModelInfo].model
+        try:
+            feed = model_feeds(ctx.inputs["evaluation_data"][DatasetInfo].path, ref, 1)[0]
+            sessions = {FLOAT: session(ref), TWIN: session(ref)}
+            for name, dep in zip(ctx.params["trial_names"], ctx.inputs["candidates"],
+                                 strict=True):
+                if "failed" not in trials[name] and dep.failed is None:
+                    sessions[name] = session(dep[OnnxModelInfo].model)
+        except OnnxError as e:
+            raise ctx.fail(e.message, attr="model") from None
+        warmup = 3
+        doc = summarise(time_candidates(sessions, feed, rounds, warmup), warmup)
+        ctx.log(f"timed {len(sessions) - 2} candidate(s) and float interleaved, "
+                f"{rounds} rounds: noise floor {doc['noise_floor']} (float twin)")
+    out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 def auto_select(ctx: RunContext) -> None:
     """``auto_quantize``'s selection: the cheapest trial that meets the bar (or the float
     model); report.json, report.html and chosen.json. Reads JSON only."""
-    from ..auto.select import select
+    from ..auto.select import detector_warning, select
     from ..report.html import auto_html
 
     a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
-    trials = json.loads(ctx.inputs["trials.json"].read_text())
+    trial_doc = json.loads(ctx.inputs["trials.json"].read_text())
+    trials = trial_doc["trials"]
     reports: list[dict[str, Any] | None] = []
     entries: list[dict[str, Any] | None] = []
     failed: dict[str, str] = {}
@@ -235,8 +287,10 @@ def auto_select(ctx: RunContext) -> None:
         first = next(iter(failed))
         raise ctx.fail(f"every trial failed ({len(failed)}); {first}: {failed[first]}",
                        attr="model")
+    timing = json.loads(ctx.inputs["latency.json"].read_text())
     result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
-                    labels["model"], a["min_speedup"], failed)
+                    labels["model"], a["min_speedup"], failed,
+                    timing if timing.get("rounds") else None)
     for row, label in zip(result["trials"], labels["candidates"], strict=True):
         row["model"] = label
         if "failed" in trials[row["name"]]:
@@ -244,6 +298,10 @@ def auto_select(ctx: RunContext) -> None:
         row["float_nodes"] = trials[row["name"]]["float_nodes"]
         if trials[row["name"]]["float_joins"]:
             row["float_joins"] = trials[row["name"]]["float_joins"]
+    blind = detector_warning(a["bar"], a["task"], a["task_options"],
+                             trial_doc["model_outputs"])
+    if blind:
+        result["bar_warning"] = blind
     result = _clean(result)
     sens = None
     if deps["sensitivity"] is not None and deps["sensitivity"].failed is not None:
@@ -257,6 +315,15 @@ def auto_select(ctx: RunContext) -> None:
     ctx.log(f"chose {result['chosen']}: {result['note']}")
     for name, why in failed.items():
         ctx.warn(f"trial {name} failed and was left out: {why}")
+    summary = result.get("failures")
+    if summary and summary["most"]:
+        reasons = "; ".join(f"{r['count']}x {r['reason']} ({', '.join(r['trials'][:3])}"
+                            f"{', ...' if r['count'] > 3 else ''})"
+                            for r in summary["reasons"][:3])
+        ctx.warn(f"most trials FAILED: {summary['failed']} of {summary['trials']}, so the "
+                 f"choice ({result['chosen']}) was made among few: {reasons}")
+    if blind:
+        ctx.warn(blind)
 
 
 def copy_chosen(ctx: RunContext) -> OnnxModelInfo:

@@ -1,0 +1,98 @@
+"""One timing run for every candidate of an ``auto_quantize`` search, and the noise of
+each candidate's speed ratio against the float model.
+
+The float model and every candidate are timed in one process, interleaved round by
+round (F A B C, then A B C F, ...: the order rotated each round, after untimed warm-up
+rounds), on one intra-op thread, by the CPU time of the timing thread. A candidate's
+ratio is the median over rounds of its time divided by the float model's time in the
+same round. Its noise is the half-width of a seeded bootstrap interval of that median
+(the rounds resampled), but never less than what separates two identical models: the
+float model is loaded twice, and how far the twin's ratio strays from 1 (its median and
+its interval) is a floor on every candidate's noise. That floor is what within-run
+spread misses and what made trials a few per cent apart swap places between builds:
+two sessions of one model in one process already differ by it.
+
+Pure statistics apart from ``time_candidates`` (which runs onnxruntime sessions it is
+given); the selection reads the result as JSON.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: the name of the float model's second session in the timing result
+TWIN = "float (twin)"
+FLOAT = "float"
+#: bootstrap resamplings of a median ratio, and the interval's coverage
+RESAMPLES = 1000
+COVERAGE = 0.90
+
+
+def time_candidates(sessions: Mapping[str, Any], feed: Mapping[str, Any], rounds: int,
+                    warmup: int = 3) -> dict[str, list[float]]:
+    """Per session name, its CPU times (ms, timing thread) over ``rounds`` interleaved
+    rounds, each round running every session once in a rotated order."""
+    names = list(sessions)
+    cpu: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(warmup + rounds):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            c0 = time.thread_time()
+            sessions[name].run(None, dict(feed))
+            c1 = time.thread_time()
+            if r >= warmup:
+                cpu[name].append((c1 - c0) * 1000.0)
+    return cpu
+
+
+def _bootstrap_median(ratios: Sequence[float], seed: int) -> tuple[float, float]:
+    """The ``COVERAGE`` interval of the median of ``ratios`` by a seeded bootstrap."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    arr = np.asarray(ratios, dtype=np.float64)
+    idx = rng.integers(0, len(arr), size=(RESAMPLES, len(arr)))
+    medians = np.median(arr[idx], axis=1)
+    tail = (1.0 - COVERAGE) / 2.0
+    return float(np.quantile(medians, tail)), float(np.quantile(medians, 1.0 - tail))
+
+
+def ratio_stats(times: Sequence[float], reference: Sequence[float]) -> dict[str, Any]:
+    """A candidate's per-round ratios to the reference summarised: median, quartiles,
+    the bootstrap interval of the median and its half-width (``ci_half``)."""
+    ratios = [a / b for a, b in zip(times, reference, strict=True) if b > 0]
+    if not ratios:
+        return {"ratio": None}
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    lo, hi = _bootstrap_median(ratios, seed=len(ratios))
+    return {"ratio": round(statistics.median(ratios), 4), "q1": round(q[0], 4),
+            "q3": round(q[2], 4), "ci": [round(lo, 4), round(hi, 4)],
+            "ci_half": round((hi - lo) / 2.0, 4), "rounds": len(ratios),
+            "median_ms": round(statistics.median(times), 4)}
+
+
+def summarise(cpu: Mapping[str, Sequence[float]], warmup: int) -> dict[str, Any]:
+    """The timing document (latency.json): the float model's median, the twin's
+    deviation (the noise floor) and, per candidate, its ratio and ``noise``: the larger
+    of its bootstrap half-width and the floor."""
+    ref = cpu[FLOAT]
+    twin: dict[str, Any] = ratio_stats(cpu[TWIN], ref) if TWIN in cpu else {"ratio": None}
+    floor = 0.0
+    if twin["ratio"] is not None:
+        floor = max(abs(twin["ci"][0] - 1.0), abs(twin["ci"][1] - 1.0))
+    out: dict[str, Any] = {}
+    for name, times in cpu.items():
+        if name in (FLOAT, TWIN):
+            continue
+        s = ratio_stats(times, ref)
+        if s["ratio"] is not None:
+            s["noise"] = round(max(s["ci_half"], floor), 4)
+        out[name] = s
+    return {"basis": "cpu", "threads": 1, "order": "interleaved, rotated each round",
+            "rounds": len(ref), "warmup": warmup,
+            "float_median_ms": round(statistics.median(ref), 4) if ref else None,
+            "twin": twin, "noise_floor": round(floor, 4), "coverage": COVERAGE,
+            "candidates": out}
