@@ -230,3 +230,17 @@ def test_gc_and_concurrent_puts_of_one_digest_never_crash(tmp_path):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert int(out) > 0
+
+
+@pytest.mark.parametrize("text", [
+    '[c]\nrule = "filegroup"\nsrcs = ["{name}"]\n',
+    '[c]\nrule = "command"\nsrcs = ["{name}"]\nouts = ["o"]\ncmd = "true"\n',
+    '[c]\nrule = "onnx_model"\nsrc = "{name}"\n',
+])
+def test_a_source_name_over_255_bytes_is_one_line_naming_file_target_attribute(ws, text):
+    ws.write("p/BUILD.toml", text.format(name="s" * 300 + ".onnx"))
+    result = ws.cli("build", "//p:c")
+    _one_line(result, 2)
+    assert "255 bytes" in result.stderr and "//p:c" in result.stderr, result.stderr
+    assert "BUILD.toml" in result.stderr and "src" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
