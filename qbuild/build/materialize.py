@@ -14,6 +14,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from ..core.errors import CacheError
 from ..core.files import hash_file, stat_key
 from ..core.labels import Label, output_folder
 from ..core.protocols import Store
@@ -161,3 +162,29 @@ def remove_owned(top: Path, rel: str) -> None:
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_output_dir(output_dir: Path) -> str | None:
+    """Delete what the output folder holds (``qbuild clean``). A folder is removed whole;
+    a symlink to a folder (the output moved to another disk and linked back) is kept and
+    the folder it points to emptied, as the user means. Returns how the result is worded
+    ("qbuild-out" or "the contents of ..."), None if there was nothing; raises
+    ``CacheError`` naming what could not be removed."""
+    if output_dir.is_symlink():
+        target = output_dir.resolve()
+        if not target.is_dir():
+            return None  # a dangling link: nothing of ours behind it
+        shown = f"the contents of {target} (the symlink {output_dir.name} is kept)"
+        for entry in list(target.iterdir()):
+            remove_owned(target, entry.name)
+        left = next(target.iterdir(), None)
+    elif output_dir.is_dir():
+        shown = output_dir.name
+        shutil.rmtree(output_dir, ignore_errors=True)
+        left = output_dir if output_dir.exists() else None
+    else:
+        return None
+    if left is not None:
+        raise CacheError(f"could not remove {left}: check its permissions; nothing "
+                         "else is left behind")
+    return shown
