@@ -309,8 +309,9 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
                                       lambda rel: workspace_name(action, rel))
         for item in linked:
             staged.setdefault(item.dest, (item.digest, stat_key(item.stat)))
-        entries = sandboxes.collect_outputs(action, out_root, log_path,
-                                            tuple(spec.outputs), staged=staged)
+        entries = sandboxes.collect_outputs(
+            action, out_root, log_path, tuple(spec.outputs),
+            forwarded=staged if spec.function == FORWARD_FILES else None)
         sandboxes.check_sources(action)
         return ActionResult(tuple(entries), tuple(spec.outputs), info, tuple(warnings),
                             providers=providers)

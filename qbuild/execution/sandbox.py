@@ -368,14 +368,16 @@ class Sandboxes:
 
     def collect_outputs(self, action: Action, out_root: Path, log_path: Path,
                         names: tuple[str, ...] | None = None,
-                        staged: dict[Path, tuple[str, str]] | None = None
+                        forwarded: dict[Path, tuple[str, str]] | None = None
                         ) -> list[OutputEntry]:
         """The declared outputs (``names``, else the action's), found under ``out_root``,
-        stored. An output that is a staged input moved into place (a ``filegroup``'s
-        source, say: same inode, size and mtime as staged, still read-only) is not
-        hashed again: its digest is the one it was staged with."""
+        hashed and stored. Only for the engine's own ``forward_files``, which moves its
+        staged inputs (``forwarded``) into place and writes nothing, is an output that
+        is one of them (same inode, size and mtime, still read-only) not hashed again.
+        Any other action's word is not taken: one that renames an input to its output,
+        edits it and sets the mtime back leaves exactly those stats."""
         known: dict[tuple[int, int], tuple[str, int, int]] = {}
-        for digest, key in (staged or {}).values():
+        for digest, key in (forwarded or {}).values():
             dev, ino, size, mtime = key.split(":")[:4]
             known[(int(dev), int(ino))] = (digest, int(size), int(mtime))
         entries = []

@@ -256,3 +256,30 @@ def test_a_reused_sandbox_looks_exactly_like_a_new_one(qbuild_workspace, tmp_pat
     seen = reused.output("//p:look").read_text()
     assert "left" not in seen and "deep" not in seen and "ws-extra" not in seen
     assert seen == fresh.output("//p:look").read_text()
+
+
+def test_an_input_renamed_to_an_output_and_edited_with_its_mtime_restored_is_hashed(ws):
+    # The output has the staged input's inode, size and mtime (only the ctime moved):
+    # its bytes are not the input's, and neither it nor the untouched source's plain
+    # filegroup may be given the other's.
+    ws.write("p/a.txt", "abc\n")
+    cmd = ("cp -p $(SRCS) ref && mv $(SRCS) $(OUT) && chmod u+w $(OUT) && "
+           "printf X | dd of=$(OUT) conv=notrunc status=none && "
+           "touch -r ref $(OUT) && chmod a-w $(OUT)")
+    ws.write("p/BUILD.toml", textwrap.dedent("""
+        [m]
+        rule = "command"
+        srcs = ["a.txt"]
+        outs = ["o.txt"]
+        cmd = "CMD"
+
+        [fg]
+        rule = "filegroup"
+        srcs = ["a.txt"]
+    """).replace("CMD", cmd))
+    for _ in range(2):  # the second build is served from the cache
+        result = ws.build("//p:m", "//p:fg", jobs=1)
+        assert result.ok, result.error
+        assert ws.path(f"qbuild-out/{_folder('//p:m')}/o.txt").read_text() == "Xbc\n"
+        assert ws.path(f"qbuild-out/{_folder('//p:fg')}/a.txt").read_text() == "abc\n"
+        ws.cli("clean")
