@@ -20,6 +20,7 @@ from ..core.labels import Label, output_folder
 from ..core.protocols import Store
 from ..core.records import ActionResult, OutputEntry
 from ..execution.failures import ActionFailed
+from ..store.entries import safe_path
 from .state import WorkspaceState
 
 
@@ -46,6 +47,7 @@ class Materializer:
         there."""
         base_rel = output_folder(label)
         result = self.result(label)
+        _refuse_unsafe(label, result)
         if self.state.in_place(self.output_dir, base_rel, result.outputs):
             done = self.placed
             for e in result.outputs:
@@ -55,6 +57,7 @@ class Materializer:
         base, fresh = _real_dir(self.output_dir, base_rel)
         for attempt in range(2):
             result = self.result(label)
+            _refuse_unsafe(label, result)
             # Each file is checked (no short cut), so every damaged blob is dropped
             # before the one rebuild.
             self.placed.update(f"{base_rel}/{e.path}" for e in result.outputs)
@@ -107,6 +110,16 @@ class Materializer:
             return False
         self.state.set_materialized(rel, [digest, stat_key(os.lstat(path)), executable])
         return True
+
+
+def _refuse_unsafe(label: Label, result: ActionResult) -> None:
+    """Whoever handed over ``result`` (the local or remote store checked it when they
+    read it), no file is placed outside the target's folder."""
+    bad = next((name for name in [e.path for e in result.outputs] + [
+        d.removesuffix("/") for d in result.declared] if not safe_path(name)), None)
+    if bad is not None:
+        raise ActionFailed(f"refusing to place the outputs of {label}: output path "
+                           f"{bad[:80]!r} is not a relative path inside its folder")
 
 
 def real_dir(top: Path, rel: str) -> Path:

@@ -57,6 +57,7 @@ import diskcache
 from ..core.errors import CacheError
 from ..core.files import copy_hashing, copy_new, has_reflinks, hash_file, stat_key
 from ..core.records import ActionResult, KeyParts
+from .entries import check_entry
 from .keylock import KeyLock, KeyLocks
 
 _SETTINGS = {
@@ -181,25 +182,6 @@ def _is_damage(exc: sqlite3.DatabaseError) -> bool:
     text = str(exc).lower()
     return any(word in text for word in ("malformed", "not a database", "corrupt",
                                          "no such table", "no such column"))
-
-
-def valid_result(value: Any) -> bool:
-    """Is ``value`` an action result of the shape this version writes?"""
-    if not isinstance(value, dict) or not isinstance(value.get("info"), dict):
-        return False
-    if "failed" in value:  # a tolerated failure's stand-in is never a cached result
-        return False
-    outputs, declared = value.get("outputs"), value.get("declared")
-    if not isinstance(outputs, list) or not isinstance(declared, list):
-        return False
-    if not all(isinstance(name, str) for name in declared):
-        return False
-    for entry in outputs:
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-                and isinstance(entry.get("digest"), str) and _DIGEST.match(entry["digest"])):
-            return False
-    return isinstance(value.get("warnings", []), list) and \
-        isinstance(value.get("providers", {}), dict)
 
 
 # Keys per "IN (...)" query: as many as SQLite takes (32,766 variables since 3.32, 999
@@ -397,13 +379,18 @@ class LocalStore:
             result = None
         if result is None:
             return None
-        if valid_result(result):
+        problem = check_entry(result, key)
+        if problem is None:
             found = ActionResult.from_json(result)
             # The entry's text, for a record of this result (``_incremental``) without
             # encoding it again: what ``put_action`` wrote for it.
             object.__setattr__(found, "_text", raw)
             return found
-        self.drop_action(key)  # written by something else: a miss
+        # Written by something else (an older version, another user of a shared
+        # cache folder): a miss, and dropped so it is rebuilt.
+        print(f"qbuild: warning: {problem}; dropped it (rebuilt when needed)",
+              file=sys.stderr)
+        self.drop_action(key)
         return None
 
     def action_texts(self, keys: list[str]) -> dict[str, str]:

@@ -244,3 +244,58 @@ def test_a_source_name_over_255_bytes_is_one_line_naming_file_target_attribute(w
     assert "255 bytes" in result.stderr and "//p:c" in result.stderr, result.stderr
     assert "BUILD.toml" in result.stderr and "src" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("path", ["../../../escape.txt", "/ESCAPE", "sub/../../../x.txt",
+                                  "./o"])
+def test_a_local_entry_naming_a_path_outside_the_output_folder_is_a_miss(
+        ws, tmp_path, path):
+    import diskcache
+
+    path = path.replace("/ESCAPE", str(tmp_path / "escape.txt"))
+    _cmd_target(ws)
+    _one_line(ws.cli("build", "//p:c"), 0)
+    state = ws.path("qbuild-out/.qbuild/state.json")
+    (key,) = json.loads(state.read_text())["last_keys"].values()
+    cache = diskcache.Cache(str(ws.cache_dir / "ac"))
+    entry = json.loads(cache.get(key))
+    entry["outputs"][0]["path"] = entry["declared"][0] = path
+    cache.set(key, json.dumps(entry))  # as anyone who can write the cache folder can
+    cache.close()
+    ws.cli("clean")
+    result = ws.cli("build", "//p:c")
+    _one_line(result, 0)
+    assert "1 actions run" in result.stderr, result.stderr
+    assert "not a relative path inside the output folder" in result.stderr
+    assert not list(ws.root.rglob("escape.txt")) and not (tmp_path / "escape.txt").exists()
+    assert not ws.path("x.txt").exists() and not ws.path("qbuild-out/x.txt").exists()
+    assert ws.path("qbuild-out/p/@c/o").read_text() == "a\n"
+    again = ws.cli("build", "//p:c")  # the bad entry was replaced, not kept
+    _one_line(again, 0)
+    assert "warning" not in again.stderr
+
+
+def test_placing_refuses_a_path_outside_the_folder_whoever_hands_it_over(
+        tmp_path):
+    from qbuild.build.materialize import Materializer
+    from qbuild.build.state import WorkspaceState
+    from qbuild.core.labels import parse_label
+    from qbuild.core.records import ActionResult, OutputEntry
+    from qbuild.execution.failures import ActionFailed
+
+    source = tmp_path / "f"
+    source.write_bytes(b"payload")
+    digest = hash_file(source)
+    store = LocalStore(tmp_path / "cache")
+    store.put_blob(source, digest)
+    out = tmp_path / "ws" / "qbuild-out"
+    out.mkdir(parents=True)
+    hostile = ActionResult((OutputEntry("../../../../owned.txt", digest, 7),),
+                           ("../../../../owned.txt",))
+    placer = Materializer(out, store, WorkspaceState(out), lambda label: hostile,
+                          lambda label: False)
+    with pytest.raises(ActionFailed, match="not a relative path"):
+        placer.place(parse_label("//p:c"))
+    store.close()
+    assert not list(tmp_path.rglob("owned.txt"))
+
