@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import RuleError
-from ..core.files import SourceDigests, copy_new, hash_file, stat_key
+from ..core.files import SourceDigests, copy_new, copy_new_hashing, hash_file, stat_key
 from ..core.protocols import Store
 from ..core.records import Action, OutputEntry
 from ..store.keylock import flock_fd
@@ -310,10 +310,19 @@ class Sandboxes:
         return stat_key(self.copy_source(action, rel, key, dest))
 
     def copy_source(self, action: Action, rel: str, key: str, dest: Path) -> os.stat_result:
-        """``stage_source``, returning the copy's stat."""
+        """``stage_source``, returning the copy's stat. A digest this process did not
+        hash itself (taken from the stat memo or the workspace's record of digests,
+        which a damaged or tampered cache can have wrong) is checked on the way: the
+        copy is hashed as it is made, and a mismatch fails the action, corrects the
+        memo and caches nothing under a key made from the wrong digest."""
         path = self.root / rel
+        digest = action.sources[rel][0]
+        actual = None
         try:
-            before, after, copied = copy_new(path, dest)
+            if self.digests.hashed(key):
+                before, after, copied = copy_new(path, dest)
+            else:
+                before, after, copied, actual = copy_new_hashing(path, dest)
         except OSError as exc:
             raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",
                                          target=str(action.label))) from None
@@ -321,6 +330,12 @@ class Sandboxes:
             raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
                                          "result was not cached. Run the build again.",
                                          target=str(action.label)))
+        if actual is not None and actual != digest:
+            self.digests.correct(key, actual)
+            raise ActionFailed(RuleError(
+                f"input {rel} does not hold the content its remembered digest says (a "
+                "damaged cache memo or qbuild-out/.qbuild/digests.json); corrected it and "
+                "cached nothing. Run the build again.", target=str(action.label)))
         return copied
 
     def check_linked_inputs(self, action: Action, sandbox: Path, linked: list[Linked]

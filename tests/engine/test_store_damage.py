@@ -299,3 +299,31 @@ def test_placing_refuses_a_path_outside_the_folder_whoever_hands_it_over(
     store.close()
     assert not list(tmp_path.rglob("owned.txt"))
 
+
+@pytest.mark.parametrize("rule", ["command", "filegroup"])
+def test_a_damaged_memo_digest_never_poisons_the_action_cache(ws, rule):
+    import diskcache
+
+    ws.write("p/a.txt", "a\n")
+    ws.write("p/BUILD.toml", {
+        "command": '[c]\nrule = "command"\nsrcs = ["a.txt"]\nouts = ["o"]\n'
+                   'cmd = "cat $(SRCS) > $(OUT)"\n',
+        "filegroup": '[c]\nrule = "filegroup"\nsrcs = ["a.txt"]\n'}[rule])
+    out = ws.path("qbuild-out/p/@c/" + ("o" if rule == "command" else "a.txt"))
+    _one_line(ws.cli("build", "//p:c"), 0)
+    ws.cli("clean")  # (also forgets this workspace's own record of digests)
+    st = os.stat(ws.path("p/a.txt"))
+    stat_key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    memo = diskcache.Cache(str(ws.cache_dir / "memo"))
+    memo.set(stat_key, hash_file(ws.write("elsewhere", "b\n")))  # damage: b's digest
+    memo.close()
+    damaged = ws.cli("build", "//p:c")
+    assert damaged.code in (0, 1) and "Traceback" not in damaged.stderr, damaged.stderr
+    if damaged.code == 1:
+        assert "a.txt" in damaged.stderr and len(damaged.stderr.splitlines()) <= 3
+    healed = ws.cli("build", "//p:c")
+    _one_line(healed, 0)
+    assert out.read_text() == "a\n"
+    ws.write("p/a.txt", "b\n")  # now a.txt really holds b: its output must say so
+    _one_line(ws.cli("build", "//p:c"), 0)
+    assert out.read_text() == "b\n"
