@@ -178,6 +178,20 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
+def _misshapen(path: Path) -> bool:
+    """Is the index folder ``path`` damaged in its shape: not a folder, or its database
+    file something else than a file (a folder, a link)? SQLite only says it cannot open
+    it, as it does for a missing permission, which is not repaired but reported."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return True
+        return not stat.S_ISREG(os.lstat(path / "cache.db").st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return False
+
+
 def _is_damage(exc: sqlite3.DatabaseError) -> bool:
     text = str(exc).lower()
     return any(word in text for word in ("malformed", "not a database", "corrupt",
@@ -236,11 +250,12 @@ class LocalStore:
                 cache.disk.pending = self._pending
             return cache
         except sqlite3.DatabaseError as exc:
-            if not _is_damage(exc):
+            if not _is_damage(exc) and not _misshapen(path):
                 raise CacheError(f"cannot open the cache index {path}: {exc}") from None
         except OSError as exc:
-            raise CacheError(f"cannot open the cache index {path}: "
-                             f"{exc.strerror or exc}") from None
+            if not _misshapen(path):
+                raise CacheError(f"cannot open the cache index {path}: "
+                                 f"{exc.strerror or exc}") from None
         self._set_aside(path)
         try:
             cache = diskcache.Cache(str(path), **kwargs)
@@ -256,7 +271,10 @@ class LocalStore:
             os.replace(path, aside)
         except OSError:
             pass
-        shutil.rmtree(aside, ignore_errors=True)
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.unlink(missing_ok=True)
         print(f"qbuild: the cache index {path} was damaged; rebuilt it empty (what it held "
               "will be rebuilt when needed)", file=sys.stderr)
 

@@ -105,6 +105,32 @@ def test_a_damaged_sqlite_index_is_rebuilt_with_one_message(ws, index):
     _one_line(ws.cli("build", "--explain", "//p:c"), 0)
 
 
+
+@pytest.mark.parametrize("index", ["ac", "cas", "memo"])
+@pytest.mark.parametrize("damage", ["database is a folder", "index is a file"])
+def test_a_cache_index_of_the_wrong_kind_is_rebuilt_with_one_message(ws, index, damage):
+    import shutil
+
+    _cmd_target(ws)
+    _one_line(ws.cli("build", "//p:c"), 0)
+    folder = ws.cache_dir / index
+    if damage == "database is a folder":
+        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+            (folder / name).unlink(missing_ok=True)
+        (folder / "cache.db").mkdir()
+    else:
+        shutil.rmtree(folder)
+        folder.write_text("not an index")
+    shutil.rmtree(ws.path("qbuild-out"))
+    healed = ws.cli("build", "//p:c")
+    _one_line(healed, 0)
+    assert "damaged" in healed.stderr and "rebuilt" in healed.stderr, healed.stderr
+    assert ws.path("qbuild-out/p/@c/o").read_text() == "a\n"
+    ws.cli("clean")
+    again = ws.cli("build", "//p:c")
+    _one_line(again, 0)
+    assert "damaged" not in again.stderr and "1 cache hits" in again.stderr, again.stderr
+
 def test_cache_entries_of_the_wrong_shape_are_misses(ws):
     import diskcache
 
