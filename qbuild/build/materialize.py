@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..core.errors import CacheError
-from ..core.files import hash_file, stat_key
+from ..core.files import hash_file, is_temp_name, stat_key
 from ..core.labels import Label, output_folder
 from ..core.protocols import Store
 from ..core.records import ActionResult, OutputEntry
@@ -72,15 +72,37 @@ class Materializer:
         wanted = {e.path for e in result.outputs}
         # A folder made just now holds only what was placed (another process placing
         # the same target places the same files).
-        for directory, subdirs, files in () if fresh else os.walk(base, topdown=False):
+        clean = fresh or self._remove_unwanted(base, base_rel, wanted)
+        if clean:
+            self.state.set_folder(self.output_dir, base_rel, sorted(wanted))
+        return [str(base / name.rstrip("/")) for name in result.declared]
+
+    def _remove_unwanted(self, base: Path, base_rel: str, wanted: set[str]) -> bool:
+        """Delete the files of the target's folder ``base`` that its result does not
+        name; True if nothing else is left. Another qbuild process may be placing the
+        same target at the same moment: its temporary copies (``core.files.temp_name``,
+        renamed into place when complete) are left
+        alone, and a file it removed first, or one that cannot be removed, is no
+        reason to fail: the outputs are in place either way."""
+        clean = True
+        for directory, subdirs, files in os.walk(base, topdown=False):
             for name in files + [d for d in subdirs if os.path.islink(os.path.join(directory, d))]:
                 path = Path(directory) / name
                 rel = path.relative_to(base).as_posix()
-                if rel not in wanted:
+                if rel in wanted:
+                    continue
+                if is_temp_name(name):
+                    clean = False
+                    continue
+                try:
                     path.unlink()
-                    self.state.set_materialized(f"{base_rel}/{rel}", None)
-        self.state.set_folder(self.output_dir, base_rel, sorted(wanted))
-        return [str(base / name.rstrip("/")) for name in result.declared]
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    clean = False
+                    continue
+                self.state.set_materialized(f"{base_rel}/{rel}", None)
+        return clean
 
     def remove(self, label: Label) -> None:
         """Remove ``label``'s output folder (it failed or was not built)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import threading
 import time
@@ -206,6 +207,21 @@ def copy_hashing(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -
             digest.update(chunk)
             dst.write(chunk)
     return digest.hexdigest()
+
+
+def temp_name(dest: Path) -> Path:
+    """Where a copy bound for ``dest`` is written before it is renamed into place:
+    next to it, named for this process and thread (two processes placing one file
+    never share one)."""
+    return dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
+_TEMP_NAME = re.compile(r"^\..+\.[0-9]+\.[0-9]+\.tmp$")
+
+
+def is_temp_name(name: str) -> bool:
+    """Is ``name`` a ``temp_name``, some process's copy still being made?"""
+    return _TEMP_NAME.match(name) is not None
 
 
 def hash_bytes(data: bytes) -> str:

@@ -55,7 +55,14 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import diskcache
 
 from ..core.errors import CacheError
-from ..core.files import copy_hashing, copy_new, has_reflinks, hash_file, stat_key
+from ..core.files import (
+    copy_hashing,
+    copy_new,
+    has_reflinks,
+    hash_file,
+    stat_key,
+    temp_name,
+)
 from ..core.records import ActionResult, KeyParts
 from .entries import check_entry
 from .keylock import KeyLock, KeyLocks
@@ -676,7 +683,7 @@ class LocalStore:
                 self._drop_blob(digest)
                 return False
             trusted = not hash_it and self.trusts(digest, st)
-            temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            temp = temp_name(dest)
             placed = False
             try:
                 if not dest.parent.is_dir():

@@ -283,3 +283,35 @@ def test_an_input_renamed_to_an_output_and_edited_with_its_mtime_restored_is_has
         assert ws.path(f"qbuild-out/{_folder('//p:m')}/o.txt").read_text() == "Xbc\n"
         assert ws.path(f"qbuild-out/{_folder('//p:fg')}/a.txt").read_text() == "abc\n"
         ws.cli("clean")
+
+
+def test_placing_a_target_another_process_is_placing_removes_none_of_its_files(
+        ws, monkeypatch):
+    # The other process is forced between our listing of the target's folder and our
+    # cleanup of it: its copy of o.txt is still a temporary file (named for its pid and
+    # thread), and it has already removed the stale file both of us found.
+    ws.write("p/a.txt", "abc\n")
+    ws.write("p/BUILD.toml", '[c]\nrule = "command"\nsrcs = ["a.txt"]\nouts = ["o.txt"]\n'
+             'cmd = "cp $(SRCS) $(OUT)"\n')
+    assert ws.build("//p:c").ok
+    folder = ws.path(f"qbuild-out/{_folder('//p:c')}")
+    ws.path("qbuild-out/.qbuild/state.json").unlink()  # so the folder is cleaned again
+    theirs = folder / ".o.txt.424242.1.tmp"
+    theirs.write_text("abc\n")
+    stale = folder / "stale.txt"
+    stale.write_text("from an older build")
+    walk = os.walk
+
+    def interleaved(top, *args, **kwargs):
+        listing = list(walk(top, *args, **kwargs))
+        if os.path.realpath(top) == os.path.realpath(folder):
+            stale.unlink(missing_ok=True)  # the other process cleaned it first
+        return iter(listing)
+
+    monkeypatch.setattr(os, "walk", interleaved)
+    result = ws.build("//p:c")
+    monkeypatch.undo()
+    assert result.ok, result.error
+    assert (folder / "o.txt").read_text() == "abc\n"
+    assert theirs.exists()  # its rename into place will find its file
+    assert not stale.exists()
