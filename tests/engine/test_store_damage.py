@@ -301,13 +301,16 @@ def test_a_local_entry_naming_a_path_outside_the_output_folder_is_a_miss(
     assert "warning" not in again.stderr
 
 
-def test_placing_refuses_a_path_outside_the_folder_whoever_hands_it_over(
+def test_placing_and_staging_refuse_a_path_outside_the_folder_whoever_hands_it_over(
         tmp_path):
     from qbuild.build.materialize import Materializer
     from qbuild.build.state import WorkspaceState
+    from qbuild.core.files import SourceDigests
     from qbuild.core.labels import parse_label
     from qbuild.core.records import ActionResult, OutputEntry
+    from qbuild.execution.actions import _stage_dep
     from qbuild.execution.failures import ActionFailed
+    from qbuild.execution.sandbox import Sandboxes
 
     source = tmp_path / "f"
     source.write_bytes(b"payload")
@@ -322,6 +325,10 @@ def test_placing_refuses_a_path_outside_the_folder_whoever_hands_it_over(
                           lambda label: False)
     with pytest.raises(ActionFailed, match="not a relative path"):
         placer.place(parse_label("//p:c"))
+    sandboxes = Sandboxes(store, tmp_path / "ws", SourceDigests(store), 1)
+    box = tmp_path / "box" / "in"
+    with pytest.raises(ActionFailed, match="not a relative path"):
+        _stage_dep(sandboxes, "//p:c", hostile, box, {})
     store.close()
     assert not list(tmp_path.rglob("owned.txt"))
 
