@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -81,9 +82,10 @@ class Materializer:
         """Delete the files of the target's folder ``base`` that its result does not
         name; True if nothing else is left. Another qbuild process may be placing the
         same target at the same moment: its temporary copies (``core.files.temp_name``,
-        renamed into place when complete) are left
-        alone, and a file it removed first, or one that cannot be removed, is no
-        reason to fail: the outputs are in place either way."""
+        renamed into place when complete) are left alone (unless untouched for
+        ``_ABANDONED`` seconds: left by a killed process), and a file it removed first,
+        or one that cannot be removed, is no reason to fail: the outputs are in place
+        either way."""
         clean = True
         for directory, subdirs, files in os.walk(base, topdown=False):
             for name in files + [d for d in subdirs if os.path.islink(os.path.join(directory, d))]:
@@ -91,7 +93,7 @@ class Materializer:
                 rel = path.relative_to(base).as_posix()
                 if rel in wanted:
                     continue
-                if is_temp_name(name):
+                if is_temp_name(name) and not _abandoned(path):
                     clean = False
                     continue
                 try:
@@ -132,6 +134,16 @@ class Materializer:
             return False
         self.state.set_materialized(rel, [digest, stat_key(os.lstat(path)), executable])
         return True
+
+
+_ABANDONED = 600.0  # seconds: a copy being made is written to far more often than this
+
+
+def _abandoned(path: Path) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > _ABANDONED
+    except OSError:
+        return False
 
 
 def _refuse_unsafe(label: Label, result: ActionResult) -> None:

@@ -315,3 +315,17 @@ def test_placing_a_target_another_process_is_placing_removes_none_of_its_files(
     assert (folder / "o.txt").read_text() == "abc\n"
     assert theirs.exists()  # its rename into place will find its file
     assert not stale.exists()
+
+
+def test_a_copy_a_killed_process_left_in_a_target_folder_is_removed(ws):
+    ws.write("p/a.txt", "abc\n")
+    ws.write("p/BUILD.toml", '[c]\nrule = "command"\nsrcs = ["a.txt"]\nouts = ["o.txt"]\n'
+             'cmd = "cp $(SRCS) $(OUT)"\n')
+    assert ws.build("//p:c").ok
+    folder = ws.path(f"qbuild-out/{_folder('//p:c')}")
+    ws.path("qbuild-out/.qbuild/state.json").unlink()  # so the folder is cleaned again
+    left = folder / ".o.txt.424242.1.tmp"
+    left.write_text("ab")
+    os.utime(left, (1, 1))  # not written to for decades: its writer is gone
+    assert ws.build("//p:c").ok
+    assert not left.exists() and (folder / "o.txt").read_text() == "abc\n"
