@@ -423,11 +423,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     from .analysis.workspace import CACHE_ENTRIES, load_workspace
+    from .build.materialize import clean_output_dir
 
     workspace = load_workspace(Path.cwd())  # refuses folders qbuild does not own
-    if not workspace.output_dir.is_symlink():
-        shutil.rmtree(workspace.output_dir, ignore_errors=True)
-    _info(args, f"removed {_rel(workspace.output_dir)}")
+    removed = clean_output_dir(workspace.output_dir)
+    _info(args, f"removed {removed}" if removed is not None
+          else f"nothing to remove: no {_rel(workspace.output_dir)}")
     if args.expunge:
         cache = workspace.cache_dir
         made = [cache / name for name in CACHE_ENTRIES]

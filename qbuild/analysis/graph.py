@@ -307,6 +307,10 @@ class Graph:
         if ".." in rel.parts:
             raise ConfigError(f"'{text}' leaves the package; refer to other packages' files "
                               "through their targets (labels)")
+        # Checked before any stat: the system call would fail with ENAMETOOLONG.
+        if any(len(part.encode("utf-8", "surrogateescape")) > 255 for part in rel.parts):
+            raise ConfigError(f"source name '{text[:40]}...' has a part over 255 bytes "
+                              "(the longest file name a filesystem allows)")
         package_dir = self.workspace.root / label.package
         if has_magic(text):
             skip = {self.workspace.output_dir, self.workspace.cache_dir,

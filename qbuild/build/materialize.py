@@ -11,14 +11,17 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.files import hash_file, stat_key
+from ..core.errors import CacheError
+from ..core.files import hash_file, is_temp_name, stat_key
 from ..core.labels import Label, output_folder
 from ..core.protocols import Store
 from ..core.records import ActionResult, OutputEntry
 from ..execution.failures import ActionFailed
+from ..store.entries import safe_path
 from .state import WorkspaceState
 
 
@@ -45,6 +48,7 @@ class Materializer:
         there."""
         base_rel = output_folder(label)
         result = self.result(label)
+        _refuse_unsafe(label, result)
         if self.state.in_place(self.output_dir, base_rel, result.outputs):
             done = self.placed
             for e in result.outputs:
@@ -54,6 +58,7 @@ class Materializer:
         base, fresh = _real_dir(self.output_dir, base_rel)
         for attempt in range(2):
             result = self.result(label)
+            _refuse_unsafe(label, result)
             # Each file is checked (no short cut), so every damaged blob is dropped
             # before the one rebuild.
             self.placed.update(f"{base_rel}/{e.path}" for e in result.outputs)
@@ -68,15 +73,38 @@ class Materializer:
         wanted = {e.path for e in result.outputs}
         # A folder made just now holds only what was placed (another process placing
         # the same target places the same files).
-        for directory, subdirs, files in () if fresh else os.walk(base, topdown=False):
+        clean = fresh or self._remove_unwanted(base, base_rel, wanted)
+        if clean:
+            self.state.set_folder(self.output_dir, base_rel, sorted(wanted))
+        return [str(base / name.rstrip("/")) for name in result.declared]
+
+    def _remove_unwanted(self, base: Path, base_rel: str, wanted: set[str]) -> bool:
+        """Delete the files of the target's folder ``base`` that its result does not
+        name; True if nothing else is left. Another qbuild process may be placing the
+        same target at the same moment: its temporary copies (``core.files.temp_name``,
+        renamed into place when complete) are left alone (unless untouched for
+        ``_ABANDONED`` seconds: left by a killed process), and a file it removed first,
+        or one that cannot be removed, is no reason to fail: the outputs are in place
+        either way."""
+        clean = True
+        for directory, subdirs, files in os.walk(base, topdown=False):
             for name in files + [d for d in subdirs if os.path.islink(os.path.join(directory, d))]:
                 path = Path(directory) / name
                 rel = path.relative_to(base).as_posix()
-                if rel not in wanted:
+                if rel in wanted:
+                    continue
+                if is_temp_name(name) and not _abandoned(path):
+                    clean = False
+                    continue
+                try:
                     path.unlink()
-                    self.state.set_materialized(f"{base_rel}/{rel}", None)
-        self.state.set_folder(self.output_dir, base_rel, sorted(wanted))
-        return [str(base / name.rstrip("/")) for name in result.declared]
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    clean = False
+                    continue
+                self.state.set_materialized(f"{base_rel}/{rel}", None)
+        return clean
 
     def remove(self, label: Label) -> None:
         """Remove ``label``'s output folder (it failed or was not built)."""
@@ -106,6 +134,26 @@ class Materializer:
             return False
         self.state.set_materialized(rel, [digest, stat_key(os.lstat(path)), executable])
         return True
+
+
+_ABANDONED = 600.0  # seconds: a copy being made is written to far more often than this
+
+
+def _abandoned(path: Path) -> bool:
+    try:
+        return time.time() - os.lstat(path).st_mtime > _ABANDONED
+    except OSError:
+        return False
+
+
+def _refuse_unsafe(label: Label, result: ActionResult) -> None:
+    """Whoever handed over ``result`` (the local or remote store checked it when they
+    read it), no file is placed outside the target's folder."""
+    bad = next((name for name in [e.path for e in result.outputs] + [
+        d.removesuffix("/") for d in result.declared] if not safe_path(name)), None)
+    if bad is not None:
+        raise ActionFailed(f"refusing to place the outputs of {label}: output path "
+                           f"{bad[:80]!r} is not a relative path inside its folder")
 
 
 def real_dir(top: Path, rel: str) -> Path:
@@ -161,3 +209,29 @@ def remove_owned(top: Path, rel: str) -> None:
         path.unlink()
     elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
+
+
+def clean_output_dir(output_dir: Path) -> str | None:
+    """Delete what the output folder holds (``qbuild clean``). A folder is removed whole;
+    a symlink to a folder (the output moved to another disk and linked back) is kept and
+    the folder it points to emptied, as the user means. Returns how the result is worded
+    ("qbuild-out" or "the contents of ..."), None if there was nothing; raises
+    ``CacheError`` naming what could not be removed."""
+    if output_dir.is_symlink():
+        target = output_dir.resolve()
+        if not target.is_dir():
+            return None  # a dangling link: nothing of ours behind it
+        shown = f"the contents of {target} (the symlink {output_dir.name} is kept)"
+        for entry in list(target.iterdir()):
+            remove_owned(target, entry.name)
+        left = next(target.iterdir(), None)
+    elif output_dir.is_dir():
+        shown = output_dir.name
+        shutil.rmtree(output_dir, ignore_errors=True)
+        left = output_dir if output_dir.exists() else None
+    else:
+        return None
+    if left is not None:
+        raise CacheError(f"could not remove {left}: check its permissions; nothing "
+                         "else is left behind")
+    return shown

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import threading
 import time
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 _CHUNK = 1 << 20
 _FINE_GRANULARITY = 0.05
@@ -121,6 +122,23 @@ def copy_new(source: str | os.PathLike[str], dest: str | os.PathLike[str],
     a clone where the filesystem can, else ``sendfile``. Returns the source's stat when
     opened and after the copy (a caller compares them with what it expects), and the
     copy's stat. Few system calls: this runs for every staged input and placed output."""
+    before, after, copied, _ = _copy_new(source, dest, executable, None)
+    return before, after, copied
+
+
+def copy_new_hashing(source: str | os.PathLike[str], dest: str | os.PathLike[str]
+                     ) -> tuple[os.stat_result, os.stat_result, os.stat_result, str]:
+    """``copy_new``, also returning the SHA-256 of the bytes copied: the copy reads
+    them once through user space (no clone, no ``sendfile``) and they are hashed on the
+    way, so a digest taken on trust (a memo) is checked without a second read."""
+    before, after, copied, digest = _copy_new(source, dest, None, hashlib.sha256())
+    assert digest is not None
+    return before, after, copied, digest
+
+
+def _copy_new(source: str | os.PathLike[str], dest: str | os.PathLike[str],
+              executable: bool | None, hasher: Any
+              ) -> tuple[os.stat_result, os.stat_result, os.stat_result, str | None]:
     src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
     try:
         before = os.fstat(src)
@@ -129,7 +147,10 @@ def copy_new(source: str | os.PathLike[str], dest: str | os.PathLike[str],
         mode = 0o555 if executable else 0o444
         dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
         try:
-            _transfer(src, dst, before)
+            if hasher is None:
+                _transfer(src, dst, before)
+            else:
+                _transfer_hashing(src, dst, hasher)
             copied = os.fstat(dst)
             if stat.S_IMODE(copied.st_mode) != mode:  # a umask took bits away
                 os.fchmod(dst, mode)
@@ -145,7 +166,17 @@ def copy_new(source: str | os.PathLike[str], dest: str | os.PathLike[str],
         after = os.fstat(src)
     finally:
         os.close(src)
-    return before, after, copied
+    return before, after, copied, None if hasher is None else hasher.hexdigest()
+
+
+def _transfer_hashing(src: int, dst: int, hasher: Any) -> None:
+    buffer = bytearray(_CHUNK)
+    view = memoryview(buffer)
+    while read := os.readv(src, [buffer]):
+        hasher.update(view[:read])
+        written = 0
+        while written < read:
+            written += os.write(dst, view[written:read])
 
 
 def _transfer(src: int, dst: int, st: os.stat_result) -> None:
@@ -178,6 +209,21 @@ def copy_hashing(source: str | os.PathLike[str], dest: str | os.PathLike[str]) -
     return digest.hexdigest()
 
 
+def temp_name(dest: Path) -> Path:
+    """Where a copy bound for ``dest`` is written before it is renamed into place:
+    next to it, named for this process and thread (two processes placing one file
+    never share one)."""
+    return dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+
+
+_TEMP_NAME = re.compile(r"^\..+\.[0-9]+\.[0-9]+\.tmp$")
+
+
+def is_temp_name(name: str) -> bool:
+    """Is ``name`` a ``temp_name``, some process's copy still being made?"""
+    return _TEMP_NAME.match(name) is not None
+
+
 def hash_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -204,6 +250,7 @@ class SourceDigests:
         self._lock = threading.Lock()
         self._seen: dict[str, tuple[str, str]] = {}
         self._modes: dict[str, int] = {}
+        self._hashed: set[str] = set()  # stat keys whose digest this process computed
         self.bytes_hashed = 0
         self.files_hashed = 0
 
@@ -234,10 +281,27 @@ class SourceDigests:
             with self._lock:
                 self.bytes_hashed += st.st_size
                 self.files_hashed += 1
+                self._hashed.add(key)
             if not is_racy(st.st_mtime_ns, st.st_ctime_ns, time.time()):
                 self._memo.memo_put(key, digest)
         self._seen[str(path)] = (digest, key)
         return digest, key
+
+    def hashed(self, key: str) -> bool:
+        """Did this process take the digest for stat ``key`` by hashing the file? (If
+        not, it came from a memo, which a damaged or tampered cache may have wrong.)"""
+        return key in self._hashed
+
+    def correct(self, key: str, digest: str) -> None:
+        """The file of stat ``key`` was found to hold ``digest``, not what the memo
+        said: remember the truth (memo and this workspace's record) from now on."""
+        with self._lock:
+            self._hashed.add(key)
+            for path, (_old, seen_key) in list(self._seen.items()):
+                if seen_key == key:
+                    self._seen[path] = (digest, key)
+        if not key_is_racy(key, time.time()):
+            self._memo.memo_put(key, digest)
 
     def vouch(self, path: Path, digest: str, key: str) -> None:
         """Take ``digest`` for ``path`` as of stat ``key``, which the caller just saw

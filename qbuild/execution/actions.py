@@ -30,6 +30,7 @@ from ..core.files import stat_key
 from ..core.labels import OUT_PREFIX, output_folder
 from ..core.records import Action, ActionResult, Outcome, OutputEntry
 from ..keys.action_keys import Made, package_path, step_components, step_key
+from ..store.entries import safe_path
 from .failures import ActionFailed, MissingBlob, log_tail
 from .linked import Linked, release, stage_link
 from .sandbox import Sandboxes, SandboxFolders
@@ -125,6 +126,12 @@ def _place(sandboxes: Sandboxes, entry: OutputEntry, dest: Path,
 def _stage_dep(sandboxes: Sandboxes, label: str, dep: ActionResult, base: Path,
                staged: dict[Path, tuple[str, str]], linked: list[Linked] | None = None,
                dirs: SandboxFolders | None = None) -> Dep:
+    bad = next((name for name in [e.path for e in dep.outputs] + [
+        d.removesuffix("/") for d in dep.declared] if not safe_path(name)), None)
+    if bad is not None:  # whoever handed this result over: nothing is staged outside
+        raise ActionFailed(RuleError(f"refusing to stage the outputs of {label}: output "
+                                     f"path {bad[:80]!r} is not a relative path inside "
+                                     "its folder"))
     for entry in dep.outputs:
         dest = base / entry.path
         if dirs is not None:
@@ -309,8 +316,9 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
                                       lambda rel: workspace_name(action, rel))
         for item in linked:
             staged.setdefault(item.dest, (item.digest, stat_key(item.stat)))
-        entries = sandboxes.collect_outputs(action, out_root, log_path,
-                                            tuple(spec.outputs), staged=staged)
+        entries = sandboxes.collect_outputs(
+            action, out_root, log_path, tuple(spec.outputs),
+            forwarded=staged if spec.function == FORWARD_FILES else None)
         sandboxes.check_sources(action)
         return ActionResult(tuple(entries), tuple(spec.outputs), info, tuple(warnings),
                             providers=providers)

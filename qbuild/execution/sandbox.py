@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import RuleError
-from ..core.files import SourceDigests, copy_new, hash_file, stat_key
+from ..core.files import SourceDigests, copy_new, copy_new_hashing, hash_file, stat_key
 from ..core.protocols import Store
 from ..core.records import Action, OutputEntry
 from ..store.keylock import flock_fd
@@ -310,10 +310,19 @@ class Sandboxes:
         return stat_key(self.copy_source(action, rel, key, dest))
 
     def copy_source(self, action: Action, rel: str, key: str, dest: Path) -> os.stat_result:
-        """``stage_source``, returning the copy's stat."""
+        """``stage_source``, returning the copy's stat. A digest this process did not
+        hash itself (taken from the stat memo or the workspace's record of digests,
+        which a damaged or tampered cache can have wrong) is checked on the way: the
+        copy is hashed as it is made, and a mismatch fails the action, corrects the
+        memo and caches nothing under a key made from the wrong digest."""
         path = self.root / rel
+        digest = action.sources[rel][0]
+        actual = None
         try:
-            before, after, copied = copy_new(path, dest)
+            if self.digests.hashed(key):
+                before, after, copied = copy_new(path, dest)
+            else:
+                before, after, copied, actual = copy_new_hashing(path, dest)
         except OSError as exc:
             raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",
                                          target=str(action.label))) from None
@@ -321,6 +330,12 @@ class Sandboxes:
             raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
                                          "result was not cached. Run the build again.",
                                          target=str(action.label)))
+        if actual is not None and actual != digest:
+            self.digests.correct(key, actual)
+            raise ActionFailed(RuleError(
+                f"input {rel} does not hold the content its remembered digest says (a "
+                "damaged cache memo or qbuild-out/.qbuild/digests.json); corrected it and "
+                "cached nothing. Run the build again.", target=str(action.label)))
         return copied
 
     def check_linked_inputs(self, action: Action, sandbox: Path, linked: list[Linked]
@@ -368,14 +383,16 @@ class Sandboxes:
 
     def collect_outputs(self, action: Action, out_root: Path, log_path: Path,
                         names: tuple[str, ...] | None = None,
-                        staged: dict[Path, tuple[str, str]] | None = None
+                        forwarded: dict[Path, tuple[str, str]] | None = None
                         ) -> list[OutputEntry]:
         """The declared outputs (``names``, else the action's), found under ``out_root``,
-        stored. An output that is a staged input moved into place (a ``filegroup``'s
-        source, say: same inode, size and mtime as staged, still read-only) is not
-        hashed again: its digest is the one it was staged with."""
+        hashed and stored. Only for the engine's own ``forward_files``, which moves its
+        staged inputs (``forwarded``) into place and writes nothing, is an output that
+        is one of them (same inode, size and mtime, still read-only) not hashed again.
+        Any other action's word is not taken: one that renames an input to its output,
+        edits it and sets the mtime back leaves exactly those stats."""
         known: dict[tuple[int, int], tuple[str, int, int]] = {}
-        for digest, key in (staged or {}).values():
+        for digest, key in (forwarded or {}).values():
             dev, ino, size, mtime = key.split(":")[:4]
             known[(int(dev), int(ino))] = (digest, int(size), int(mtime))
         entries = []

@@ -100,15 +100,30 @@ def flock_fd(path: Path, flags: int, *, wait: bool) -> int | None:
     until the lock is free (an error while waiting is raised)."""
     import fcntl
 
-    try:
-        fd = os.open(path, flags, 0o644)  # (the mode only matters when O_CREAT makes it)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException as exc:
+    while True:
+        try:
+            fd = os.open(path, flags, 0o644)  # (the mode only matters when O_CREAT makes it)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException as exc:
+            os.close(fd)
+            if wait or not isinstance(exc, OSError):
+                raise
+            return None
+        if not flags & os.O_CREAT or _still_named(fd, path):
+            return fd
+        # The file was deleted (``cache gc``, a sweep) between our open and our lock:
+        # a lock on it excludes no one who opens the name now. Take the one there.
         os.close(fd)
-        if wait or not isinstance(exc, OSError):
-            raise
-        return None
-    return fd
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Is the file open as ``fd`` still the one at ``path``?"""
+    try:
+        named = os.stat(path)
+    except OSError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)

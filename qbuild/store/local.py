@@ -55,8 +55,16 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import diskcache
 
 from ..core.errors import CacheError
-from ..core.files import copy_hashing, copy_new, has_reflinks, hash_file, stat_key
+from ..core.files import (
+    copy_hashing,
+    copy_new,
+    has_reflinks,
+    hash_file,
+    stat_key,
+    temp_name,
+)
 from ..core.records import ActionResult, KeyParts
+from .entries import check_entry
 from .keylock import KeyLock, KeyLocks
 
 _SETTINGS = {
@@ -177,29 +185,24 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
+def _misshapen(path: Path) -> bool:
+    """Is the index folder ``path`` damaged in its shape: not a folder, or its database
+    file something else than a file (a folder, a link)? SQLite only says it cannot open
+    it, as it does for a missing permission, which is not repaired but reported."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return True
+        return not stat.S_ISREG(os.lstat(path / "cache.db").st_mode)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return False
+
+
 def _is_damage(exc: sqlite3.DatabaseError) -> bool:
     text = str(exc).lower()
     return any(word in text for word in ("malformed", "not a database", "corrupt",
                                          "no such table", "no such column"))
-
-
-def valid_result(value: Any) -> bool:
-    """Is ``value`` an action result of the shape this version writes?"""
-    if not isinstance(value, dict) or not isinstance(value.get("info"), dict):
-        return False
-    if "failed" in value:  # a tolerated failure's stand-in is never a cached result
-        return False
-    outputs, declared = value.get("outputs"), value.get("declared")
-    if not isinstance(outputs, list) or not isinstance(declared, list):
-        return False
-    if not all(isinstance(name, str) for name in declared):
-        return False
-    for entry in outputs:
-        if not (isinstance(entry, dict) and isinstance(entry.get("path"), str)
-                and isinstance(entry.get("digest"), str) and _DIGEST.match(entry["digest"])):
-            return False
-    return isinstance(value.get("warnings", []), list) and \
-        isinstance(value.get("providers", {}), dict)
 
 
 # Keys per "IN (...)" query: as many as SQLite takes (32,766 variables since 3.32, 999
@@ -254,11 +257,12 @@ class LocalStore:
                 cache.disk.pending = self._pending
             return cache
         except sqlite3.DatabaseError as exc:
-            if not _is_damage(exc):
+            if not _is_damage(exc) and not _misshapen(path):
                 raise CacheError(f"cannot open the cache index {path}: {exc}") from None
         except OSError as exc:
-            raise CacheError(f"cannot open the cache index {path}: "
-                             f"{exc.strerror or exc}") from None
+            if not _misshapen(path):
+                raise CacheError(f"cannot open the cache index {path}: "
+                                 f"{exc.strerror or exc}") from None
         self._set_aside(path)
         try:
             cache = diskcache.Cache(str(path), **kwargs)
@@ -274,7 +278,10 @@ class LocalStore:
             os.replace(path, aside)
         except OSError:
             pass
-        shutil.rmtree(aside, ignore_errors=True)
+        if aside.is_dir() and not aside.is_symlink():
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            aside.unlink(missing_ok=True)
         print(f"qbuild: the cache index {path} was damaged; rebuilt it empty (what it held "
               "will be rebuilt when needed)", file=sys.stderr)
 
@@ -397,13 +404,18 @@ class LocalStore:
             result = None
         if result is None:
             return None
-        if valid_result(result):
+        problem = check_entry(result, key)
+        if problem is None:
             found = ActionResult.from_json(result)
             # The entry's text, for a record of this result (``_incremental``) without
             # encoding it again: what ``put_action`` wrote for it.
             object.__setattr__(found, "_text", raw)
             return found
-        self.drop_action(key)  # written by something else: a miss
+        # Written by something else (an older version, another user of a shared
+        # cache folder): a miss, and dropped so it is rebuilt.
+        print(f"qbuild: warning: {problem}; dropped it (rebuilt when needed)",
+              file=sys.stderr)
+        self.drop_action(key)
         return None
 
     def action_texts(self, keys: list[str]) -> dict[str, str]:
@@ -671,7 +683,7 @@ class LocalStore:
                 self._drop_blob(digest)
                 return False
             trusted = not hash_it and self.trusts(digest, st)
-            temp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            temp = temp_name(dest)
             placed = False
             try:
                 if not dest.parent.is_dir():

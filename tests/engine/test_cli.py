@@ -131,6 +131,25 @@ def test_clean_and_expunge(ws):
     assert "3 actions run" in ws.cli("build", "//p:count").stderr
 
 
+
+def test_clean_with_a_symlinked_output_folder_empties_its_target_and_keeps_the_link(
+        ws, tmp_path):
+    _setup(ws)
+    elsewhere = tmp_path / "other-disk" / "out"
+    elsewhere.mkdir(parents=True)
+    ws.path("qbuild-out").symlink_to(elsewhere)
+    assert ws.cli("build", "//p:count").code == 0
+    assert (elsewhere / "p" / "@count" / "n.txt").is_file()
+    cleaned = ws.cli("clean")
+    assert cleaned.code == 0, cleaned.stderr
+    assert ws.path("qbuild-out").is_symlink() and elsewhere.is_dir()
+    assert list(elsewhere.iterdir()) == []
+    assert "link" in (cleaned.stdout + cleaned.stderr) and str(elsewhere) in (
+        cleaned.stdout + cleaned.stderr)
+    again = ws.cli("build", "//p:count")
+    assert again.code == 0 and "0 actions run, 3 cache hits" in again.stderr, again.stderr
+    assert (elsewhere / "p" / "@count" / "n.txt").read_text() == "4\n"
+
 def test_cache_stats_and_gc(ws):
     _setup(ws)
     ws.cli("build", "//p:count", "//p:other")

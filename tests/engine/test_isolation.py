@@ -256,3 +256,76 @@ def test_a_reused_sandbox_looks_exactly_like_a_new_one(qbuild_workspace, tmp_pat
     seen = reused.output("//p:look").read_text()
     assert "left" not in seen and "deep" not in seen and "ws-extra" not in seen
     assert seen == fresh.output("//p:look").read_text()
+
+
+def test_an_input_renamed_to_an_output_and_edited_with_its_mtime_restored_is_hashed(ws):
+    # The output has the staged input's inode, size and mtime (only the ctime moved):
+    # its bytes are not the input's, and neither it nor the untouched source's plain
+    # filegroup may be given the other's.
+    ws.write("p/a.txt", "abc\n")
+    cmd = ("cp -p $(SRCS) ref && mv $(SRCS) $(OUT) && chmod u+w $(OUT) && "
+           "printf X | dd of=$(OUT) conv=notrunc status=none && "
+           "touch -r ref $(OUT) && chmod a-w $(OUT)")
+    ws.write("p/BUILD.toml", textwrap.dedent("""
+        [m]
+        rule = "command"
+        srcs = ["a.txt"]
+        outs = ["o.txt"]
+        cmd = "CMD"
+
+        [fg]
+        rule = "filegroup"
+        srcs = ["a.txt"]
+    """).replace("CMD", cmd))
+    for _ in range(2):  # the second build is served from the cache
+        result = ws.build("//p:m", "//p:fg", jobs=1)
+        assert result.ok, result.error
+        assert ws.path(f"qbuild-out/{_folder('//p:m')}/o.txt").read_text() == "Xbc\n"
+        assert ws.path(f"qbuild-out/{_folder('//p:fg')}/a.txt").read_text() == "abc\n"
+        ws.cli("clean")
+
+
+def test_placing_a_target_another_process_is_placing_removes_none_of_its_files(
+        ws, monkeypatch):
+    # The other process is forced between our listing of the target's folder and our
+    # cleanup of it: its copy of o.txt is still a temporary file (named for its pid and
+    # thread), and it has already removed the stale file both of us found.
+    ws.write("p/a.txt", "abc\n")
+    ws.write("p/BUILD.toml", '[c]\nrule = "command"\nsrcs = ["a.txt"]\nouts = ["o.txt"]\n'
+             'cmd = "cp $(SRCS) $(OUT)"\n')
+    assert ws.build("//p:c").ok
+    folder = ws.path(f"qbuild-out/{_folder('//p:c')}")
+    ws.path("qbuild-out/.qbuild/state.json").unlink()  # so the folder is cleaned again
+    theirs = folder / ".o.txt.424242.1.tmp"
+    theirs.write_text("abc\n")
+    stale = folder / "stale.txt"
+    stale.write_text("from an older build")
+    walk = os.walk
+
+    def interleaved(top, *args, **kwargs):
+        listing = list(walk(top, *args, **kwargs))
+        if os.path.realpath(top) == os.path.realpath(folder):
+            stale.unlink(missing_ok=True)  # the other process cleaned it first
+        return iter(listing)
+
+    monkeypatch.setattr(os, "walk", interleaved)
+    result = ws.build("//p:c")
+    monkeypatch.undo()
+    assert result.ok, result.error
+    assert (folder / "o.txt").read_text() == "abc\n"
+    assert theirs.exists()  # its rename into place will find its file
+    assert not stale.exists()
+
+
+def test_a_copy_a_killed_process_left_in_a_target_folder_is_removed(ws):
+    ws.write("p/a.txt", "abc\n")
+    ws.write("p/BUILD.toml", '[c]\nrule = "command"\nsrcs = ["a.txt"]\nouts = ["o.txt"]\n'
+             'cmd = "cp $(SRCS) $(OUT)"\n')
+    assert ws.build("//p:c").ok
+    folder = ws.path(f"qbuild-out/{_folder('//p:c')}")
+    ws.path("qbuild-out/.qbuild/state.json").unlink()  # so the folder is cleaned again
+    left = folder / ".o.txt.424242.1.tmp"
+    left.write_text("ab")
+    os.utime(left, (1, 1))  # not written to for decades: its writer is gone
+    assert ws.build("//p:c").ok
+    assert not left.exists() and (folder / "o.txt").read_text() == "abc\n"

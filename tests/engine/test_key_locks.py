@@ -85,3 +85,59 @@ def test_an_unopenable_lock_folder_gives_no_lock(tmp_path):
     assert locks.acquire(A) is None
     assert locks.acquire(A) is None  # and leaves nothing behind that would block
     assert locks._held == {}
+
+
+TAKER = """
+import fcntl, sys
+from pathlib import Path
+try:
+    from qbuild.store.keylock import KeyLocks
+except ImportError:  # the flat layout before the engine's sub-packages
+    from qbuild._keylock import KeyLocks
+real, paused = fcntl.flock, []
+
+def flock(fd, op):  # stop once between opening the lock file and locking it
+    if not paused:
+        paused.append(1)
+        print("opened", flush=True)
+        sys.stdin.readline()
+    return real(fd, op)
+
+fcntl.flock = flock
+lock = KeyLocks(Path(sys.argv[1])).acquire(sys.argv[2])
+print("held" if lock is not None else "none", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_gc_removing_a_lock_file_while_another_process_takes_it_keeps_the_key_locked(
+        tmp_path):
+    # Suspected in issue 24, proven: gc unlinks every lock file it can lock; a process
+    # that opened one and had not locked it yet then locked a deleted file, and the
+    # next process made a new file at that name and ran the same key at the same time.
+    try:
+        from qbuild.store.keylock import flock_fd
+        from qbuild.store.local import LocalStore
+    except ImportError:
+        from qbuild._keylock import flock_fd
+        from qbuild._store import LocalStore
+    import os
+
+    store = LocalStore(tmp_path / "cache")
+    folder = store.locks
+    taker = subprocess.Popen([sys.executable, "-c", TAKER, str(folder), A],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert taker.stdout.readline() == "opened\n"
+        store.gc(10**12)  # finds the lock file unlocked, and removes it
+        taker.stdin.write("\n")
+        taker.stdin.flush()
+        assert taker.stdout.readline() == "held\n"
+        other = flock_fd(folder / A[:3], os.O_RDWR | os.O_CREAT, wait=False)
+        if other is not None:
+            os.close(other)
+        assert other is None, "a second process got the lock of a key that is held"
+    finally:
+        taker.stdin.close()
+        taker.wait(timeout=60)
+        store.close()

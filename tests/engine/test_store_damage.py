@@ -105,6 +105,32 @@ def test_a_damaged_sqlite_index_is_rebuilt_with_one_message(ws, index):
     _one_line(ws.cli("build", "--explain", "//p:c"), 0)
 
 
+
+@pytest.mark.parametrize("index", ["ac", "cas", "memo"])
+@pytest.mark.parametrize("damage", ["database is a folder", "index is a file"])
+def test_a_cache_index_of_the_wrong_kind_is_rebuilt_with_one_message(ws, index, damage):
+    import shutil
+
+    _cmd_target(ws)
+    _one_line(ws.cli("build", "//p:c"), 0)
+    folder = ws.cache_dir / index
+    if damage == "database is a folder":
+        for name in ("cache.db", "cache.db-wal", "cache.db-shm"):
+            (folder / name).unlink(missing_ok=True)
+        (folder / "cache.db").mkdir()
+    else:
+        shutil.rmtree(folder)
+        folder.write_text("not an index")
+    shutil.rmtree(ws.path("qbuild-out"))
+    healed = ws.cli("build", "//p:c")
+    _one_line(healed, 0)
+    assert "damaged" in healed.stderr and "rebuilt" in healed.stderr, healed.stderr
+    assert ws.path("qbuild-out/p/@c/o").read_text() == "a\n"
+    ws.cli("clean")
+    again = ws.cli("build", "//p:c")
+    _one_line(again, 0)
+    assert "damaged" not in again.stderr and "1 cache hits" in again.stderr, again.stderr
+
 def test_cache_entries_of_the_wrong_shape_are_misses(ws):
     import diskcache
 
@@ -230,3 +256,107 @@ def test_gc_and_concurrent_puts_of_one_digest_never_crash(tmp_path):
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert int(out) > 0
+
+
+@pytest.mark.parametrize("text", [
+    '[c]\nrule = "filegroup"\nsrcs = ["{name}"]\n',
+    '[c]\nrule = "command"\nsrcs = ["{name}"]\nouts = ["o"]\ncmd = "true"\n',
+    '[c]\nrule = "onnx_model"\nsrc = "{name}"\n',
+])
+def test_a_source_name_over_255_bytes_is_one_line_naming_file_target_attribute(ws, text):
+    ws.write("p/BUILD.toml", text.format(name="s" * 300 + ".onnx"))
+    result = ws.cli("build", "//p:c")
+    _one_line(result, 2)
+    assert "255 bytes" in result.stderr and "//p:c" in result.stderr, result.stderr
+    assert "BUILD.toml" in result.stderr and "src" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("path", ["../../../escape.txt", "/ESCAPE", "sub/../../../x.txt",
+                                  "./o"])
+def test_a_local_entry_naming_a_path_outside_the_output_folder_is_a_miss(
+        ws, tmp_path, path):
+    import diskcache
+
+    path = path.replace("/ESCAPE", str(tmp_path / "escape.txt"))
+    _cmd_target(ws)
+    _one_line(ws.cli("build", "//p:c"), 0)
+    state = ws.path("qbuild-out/.qbuild/state.json")
+    (key,) = json.loads(state.read_text())["last_keys"].values()
+    cache = diskcache.Cache(str(ws.cache_dir / "ac"))
+    entry = json.loads(cache.get(key))
+    entry["outputs"][0]["path"] = entry["declared"][0] = path
+    cache.set(key, json.dumps(entry))  # as anyone who can write the cache folder can
+    cache.close()
+    ws.cli("clean")
+    result = ws.cli("build", "//p:c")
+    _one_line(result, 0)
+    assert "1 actions run" in result.stderr, result.stderr
+    assert "not a relative path inside the output folder" in result.stderr
+    assert not list(ws.root.rglob("escape.txt")) and not (tmp_path / "escape.txt").exists()
+    assert not ws.path("x.txt").exists() and not ws.path("qbuild-out/x.txt").exists()
+    assert ws.path("qbuild-out/p/@c/o").read_text() == "a\n"
+    again = ws.cli("build", "//p:c")  # the bad entry was replaced, not kept
+    _one_line(again, 0)
+    assert "warning" not in again.stderr
+
+
+def test_placing_and_staging_refuse_a_path_outside_the_folder_whoever_hands_it_over(
+        tmp_path):
+    from qbuild.build.materialize import Materializer
+    from qbuild.build.state import WorkspaceState
+    from qbuild.core.files import SourceDigests
+    from qbuild.core.labels import parse_label
+    from qbuild.core.records import ActionResult, OutputEntry
+    from qbuild.execution.actions import _stage_dep
+    from qbuild.execution.failures import ActionFailed
+    from qbuild.execution.sandbox import Sandboxes
+
+    source = tmp_path / "f"
+    source.write_bytes(b"payload")
+    digest = hash_file(source)
+    store = LocalStore(tmp_path / "cache")
+    store.put_blob(source, digest)
+    out = tmp_path / "ws" / "qbuild-out"
+    out.mkdir(parents=True)
+    hostile = ActionResult((OutputEntry("../../../../owned.txt", digest, 7),),
+                           ("../../../../owned.txt",))
+    placer = Materializer(out, store, WorkspaceState(out), lambda label: hostile,
+                          lambda label: False)
+    with pytest.raises(ActionFailed, match="not a relative path"):
+        placer.place(parse_label("//p:c"))
+    sandboxes = Sandboxes(store, tmp_path / "ws", SourceDigests(store), 1)
+    box = tmp_path / "box" / "in"
+    with pytest.raises(ActionFailed, match="not a relative path"):
+        _stage_dep(sandboxes, "//p:c", hostile, box, {})
+    store.close()
+    assert not list(tmp_path.rglob("owned.txt"))
+
+
+@pytest.mark.parametrize("rule", ["command", "filegroup"])
+def test_a_damaged_memo_digest_never_poisons_the_action_cache(ws, rule):
+    import diskcache
+
+    ws.write("p/a.txt", "a\n")
+    ws.write("p/BUILD.toml", {
+        "command": '[c]\nrule = "command"\nsrcs = ["a.txt"]\nouts = ["o"]\n'
+                   'cmd = "cat $(SRCS) > $(OUT)"\n',
+        "filegroup": '[c]\nrule = "filegroup"\nsrcs = ["a.txt"]\n'}[rule])
+    out = ws.path("qbuild-out/p/@c/" + ("o" if rule == "command" else "a.txt"))
+    _one_line(ws.cli("build", "//p:c"), 0)
+    ws.cli("clean")  # (also forgets this workspace's own record of digests)
+    st = os.stat(ws.path("p/a.txt"))
+    stat_key = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    memo = diskcache.Cache(str(ws.cache_dir / "memo"))
+    memo.set(stat_key, hash_file(ws.write("elsewhere", "b\n")))  # damage: b's digest
+    memo.close()
+    damaged = ws.cli("build", "//p:c")
+    assert damaged.code in (0, 1) and "Traceback" not in damaged.stderr, damaged.stderr
+    if damaged.code == 1:
+        assert "a.txt" in damaged.stderr and len(damaged.stderr.splitlines()) <= 3
+    healed = ws.cli("build", "//p:c")
+    _one_line(healed, 0)
+    assert out.read_text() == "a\n"
+    ws.write("p/a.txt", "b\n")  # now a.txt really holds b: its output must say so
+    _one_line(ws.cli("build", "//p:c"), 0)
+    assert out.read_text() == "b\n"
