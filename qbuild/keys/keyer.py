@@ -154,8 +154,13 @@ class Keyer:
             # One action making every output: the target's key is the action's own
             # (label-free) key, so it costs one lookup and one entry, as a v1 target.
             # (Its parts read the record's fields only: the key is set in it once made.)
-            key = step_key(step_components(action, 0, {}))
+            step_parts = step_components(action, 0, {})
+            key = step_key(step_parts)
             action.__dict__.update(key=key, keyed_by_step=True)
+            if parts is not None:
+                # What the key is made of, kept beside the target's parts (which
+                # ``qbuild explain`` diffs): a store checks an entry against them.
+                parts["key_parts"] = step_parts
         return parts, key, action
 
     def _rule_constants(self, entry: Any, rule: Any) -> dict[str, Any]:
@@ -177,9 +182,12 @@ class Keyer:
 
     def parts_of(self, target: Target, action: Action) -> KeyParts:
         """The components of a target keyed by ``keyed(..., with_parts=False)``."""
-        return components(target, {rel: d for rel, (d, _) in action.sources.items()},
-                          action.deps, self.code_parts(target), list(action.executable),
-                          self.registry.hook_plugins(target))
+        parts = components(target, {rel: d for rel, (d, _) in action.sources.items()},
+                           action.deps, self.code_parts(target), list(action.executable),
+                           self.registry.hook_plugins(target))
+        if action.keyed_by_step:
+            parts["key_parts"] = step_components(action, 0, {})
+        return parts
 
     def _attr_types(self, rule: Any) -> dict[str, str]:
         cls = type(rule)

@@ -17,6 +17,7 @@ server for the rest of the build. A 404 is a miss, not an error.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import http.client
 import netrc
@@ -26,14 +27,20 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
+
+from .gate import is_digest
 
 _CHUNK = 1 << 20
 _MAX_AC_BYTES = 16 << 20  # an action result is a few KB; more is garbage
-_HEX = frozenset("0123456789abcdef")
+_MAX_DRAIN = 64 << 10  # an error page read to keep its connection; a longer one drops it
+_TRANSIENT = frozenset((429, 500, 502, 503, 504))
+_FIRST_PAUSE = 0.05  # seconds before the first retry; each next one waits 4 times longer
+_MAX_PAUSE = 2.0
+T = TypeVar("T")
 
 
 class RemoteError(Exception):
@@ -42,10 +49,6 @@ class RemoteError(Exception):
 
 class DigestMismatch(Exception):
     """The server answered with bytes that do not hash to the digest asked for."""
-
-
-def is_digest(text: object) -> bool:
-    return isinstance(text, str) and len(text) == 64 and set(text) <= _HEX
 
 
 def _zstd() -> Any | None:
@@ -93,6 +96,7 @@ class HttpCache:
         self.bytes_downloaded = 0
         self.bytes_uploaded = 0
         self._count_lock = threading.Lock()
+        self._watchdog = _Watchdog()
 
     # -- connections ----------------------------------------------------------------------
     def _connection(self) -> http.client.HTTPConnection:
@@ -115,63 +119,114 @@ class HttpCache:
 
     def close(self) -> None:
         self._drop()
+        self._watchdog.close()
 
     def _path(self, kind: str, digest: str) -> str:
         if not is_digest(digest):
             raise ValueError(f"not a SHA-256 digest: {digest!r}")
         return f"{self.prefix}/{kind}/{digest}"
 
-    def _request(self, method: str, path: str, body: BinaryIO | bytes | None = None,
-                 length: int = 0, headers: Mapping[str, str] | None = None
-                 ) -> http.client.HTTPResponse:
-        """Send one request (retried once on a keep-alive connection the server had
-        closed) and return the response with its status checked for server errors."""
+    def _exchange(self, method: str, path: str, reader: Callable[[Any], T],
+                  body: BinaryIO | bytes | None = None, length: int = 0,
+                  headers: Mapping[str, str] | None = None) -> T:
+        """One request and ``reader``'s reading of its answer (status 200, 201, 204 or
+        404; any other raises ``RemoteError``), all of it (connecting, sending, the
+        status line and headers, every byte of the body, retries) within one deadline
+        of ``timeout`` seconds. A 5xx or 429 answer, or a keep-alive connection the
+        server had closed, is tried again with backoff while the deadline allows."""
         all_headers = {**self._headers, **(headers or {})}
-        for attempt in (0, 1):
+        deadline = time.monotonic() + self.timeout
+        pause = _FIRST_PAUSE
+        while True:
             conn = self._connection()
             reused = not getattr(self._local, "fresh", True)
             self._local.fresh = False
-            deadline = time.monotonic() + self.timeout
+            token = None
+            retry: BaseException
             try:
-                conn.putrequest(method, path, skip_accept_encoding=True)
-                for name, value in all_headers.items():
-                    conn.putheader(name, value)
-                if method == "PUT":
-                    conn.putheader("Content-Length", str(length))
-                conn.endheaders()
-                if isinstance(body, bytes):
-                    conn.send(body)
-                elif body is not None:
-                    sent = 0
-                    while chunk := body.read(_CHUNK):
-                        if time.monotonic() > deadline:
-                            raise TimeoutError("upload took longer than the remote timeout")
-                        conn.send(chunk)
-                        sent += len(chunk)
-                    if sent != length:
-                        raise RemoteError("the local blob changed size while uploading")
+                if conn.sock is None:
+                    conn.timeout = max(0.001, deadline - time.monotonic())
+                    conn.connect()
+                token = self._watchdog.arm(conn.sock, deadline)
+                self._send(conn, method, path, all_headers, body, length)
                 response = conn.getresponse()
-            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                self._drop()
-                if attempt == 0 and reused and (body is None or isinstance(body, bytes)
-                                                or _rewind(body)):
-                    continue
-                raise RemoteError(_describe(exc)) from None
-            except (OSError, http.client.HTTPException, ssl.SSLError) as exc:
-                self._drop()
-                raise RemoteError(_describe(exc)) from None
-            response.deadline = deadline  # type: ignore[attr-defined]
-            if response.status >= 500 or response.status in (401, 403, 407, 429):
+                self._check_status(method, response)
+                result = reader(response)
                 self._finish(response)
-                raise RemoteError(f"{method} answered {response.status} {response.reason}")
-            return response
-        raise AssertionError("unreachable")
+                if self._watchdog.disarm(token):
+                    raise RemoteError(self._late())
+                return result
+            except _Transient as exc:
+                if self._watchdog.disarm(token):  # (its error page outlasted the deadline)
+                    raise RemoteError(f"{exc}; {self._late()}") from None
+                retry = exc
+            except (http.client.RemoteDisconnected, BrokenPipeError,
+                    ConnectionResetError) as exc:
+                self._drop()
+                if self._watchdog.disarm(token):
+                    raise RemoteError(self._late()) from None
+                if not reused or not _rewind(body):
+                    raise RemoteError(_describe(exc)) from None
+                retry = exc
+                pause = 0.0  # the server closed an idle connection: at once
+            except (DigestMismatch, RemoteError, OSError, http.client.HTTPException,
+                    ssl.SSLError, ValueError) as exc:
+                self._drop()
+                if self._watchdog.disarm(token):
+                    raise RemoteError(self._late()) from None
+                if isinstance(exc, (DigestMismatch, RemoteError)):
+                    raise
+                raise RemoteError(_describe(exc)) from None
+            finally:
+                self._watchdog.disarm(token)
+            left = deadline - time.monotonic()
+            if left <= pause or not _rewind(body):
+                raise RemoteError(str(retry) if isinstance(retry, _Transient)
+                                  else _describe(retry)) from None
+            if pause:
+                time.sleep(pause)
+            pause = min(max(pause * 4, _FIRST_PAUSE), _MAX_PAUSE)
+
+    def _check_status(self, method: str, response: http.client.HTTPResponse) -> None:
+        status = response.status
+        if status in _TRANSIENT:
+            self._finish(response)
+            raise _Transient(f"{method} answered {status} {response.reason}")
+        if status not in (200, 201, 204, 404):
+            self._finish(response)
+            why = " (redirects are not followed)" if 300 <= status < 400 else ""
+            raise RemoteError(f"{method} answered {status} {response.reason}{why}")
+
+    def _late(self) -> str:
+        return f"no complete answer within the remote timeout ({self.timeout:g} s)"
+
+    def _send(self, conn: http.client.HTTPConnection, method: str, path: str,
+              headers: Mapping[str, str], body: BinaryIO | bytes | None, length: int) -> None:
+        conn.putrequest(method, path, skip_accept_encoding=True)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        if method == "PUT":
+            conn.putheader("Content-Length", str(length))
+        conn.endheaders()
+        if isinstance(body, bytes):
+            conn.send(body)
+        elif body is not None:
+            sent = 0
+            while chunk := body.read(_CHUNK):
+                conn.send(chunk)
+                sent += len(chunk)
+            if sent != length:
+                raise RemoteError("the local blob changed size while uploading")
 
     def _finish(self, response: http.client.HTTPResponse) -> None:
-        """Read what is left of a response so the connection can be reused."""
+        """Read what is left of a response (at most ``_MAX_DRAIN`` bytes: an error
+        page, a 404's body) so the connection can be reused; drop it otherwise."""
+        left = _MAX_DRAIN
         try:
-            while response.read(_CHUNK):
-                pass
+            while left > 0 and (chunk := response.read(min(left, 65536))):
+                left -= len(chunk)
+            if not response.isclosed():
+                self._drop()
         except (OSError, http.client.HTTPException):
             self._drop()
         if response.will_close:
@@ -180,128 +235,114 @@ class HttpCache:
     # -- action cache ---------------------------------------------------------------------
     def get_ac(self, key: str) -> bytes | None:
         """The raw action-cache entry under ``key``, or None if there is none."""
-        response = self._request("GET", self._path("ac", key),
-                                 headers={"Accept": "application/json"})
-        if response.status == 404:
-            self._finish(response)
-            return None
-        if response.status != 200:
-            self._finish(response)
-            raise RemoteError(f"GET /ac answered {response.status} {response.reason}")
-        data = bytearray()
-        try:
+        def read(response: http.client.HTTPResponse) -> bytes | None:
+            if response.status == 404:
+                return None
+            if response.status != 200:
+                raise RemoteError(f"GET /ac answered {response.status} {response.reason}")
+            data = bytearray()
             while chunk := response.read1(65536):
                 data += chunk
                 if len(data) > _MAX_AC_BYTES:
-                    self._drop()
                     raise RemoteError("the action-cache entry is implausibly large")
-                if time.monotonic() > response.deadline:  # type: ignore[attr-defined]
-                    self._drop()
-                    raise RemoteError("the download took longer than the remote timeout")
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop()
-            raise RemoteError(_describe(exc)) from None
-        self._finish(response)  # read1 never marks the response done; the next request needs it
-        self._count(down=len(data))
-        return bytes(data)
+            return bytes(data)
+
+        data = self._exchange("GET", self._path("ac", key), read,
+                              headers={"Accept": "application/json"})
+        if data is not None:
+            self._count(down=len(data))
+        return data
 
     def put_ac(self, key: str, data: bytes) -> None:
-        response = self._request("PUT", self._path("ac", key), body=data, length=len(data),
-                                 headers={"Content-Type": "application/json"})
-        self._finish(response)
-        if response.status not in (200, 201, 204):
-            raise RemoteError(f"PUT /ac answered {response.status} {response.reason}")
+        self._exchange("PUT", self._path("ac", key), _stored("PUT /ac"), body=data,
+                       length=len(data), headers={"Content-Type": "application/json"})
         self._count(up=len(data))
 
     # -- content-addressed store -----------------------------------------------------------
     def cas_size(self, digest: str) -> int | None:
         """The stored size of a blob (HEAD), or None if the server does not have it."""
-        response = self._request("HEAD", self._path("cas", digest))
-        self._finish(response)
-        if response.status != 200:
-            return None
-        length = response.getheader("Content-Length")
-        return int(length) if length and length.isdigit() else -1
+        def read(response: http.client.HTTPResponse) -> int | None:
+            if response.status != 200:
+                return None
+            length = response.getheader("Content-Length")
+            return int(length) if length and length.isdigit() and len(length) < 20 else -1
+
+        return self._exchange("HEAD", self._path("cas", digest), read)
 
     def put_cas(self, digest: str, path: Path, size: int) -> None:
         """Upload a local file as the blob ``digest`` (streamed, with its length)."""
         with open(path, "rb") as handle:
-            response = self._request("PUT", self._path("cas", digest), body=handle,
-                                     length=size,
-                                     headers={"Content-Type": "application/octet-stream"})
-        self._finish(response)
-        if response.status not in (200, 201, 204):
-            raise RemoteError(f"PUT /cas answered {response.status} {response.reason}")
+            self._exchange("PUT", self._path("cas", digest), _stored("PUT /cas"),
+                           body=handle, length=size,
+                           headers={"Content-Type": "application/octet-stream"})
         self._count(up=size)
 
     def put_cas_bytes(self, digest: str, data: bytes) -> None:
-        response = self._request("PUT", self._path("cas", digest), body=data,
-                                 length=len(data),
-                                 headers={"Content-Type": "application/octet-stream"})
-        self._finish(response)
-        if response.status not in (200, 201, 204):
-            raise RemoteError(f"PUT /cas answered {response.status} {response.reason}")
+        self._exchange("PUT", self._path("cas", digest), _stored("PUT /cas"), body=data,
+                       length=len(data), headers={"Content-Type": "application/octet-stream"})
         self._count(up=len(data))
 
-    def get_cas(self, digest: str, dest: Path, max_bytes: int | None = None) -> bool:
+    def get_cas(self, digest: str, dest: Path, size: int | None = None) -> bool:
         """Stream the blob into ``dest`` and verify it; False if the server lacks it.
 
-        Raises DigestMismatch (``dest`` removed) when the bytes are not the blob.
+        ``size`` is the blob's size as its entry states it: no more bytes than that are
+        ever written (decompressed ones included), and no more than about that many are
+        received. Without it, the download is plain (no compression) and bounded by the
+        answer's ``Content-Length``, which it must have. Raises DigestMismatch
+        (``dest`` removed) when the bytes are not the blob.
         """
-        zstd = _zstd()
+        zstd = _zstd() if size is not None else None
         headers = {"Accept-Encoding": "zstd"} if zstd is not None else {}
-        response = self._request("GET", self._path("cas", digest), headers=headers)
-        if response.status == 404:
-            self._finish(response)
-            return False
-        if response.status != 200:
-            self._finish(response)
-            raise RemoteError(f"GET /cas answered {response.status} {response.reason}")
-        encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
-        if encoding not in ("identity", "zstd") or (encoding == "zstd" and zstd is None):
-            self._finish(response)
-            raise DigestMismatch(f"unexpected Content-Encoding {encoding!r}")
-        hasher = hashlib.sha256()
         received = 0
-        size = 0
-        deadline = response.deadline  # type: ignore[attr-defined]
-        try:
+
+        def read(response: http.client.HTTPResponse) -> bool:
+            nonlocal received
+            if response.status == 404:
+                return False
+            if response.status != 200:
+                raise RemoteError(f"GET /cas answered {response.status} {response.reason}")
+            encoding = (response.getheader("Content-Encoding") or "identity").strip().lower()
+            if encoding not in ("identity", "zstd") or (encoding == "zstd" and zstd is None):
+                raise DigestMismatch(f"unexpected Content-Encoding {encoding!r}")
+            limit = size
+            if limit is None:
+                length = response.getheader("Content-Length") or ""
+                if not length.isdigit() or len(length) > 19:
+                    raise RemoteError("a blob of unknown size came without a Content-Length")
+                limit = int(length)
+            # zstd adds a few bytes per 128 KiB block; a body much longer is not the blob
+            most = limit if encoding == "identity" else limit + (limit >> 6) + (64 << 10)
+            hasher = hashlib.sha256()
             with open(dest, "wb") as out:
-                writer = _Hashing(out, hasher)
+                writer = _Hashing(out, hasher, limit)
                 sink: Any = writer
                 if encoding == "zstd":
                     assert zstd is not None
                     sink = zstd.ZstdDecompressor().stream_writer(writer, closefd=False)
-                while chunk := response.read1(_CHUNK):
-                    received += len(chunk)
-                    sink.write(chunk)
-                    if time.monotonic() > deadline:
-                        raise TimeoutError("the download took longer than the remote timeout")
-                    if max_bytes is not None and writer.size > max_bytes:
-                        raise DigestMismatch("the server sent more bytes than the blob has")
-                if sink is not writer:
-                    sink.flush()
-                size = writer.size
-        except DigestMismatch:
-            self._drop()
+                try:
+                    while chunk := response.read1(min(_CHUNK, most - received + 1)):
+                        received += len(chunk)
+                        if received > most:
+                            raise DigestMismatch("the server sent more bytes than the "
+                                                 "blob has")
+                        sink.write(chunk)
+                    if sink is not writer:
+                        sink.flush()
+                except (DigestMismatch, OSError, http.client.HTTPException):
+                    raise
+                except Exception as exc:  # a zstd frame error: garbage, not transport
+                    raise DigestMismatch(f"undecodable body ({type(exc).__name__})") from None
+            if hasher.hexdigest() != digest:
+                raise DigestMismatch(f"{writer.size} bytes that do not hash to the digest")
+            return True
+
+        try:
+            found = self._exchange("GET", self._path("cas", digest), read, headers=headers)
+        except (DigestMismatch, RemoteError):
             dest.unlink(missing_ok=True)
             raise
-        except (OSError, http.client.HTTPException) as exc:
-            self._drop()
-            dest.unlink(missing_ok=True)
-            if isinstance(exc, http.client.IncompleteRead):
-                raise DigestMismatch("the body was cut short") from None
-            raise RemoteError(_describe(exc)) from None
-        except Exception as exc:  # a zstd frame error: garbage, not a transport problem
-            self._drop()
-            dest.unlink(missing_ok=True)
-            raise DigestMismatch(f"undecodable body ({type(exc).__name__})") from None
-        self._finish(response)
         self._count(down=received)
-        if hasher.hexdigest() != digest:
-            dest.unlink(missing_ok=True)
-            raise DigestMismatch(f"{size} bytes that do not hash to the digest")
-        return True
+        return found
 
     def _count(self, down: int = 0, up: int = 0) -> None:
         with self._count_lock:
@@ -310,14 +351,19 @@ class HttpCache:
 
 
 class _Hashing:
-    """A file-like sink that hashes and counts what it writes."""
+    """A file-like sink that hashes and counts what it writes, and refuses to write
+    past ``limit`` bytes (a decompressor writes through it, so a compression bomb stops
+    at the blob's size)."""
 
-    def __init__(self, out: BinaryIO, hasher: Any) -> None:
+    def __init__(self, out: BinaryIO, hasher: Any, limit: int) -> None:
         self.out = out
         self.hasher = hasher
         self.size = 0
+        self.limit = limit
 
     def write(self, data: bytes) -> int:
+        if self.size + len(data) > self.limit:  # checked before a byte of it is written
+            raise DigestMismatch(f"the server sent more than the blob's {self.limit} bytes")
         self.out.write(data)
         self.hasher.update(data)
         self.size += len(data)
@@ -327,12 +373,81 @@ class _Hashing:
         self.out.flush()
 
 
-def _rewind(body: BinaryIO) -> bool:
+def _rewind(body: BinaryIO | bytes | None) -> bool:
+    if body is None or isinstance(body, bytes):
+        return True
     try:
         body.seek(0)
     except OSError:
         return False
     return True
+
+
+def _stored(what: str) -> Callable[[http.client.HTTPResponse], None]:
+    def read(response: http.client.HTTPResponse) -> None:
+        if response.status not in (200, 201, 204):
+            raise RemoteError(f"{what} answered {response.status} {response.reason}")
+    return read
+
+
+class _Transient(Exception):
+    """A 5xx or 429 answer: worth asking again after a pause."""
+
+
+class _Watchdog:
+    """Shuts down the socket of every request still running at its deadline, so no
+    read or write of it (a status line or error page trickled byte by byte included)
+    outlives the deadline: a socket's own timeout only bounds each single read."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._armed: dict[int, tuple[float, socket.socket]] = {}
+        self._fired: set[int] = set()
+        self._next = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def arm(self, sock: socket.socket | None, deadline: float) -> int:
+        with self._cond:
+            self._next += 1
+            token = self._next
+            if sock is not None:
+                self._armed[token] = (deadline, sock)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="qbuild-remote-deadline",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+            return token
+
+    def disarm(self, token: int | None) -> bool:
+        """Stop watching ``token``'s request; True if its deadline had passed."""
+        if token is None:
+            return False
+        with self._cond:
+            self._armed.pop(token, None)
+            if token in self._fired:
+                self._fired.discard(token)
+                return True
+            return False
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                for token, (deadline, sock) in list(self._armed.items()):
+                    if deadline <= now:
+                        del self._armed[token]
+                        self._fired.add(token)
+                        with contextlib.suppress(OSError):
+                            sock.shutdown(socket.SHUT_RDWR)
+                wake = min((d for d, _ in self._armed.values()), default=None)
+                self._cond.wait(None if wake is None else max(0.0, wake - now))
 
 
 def _describe(exc: BaseException) -> str:

@@ -9,16 +9,21 @@ the bytes": a remote hit records the result, and a blob is downloaded only when
 target); uploading local results in background threads (every blob before the entry
 that references it, so no entry ever points at a missing blob).
 
-The remote never fails a build: the first transport error, garbage entry or blob that
-does not match its digest gives one warning and the rest of the build is local only.
-Nothing downloaded is used before its digest is verified.
+Every entry read from the server passes ``gate.admit`` before anything uses it: bound to
+the key it was fetched for (its uploaded key parts must hash to that key), paths inside
+the output folder, sizes whole and bounded, executable bits kept (REAPI's
+``isExecutable``); a refused entry is a miss with one warning per build and nothing of it
+is recorded. Downloads are cut at the size the entry states and every request has one
+deadline (``store.http``). The remote never fails a build: the first transport error
+(after retries) or blob that does not match its digest gives one warning and the rest of
+the build is local only. Nothing downloaded is used before its digest is verified.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import posixpath
+import re
 import sys
 import threading
 import time
@@ -30,7 +35,8 @@ from ..core.errors import ConfigError, UsageError
 from ..core.files import hash_bytes
 from ..core.records import ActionResult, KeyParts
 from ..core.toml import load_toml
-from .http import DigestMismatch, HttpCache, RemoteConfig, RemoteError, is_digest
+from . import gate
+from .http import DigestMismatch, HttpCache, RemoteConfig, RemoteError
 from .keylock import KeyLock
 from .local import LocalStore
 
@@ -39,9 +45,19 @@ _FORMAT = 1
 _KNOWN = {"cache", "upload_local_results", "timeout", "headers",
           "executor", "local_fallback", "strategy"}  # the last three: _dask_executor
 _UPLOAD_THREADS = 4
+_MAX_ENTRY_BYTES = 16 << 20  # an ActionResult lists paths and digests: a few KB each
+MAX_META_BYTES = 16 << 20  # key parts, info and warnings: refused unread when larger
 
 
 # -- settings ---------------------------------------------------------------------------------
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 token
+_HEADER_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")  # no control but tab
+
+
+def _header_ok(name: str, value: str) -> bool:
+    return bool(_HEADER_NAME.fullmatch(name)) and bool(_HEADER_VALUE.fullmatch(value))
+
+
 def _truthy(text: str) -> bool | None:
     value = text.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -100,14 +116,20 @@ def resolve_remote(root: Path, flags: Mapping[str, Any] | None = None,
     if not isinstance(table_headers, dict) or not all(
             isinstance(v, str) for v in table_headers.values()):
         raise ConfigError("[remote] 'headers' must be a table of strings", file=marker)
-    headers.update(table_headers)
+    for name, value in table_headers.items():
+        if not _header_ok(name, value):
+            # The value may be a secret: name only the header (and only if it is sane).
+            shown = f" {name[:40]!r}" if _HEADER_NAME.fullmatch(name) else ""
+            raise ConfigError(f"[remote] headers: the header{shown} must be a token name "
+                              "and a one-line value (no newline or other control "
+                              "character)", file=marker)
+        headers[name] = value
     for item in flags.get("headers") or []:
         name, sep, value = item.partition("=")
-        if not sep or not name.strip() or any(c in name for c in ": \r\n") or any(
-                c in value for c in "\r\n"):
-            # The value may be a secret: name only the header.
-            raise UsageError(f"--remote_header must be Name=Value (got a malformed header "
-                             f"{name.strip()[:40]!r})")
+        if not sep or not _header_ok(name.strip(), value):
+            shown = f" {name.strip()[:40]!r}" if _HEADER_NAME.fullmatch(name.strip()) else ""
+            raise UsageError(f"--remote_header must be Name=Value with a one-line value (got "
+                             f"a malformed header{shown})")
         headers[name.strip()] = value
     config = RemoteConfig(url=url, upload=upload, timeout=float(timeout), headers=headers,
                           environ=environ)
@@ -126,76 +148,51 @@ def _digest_json(digest: str, size: int) -> dict[str, str]:
 
 def to_action_result(outputs: list[dict[str, Any]], meta_digest: str, meta_size: int
                      ) -> bytes:
-    """REAPI ``ActionResult`` JSON listing the outputs and our metadata blob."""
-    files = [{"path": e["path"], "digest": _digest_json(e["digest"], e["size"])}
-             for e in outputs]
+    """REAPI ``ActionResult`` JSON listing the outputs (with their executable bit) and
+    our metadata blob."""
+    files = []
+    for e in outputs:
+        item: dict[str, Any] = {"path": e["path"], "digest": _digest_json(e["digest"], e["size"])}
+        if e.get("x"):
+            item["isExecutable"] = True
+        files.append(item)
     files.append({"path": RESULT_PATH, "digest": _digest_json(meta_digest, meta_size)})
     return json.dumps({"outputFiles": files}, sort_keys=True).encode()
 
 
-def _size(value: Any) -> int:
-    if isinstance(value, bool):
-        raise ValueError("bad size")
-    size = int(value)  # proto3 JSON: int64 as string or number
-    if size < 0:
-        raise ValueError("negative size")
-    return size
-
-
-def _safe_path(path: Any) -> bool:
-    if not isinstance(path, str) or not path or path.startswith("/") or "\\" in path:
-        return False
-    return posixpath.normpath(path) == path and not path.startswith("..")
+def _field(item: dict[str, Any], camel: str, snake: str, default: Any = None) -> Any:
+    return item.get(camel, item.get(snake, default))
 
 
 def parse_action_result(raw: bytes) -> tuple[list[dict[str, Any]], tuple[str, int]]:
-    """Output entries and the metadata blob's (digest, size); ValueError if malformed."""
-    data = json.loads(raw.decode("utf-8"))
+    """The output entries (as ``OutputEntry.to_json`` writes them, unchecked: the gate
+    checks them) and the metadata blob's (digest, size) of an ``ActionResult``; raises
+    ``gate.Refused`` if it is not one qbuild wrote."""
+    data = gate.load_json(raw, _MAX_ENTRY_BYTES)
     if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
-    files = data.get("outputFiles", data.get("output_files"))
+        raise gate.Refused("not a JSON object")
+    files = _field(data, "outputFiles", "output_files")
     if not isinstance(files, list):
-        raise ValueError("no outputFiles")
+        raise gate.Refused("no outputFiles")
     outputs: list[dict[str, Any]] = []
     meta: tuple[str, int] | None = None
     for item in files:
         digest = item.get("digest") if isinstance(item, dict) else None
-        if not isinstance(digest, dict) or not _safe_path(item.get("path")):
-            raise ValueError("malformed output file")
+        if not isinstance(item, dict) or not isinstance(digest, dict):
+            raise gate.Refused("malformed output file")
         value = digest.get("hash")
-        size = _size(digest.get("sizeBytes", digest.get("size_bytes", 0)))
-        if not isinstance(value, str) or not is_digest(value):
-            raise ValueError("malformed digest")
-        if item["path"] == RESULT_PATH:
+        size = gate.size_of(_field(digest, "sizeBytes", "size_bytes", 0))
+        if not isinstance(value, str) or not gate.is_digest(value):
+            raise gate.Refused("malformed digest")
+        executable = _field(item, "isExecutable", "is_executable", False)
+        if item.get("path") == RESULT_PATH:
             meta = (value, size)
         else:
-            outputs.append({"path": item["path"], "digest": value, "size": size})
+            outputs.append({"path": item.get("path"), "digest": value, "size": size,
+                            "x": executable})
     if meta is None:
-        raise ValueError("not written by qbuild (no metadata blob)")
+        raise gate.Refused("not written by qbuild (no metadata blob)")
     return outputs, meta
-
-
-def _check_meta(meta: Any, outputs: list[dict[str, Any]]) -> None:
-    if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-        raise ValueError("unknown metadata format")
-    declared = meta.get("declared")
-    if not isinstance(declared, list) or not all(
-            isinstance(d, str) and _safe_path(d.removesuffix("/")) for d in declared):
-        raise ValueError("bad declared outputs")
-    if not isinstance(meta.get("info"), dict) or not isinstance(meta.get("warnings"), list):
-        raise ValueError("bad info")
-    if not isinstance(meta.get("providers", {}), dict):
-        raise ValueError("bad providers")
-    paths = [e["path"] for e in outputs]
-    if len(set(paths)) != len(paths):
-        raise ValueError("duplicate output paths")
-    dirs = tuple(d for d in declared if d.endswith("/"))
-    for path in paths:
-        if path not in declared and not path.startswith(dirs or ("\0",)):
-            raise ValueError(f"output {path} was not declared")
-    for name in declared:
-        if not name.endswith("/") and name not in paths:
-            raise ValueError(f"declared output {name} is missing")
 
 
 # -- the layered store ---------------------------------------------------------------------
@@ -221,6 +218,8 @@ class LayeredStore:
         self._sizes: dict[str, int] = {}
         self._bad_blobs: set[str] = set()  # served with wrong bytes: replace once we have them
         self.blobs_repaired = 0
+        self.entries_refused = 0  # remote entries the gate kept out (each a miss)
+        self.unbound_skipped = 0  # results not uploaded: their key parts are not recorded
         self._fetching: dict[str, threading.Lock] = {}
         self._pool: Any = None
         self._futures: list[Any] = []
@@ -259,68 +258,86 @@ class LayeredStore:
         """(result, "local" | "remote"); a remote hit is recorded locally unless
         ``record`` is False (``qbuild explain`` only looks)."""
         result = self.local.get_action(key)
-        if result is not None or not self.usable:
+        if result is not None:
+            self._note_sizes(result)
             return result, "local"
+        if not self.usable:
+            return None, "local"
         found = self._remote_action(key)
         if found is None:
             return None, "local"
         result, components = found
         if record:
-            if isinstance(components, dict):
-                self.local.put_components(key, components)
+            self.local.put_components(key, components)
             self.local.put_action(key, result)
         with self._lock:
             self.remote_hits += 1
         return result, "remote"
 
-    def _remote_action(self, key: str) -> tuple[ActionResult, Any] | None:
-        """The remote result of ``key`` and the key parts stored with it."""
+    def _note_sizes(self, result: ActionResult) -> None:
+        """Remember each output's size as its entry states it: a download of the blob
+        is cut there (``_download``), whichever build recorded the entry."""
+        with self._lock:
+            for entry in result.outputs:
+                self._sizes[entry.digest] = entry.size
+
+    def _refused(self, key: str, refused: gate.Refused) -> None:
+        """A miss: warn about the first refused entry of the build, count the rest."""
+        with self._lock:
+            self.entries_refused += 1
+            first = self.entries_refused == 1
+        if first:
+            self.warn(f"WARNING: remote cache {self.remote.display_url}: "
+                      f"{gate.describe(key, refused)}; it is a miss (other refused entries "
+                      "are counted in the summary, not reported)")
+
+    def _remote_action(self, key: str) -> tuple[ActionResult, KeyParts] | None:
+        """The remote result of ``key`` and the key parts stored with it, once the
+        gate admits them; None for a miss (a refused entry warned about)."""
         try:
             raw = self.remote.get_ac(key)
             if raw is None:
                 return None
-            try:
-                outputs, (meta_digest, meta_size) = parse_action_result(raw)
-            except (ValueError, UnicodeDecodeError, AttributeError, TypeError) as exc:
-                self._give_up(f"the action-cache entry {key[:12]} is not a valid "
-                              f"ActionResult ({exc})")
-                return None
+            outputs, (meta_digest, meta_size) = parse_action_result(raw)
+            if meta_size > MAX_META_BYTES:
+                raise gate.Refused(f"its metadata blob claims {meta_size} bytes, more than "
+                                   f"the {MAX_META_BYTES} one may have")
             meta_file = self.tmp / f"{os.getpid()}-meta-{os.urandom(6).hex()}"
             try:
-                if not self.remote.get_cas(meta_digest, meta_file, max_bytes=meta_size):
+                if not self.remote.get_cas(meta_digest, meta_file, size=meta_size):
                     return None
-                meta = json.loads(meta_file.read_text(encoding="utf-8"))
+                meta = gate.load_json(meta_file.read_bytes(), MAX_META_BYTES)
             finally:
                 meta_file.unlink(missing_ok=True)
-            try:
-                _check_meta(meta, outputs)
-            except ValueError as exc:
-                self._give_up(f"the action-cache entry {key[:12]} is inconsistent ({exc})")
-                return None
+            if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+                raise gate.Refused("unknown metadata format")
+            result, components = gate.admit(
+                {"outputs": outputs, "declared": meta.get("declared"),
+                 "info": meta.get("info"), "warnings": meta.get("warnings", []),
+                 "providers": meta.get("providers") or {}},
+                key, meta.get("components"), origin="remote")
             # Like bazel-remote: an entry whose blobs are gone is a miss.
-            for entry in outputs:
-                if self.remote.cas_size(entry["digest"]) not in (entry["size"], -1):
+            for entry in result.outputs:
+                if self.remote.cas_size(entry.digest) not in (entry.size, -1):
                     return None
+        except gate.Refused as exc:
+            self._refused(key, exc)
+            return None
         except DigestMismatch as exc:
             self._give_up(f"a blob did not match its digest ({exc})")
-            return None
-        except (ValueError, UnicodeDecodeError) as exc:
-            self._give_up(f"garbage metadata for {key[:12]} ({type(exc).__name__})")
             return None
         except RemoteError as exc:
             self._give_up(str(exc))
             return None
-        with self._lock:
-            for entry in outputs:
-                self._sizes[entry["digest"]] = entry["size"]
-        result = ActionResult.from_json({
-            "outputs": outputs, "declared": meta["declared"], "info": meta["info"],
-            "warnings": meta["warnings"], "origin": "remote",
-            "providers": meta.get("providers") or {}})
-        return result, meta.get("components")
+        except OSError as exc:  # the metadata's temporary file
+            self._give_up(f"cannot keep a download ({exc.strerror or type(exc).__name__})")
+            return None
+        self._note_sizes(result)
+        return result, components
 
     def put_action(self, key: str, result: ActionResult) -> None:
         self.local.put_action(key, result)
+        self._note_sizes(result)
         if result.origin == "remote":
             return  # a remote worker made it and wrote its entry (``publish``)
         if not self.upload or not self.usable:
@@ -328,6 +345,8 @@ class LayeredStore:
         if any(e.path == RESULT_PATH for e in result.outputs):
             return  # cannot be told apart from our metadata: keep it local
         meta = self._meta(key, result)
+        if meta is None:
+            return
         with self._lock:
             if self._pool is None:
                 import concurrent.futures
@@ -348,10 +367,19 @@ class LayeredStore:
         """False: each entry is written and uploaded on its own (``put_action``)."""
         return False
 
-    def _meta(self, key: str, result: ActionResult) -> dict[str, Any]:
+    def _meta(self, key: str, result: ActionResult) -> dict[str, Any] | None:
+        """The metadata blob of ``key``'s entry, or None (nothing is uploaded) when the
+        key parts recorded for it do not make ``key``: no reader could admit it."""
+        components = self.local.get_components(key)
+        try:
+            gate.bound_parts(components, key)
+        except gate.Refused:
+            with self._lock:
+                self.unbound_skipped += 1
+            return None
         meta = {"format": _FORMAT, "declared": list(result.declared),
                 "info": dict(result.info), "warnings": list(result.warnings),
-                "components": self.local.get_components(key)}
+                "components": components}
         if result.providers:
             meta["providers"] = dict(result.providers)
         return meta
@@ -363,8 +391,10 @@ class LayeredStore:
         if any(e.path == RESULT_PATH for e in result.outputs):
             raise RemoteError(f"an output is named {RESULT_PATH}, which qbuild's metadata "
                               "uses")
-        if not self._send(key, [e.to_json() for e in result.outputs],
-                          self._meta(key, result)):
+        meta = self._meta(key, result)
+        if meta is None:
+            raise RemoteError("the key parts recorded for the result do not make its key")
+        if not self._send(key, [e.to_json() for e in result.outputs], meta):
             raise RemoteError("an output blob left the local cache before its upload")
 
     def _send(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> bool:
@@ -465,7 +495,9 @@ class LayeredStore:
     def _download(self, digest: str) -> bool:
         temp = self.tmp / f"{os.getpid()}-blob-{os.urandom(6).hex()}"
         try:
-            if not self.remote.get_cas(digest, temp, max_bytes=self._sizes.get(digest)):
+            with self._lock:
+                size = self._sizes.get(digest)
+            if not self.remote.get_cas(digest, temp, size=size):
                 return False
             self.local.put_blob(temp, digest)
         except DigestMismatch as exc:
@@ -518,6 +550,7 @@ class LayeredStore:
                 "results_uploaded": self.uploads_done,
                 "bytes_uploaded": self.remote.bytes_uploaded, "ok": self.usable,
                 "blobs_repaired": self.blobs_repaired,
+                "entries_refused": self.entries_refused,
                 "problem": self.problem}
 
     def close(self) -> None:

@@ -6,7 +6,10 @@
   Both are started by the server users run, ``examples/ci/cache_server.py``.
 - ``FaultServer``: a working cache (blobs in memory) that can be switched to misbehave:
   answer errors, cut bodies short, serve wrong bytes under a digest, serve garbage action
-  results, answer slowly. It records every request it receives (method, path, headers).
+  results, answer slowly, trickle status lines and error pages, redirect, answer 5xx
+  storms, serve compression bombs and bodies far longer than the blob. Tests put wrong
+  entries for a key, truncated or garbage JSON and huge claimed sizes straight into its
+  ``blobs``. It records every request it receives (method, path, headers).
 """
 
 from __future__ import annotations
@@ -48,7 +51,14 @@ class FaultServer:
     after promising the full length); ``wrong_bytes`` (CAS bodies replaced by other bytes
     of the same length); ``garbage_ac`` (action results that are not JSON); ``slow``
     (``delay`` seconds before answering); ``trickle`` (one byte every ``delay`` seconds);
-    ``reset`` (close the connection at once).
+    ``reset`` (close the connection at once); ``trickle_error`` (a 503 whose long error
+    page comes one byte every ``delay`` seconds); ``trickle_headers`` (a status line, then
+    header bytes one every ``delay`` seconds, never ending); ``redirect`` (every request
+    answered 307 to ``redirect_to`` + its path); ``storm`` (503 to the next ``errors_left``
+    requests, then working); ``bomb`` (CAS GETs answered with ``bomb_size`` zero bytes,
+    zstd-compressed to a few KB); ``oversize`` (CAS GETs answered with ``bomb_size`` plain
+    bytes). ``huge`` maps a path to the length of a body of that many bytes served for it
+    in any mode (made as it is sent).
     """
 
     def __init__(self) -> None:
@@ -57,6 +67,11 @@ class FaultServer:
         self.delay = 0.0
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.on_put: Callable[[str], None] | None = None  # called after a PUT is stored
+        self.redirect_to = ""
+        self.errors_left = 0
+        self.bomb_size = 64 << 20
+        self.huge: dict[str, int] = {}
+        self.stopping = threading.Event()
         self.lock = threading.Lock()
         server = self
 
@@ -69,9 +84,45 @@ class FaultServer:
             def _record(self) -> str:
                 with server.lock:
                     server.requests.append((self.command, self.path, dict(self.headers)))
-                if server.mode == "slow":
+                    mode = server.mode
+                    if mode == "storm":
+                        if server.errors_left > 0:
+                            server.errors_left -= 1
+                            mode = "error"
+                        else:
+                            mode = "ok"
+                if mode == "slow":
                     time.sleep(server.delay)
-                return server.mode
+                if mode == "redirect":
+                    self.close_connection = True
+                    self._send(307, b"moved", headers={
+                        "Location": server.redirect_to + self.path})
+                    return "answered"
+                if mode == "trickle_headers":
+                    self.close_connection = True
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    self._trickle(b"X-Slow: " + b"a" * 10_000_000)
+                    return "answered"
+                if mode == "trickle_error":
+                    self.close_connection = True
+                    self.send_response(503)
+                    self.send_header("Content-Length", "10000000")
+                    self.end_headers()
+                    self._trickle(b"e" * 10_000_000)
+                    return "answered"
+                return mode
+
+            def _trickle(self, data: bytes) -> None:
+                """Send ``data`` one byte every ``delay`` seconds until the client goes
+                away (or the server stops)."""
+                try:
+                    for i in range(len(data)):
+                        if server.stopping.wait(server.delay):
+                            return
+                        self.wfile.write(data[i:i + 1])
+                        self.wfile.flush()
+                except OSError:
+                    pass
 
             def _send(self, status: int, body: bytes = b"", length: int | None = None,
                       head: bool = False, headers: dict[str, str] | None = None) -> None:
@@ -90,6 +141,8 @@ class FaultServer:
 
             def do_PUT(self) -> None:  # noqa: N802
                 mode = self._record()
+                if mode == "answered":
+                    return
                 length = int(self.headers.get("Content-Length", "-1"))
                 if length < 0:
                     self._send(411)
@@ -108,6 +161,22 @@ class FaultServer:
 
             def _get(self, head: bool) -> None:
                 mode = self._record()
+                if mode == "answered":
+                    return
+                is_cas = "/cas/" in self.path
+                if self.path in server.huge:
+                    self._huge(server.huge[self.path], head)
+                    return
+                if is_cas and not head and mode in ("bomb", "oversize"):
+                    if mode == "oversize":
+                        self._huge(server.bomb_size, head)
+                        return
+                    import zstandard
+
+                    body = zstandard.ZstdCompressor().compress(
+                        bytes(server.bomb_size))
+                    self._send(200, body, headers={"Content-Encoding": "zstd"})
+                    return
                 if mode == "reset":
                     self._reset()
                     return
@@ -119,7 +188,6 @@ class FaultServer:
                 if body is None:
                     self._send(404, head=head)
                     return
-                is_cas = "/cas/" in self.path
                 if mode == "garbage_ac" and not is_cas:
                     body = b"\x00not json at all" + body[:5]
                 elif mode == "wrong_bytes" and is_cas:
@@ -144,6 +212,18 @@ class FaultServer:
                     headers["Content-Encoding"] = "zstd"
                 self._send(200, body, head=head, headers=headers)
 
+            def _huge(self, length: int, head: bool) -> None:
+                self._send(200, b"", length=length, head=True)
+                if head:
+                    return
+                block = bytes(1 << 20)
+                try:
+                    while length > 0 and not server.stopping.is_set():
+                        self.wfile.write(block[:length])
+                        length -= len(block)
+                except OSError:
+                    self.close_connection = True
+
             def do_GET(self) -> None:  # noqa: N802
                 self._get(head=False)
 
@@ -161,6 +241,11 @@ class FaultServer:
             return sum(1 for m, p, _ in self.requests if (method is None or m == method)
                        and (kind is None or f"/{kind}/" in p))
 
+    def count_path(self, method: str, path: str) -> int:
+        with self.lock:
+            return sum(1 for m, p, _ in self.requests if m == method and p == path)
+
     def stop(self) -> None:
+        self.stopping.set()
         self.httpd.shutdown()
         self.httpd.server_close()

@@ -1,0 +1,287 @@
+"""The one gate every action-cache entry passes before a build uses it.
+
+A store hands back what it read (a local index row, a remote ``ActionResult`` and its
+metadata blob) as a parsed record; ``admit`` decides whether that record may stand for
+the result of the key it was looked up under, and turns it into an ``ActionResult``.
+Anything it refuses raises ``Refused`` (one line, no traceback): the caller treats it as
+a miss, warns once, and records nothing. The gate never raises anything else and never
+recurses into the data, so no entry, however nested or large, can crash a build.
+
+What an admitted entry satisfies:
+
+- **Bound to its key.** The key parts stored with it hash (SHA-256 of canonical JSON,
+  as ``keys`` computes every key) to the key it was looked up under: either the parts
+  themselves or, for a target keyed by its one action, their ``key_parts`` member
+  (``bound_parts``). An entry fetched for the wrong key (a proxy folding paths, a
+  mis-mapped prefix, a buggy writer) is refused.
+- **Paths inside the output folder.** Every output path is a normalized relative POSIX
+  path (no ``/`` at either end, no empty, ``.`` or ``..`` segment, no NUL or
+  backslash, segments of at most 255 bytes), listed once, no file inside another
+  file's path, each one declared (by name, or under a declared folder ``name/``), and
+  every declared file present.
+- **Sizes bounded before a byte is written.** Each size is a whole number of bytes
+  (an integer or its decimal string, never a float, a bool or ``1e999``) of at most
+  ``MAX_BLOB_BYTES``; downloads are cut at that size (``store.http``).
+- **Modes kept.** The executable bit is part of the entry (``x`` locally, REAPI's
+  ``isExecutable`` remotely) and of the result.
+- **Shapes explain can read.** The key parts (``check_parts``), info, providers and
+  warnings are of the types the engine writes and nested at most ``MAX_DEPTH`` deep.
+
+Public: ``admit`` (record + key + its stored key parts -> ``ActionResult``), and the
+pieces it is made of for a store that needs one alone: ``check_result``,
+``bound_parts``, ``check_parts``, ``safe_path``, ``size_of``, ``key_of`` and
+``load_json`` (bounded parsing of bytes read from a store).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ..core.records import ActionResult, KeyParts
+
+MAX_BLOB_BYTES = (1 << 63) - 1  # REAPI sizes are int64
+MAX_DEPTH = 200  # nesting of info, providers and key parts: far below the recursion limit
+MAX_PATH_BYTES = 4096
+_HEX = frozenset("0123456789abcdef")
+_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
+
+
+class Refused(ValueError):
+    """An entry the gate keeps out; the message is the one-line reason."""
+
+
+def key_of(parts: Any) -> str:
+    """The action key of ``parts``: SHA-256 of their canonical JSON (what
+    ``keys.parts.action_key`` and ``keys.action_keys.step_key`` compute)."""
+    return hashlib.sha256(_canonical(parts).encode("utf-8")).hexdigest()
+
+
+def is_digest(text: object) -> bool:
+    return isinstance(text, str) and len(text) == 64 and set(text) <= _HEX
+
+
+def load_json(raw: bytes, limit: int) -> Any:
+    """``raw`` parsed as JSON; refused if longer than ``limit`` bytes, not UTF-8, not
+    JSON, or nested deeper than ``MAX_DEPTH`` (the parser's own recursion limit stops
+    deeper text before it is a problem)."""
+    if len(raw) > limit:
+        raise Refused(f"{len(raw)} bytes, more than the {limit} an entry may have")
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Refused("not UTF-8") from None
+    except (ValueError, RecursionError) as exc:
+        raise Refused(f"not JSON ({type(exc).__name__})") from None
+    if _depth(value) > MAX_DEPTH:
+        raise Refused(f"nested deeper than {MAX_DEPTH}")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of a parsed JSON value, without recursion."""
+    deepest = 0
+    stack = [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, dict):
+            items: Any = item.values()
+        elif isinstance(item, (list, tuple)):
+            items = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if level > MAX_DEPTH:
+            return level
+        stack.extend((child, level + 1) for child in items)
+    return deepest
+
+
+def size_of(value: Any) -> int:
+    """A byte count from an entry: an int or a decimal string (proto3 JSON writes int64
+    as a string), 0 to ``MAX_BLOB_BYTES``; never a float, bool or exponent."""
+    if isinstance(value, bool):
+        raise Refused("a size is not a number")
+    if isinstance(value, str):
+        if not value.isascii() or not value.isdigit() or len(value) > 19:
+            raise Refused("a size is not a whole number of bytes")
+        value = int(value)
+    if not isinstance(value, int):
+        raise Refused("a size is not a whole number of bytes")
+    if not 0 <= value <= MAX_BLOB_BYTES:
+        raise Refused("a size is out of range")
+    return value
+
+
+def safe_path(path: Any) -> bool:
+    """Is ``path`` a normalized relative path that stays inside the output folder?"""
+    if not isinstance(path, str) or not path or "\0" in path or "\\" in path:
+        return False
+    try:
+        raw = path.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from JSON's \ud800
+        return False
+    if len(raw) > MAX_PATH_BYTES:
+        return False
+    return all(part not in ("", ".", "..") and len(part.encode("utf-8")) <= 255
+               for part in path.split("/"))
+
+
+def _str_map(value: Any, what: str) -> None:
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise Refused(f"{what} is not a table of strings")
+
+
+def _str_list(value: Any, what: str) -> None:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise Refused(f"{what} is not a list of strings")
+
+
+def check_result(record: Any, origin: str = "local") -> ActionResult:
+    """The ``ActionResult`` of a parsed entry (as ``ActionResult.to_json`` writes it:
+    ``outputs`` of ``{path, digest, size, x}``, ``declared``, ``info``, ``warnings``,
+    ``providers``) once its paths, digests, sizes and shapes are checked; ``origin``
+    says where it came from ("remote" for a remote cache's). Raises ``Refused``."""
+    if not isinstance(record, dict):
+        raise Refused("the entry is not a JSON object")
+    if "failed" in record:
+        raise Refused("the stand-in of a failed action is never cached")
+    outputs, declared = record.get("outputs"), record.get("declared")
+    if not isinstance(outputs, list):
+        raise Refused("the entry lists no outputs")
+    _str_list(declared, "the declared outputs")
+    assert isinstance(declared, list)
+    for name in declared:
+        if not safe_path(name.removesuffix("/")):
+            raise Refused(f"declared output {name[:80]!r} is not a path inside the "
+                          "output folder")
+    info, warnings = record.get("info"), record.get("warnings", [])
+    providers = record.get("providers") or {}
+    if not isinstance(info, dict) or not isinstance(providers, dict):
+        raise Refused("the info or providers are not tables")
+    _str_list(warnings, "the warnings")
+    if _depth(info) > MAX_DEPTH or _depth(providers) > MAX_DEPTH:
+        raise Refused(f"info nested deeper than {MAX_DEPTH}")
+    checked: list[dict[str, Any]] = []
+    paths: list[str] = []
+    for entry in outputs:
+        if not isinstance(entry, dict):
+            raise Refused("an output is not a JSON object")
+        path, digest = entry.get("path"), entry.get("digest")
+        if not safe_path(path):
+            raise Refused(f"output path {str(path)[:80]!r} is not a normalized relative "
+                          "path inside the output folder")
+        if not is_digest(digest):
+            raise Refused(f"output {path} has no SHA-256 digest")
+        executable = entry.get("x", False)
+        if not isinstance(executable, bool):
+            raise Refused(f"output {path} has a malformed executable bit")
+        checked.append({"path": path, "digest": digest, "size": size_of(entry.get("size", 0)),
+                        "x": executable})
+        paths.append(str(path))
+    _check_paths(paths, declared)
+    return ActionResult.from_json({"outputs": checked, "declared": declared, "info": info,
+                                   "warnings": warnings, "providers": providers,
+                                   "origin": origin})
+
+
+def _check_paths(paths: list[str], declared: list[str]) -> None:
+    if len(set(paths)) != len(paths):
+        raise Refused("an output path is listed twice")
+    files = set(paths)
+    for path in paths:  # no output inside another output file's path
+        cut = path.rfind("/")
+        while cut > 0:
+            if path[:cut] in files:
+                raise Refused(f"output {path} lies inside the output file {path[:cut]}")
+            cut = path.rfind("/", 0, cut)
+    folders = tuple(d for d in declared if d.endswith("/"))
+    names = set(declared)
+    for path in paths:
+        if path not in names and not (folders and path.startswith(folders)):
+            raise Refused(f"output {path} was not declared")
+    for name in declared:
+        if not name.endswith("/") and name not in files:
+            raise Refused(f"declared output {name} is missing")
+
+
+def check_parts(parts: Any) -> KeyParts:
+    """``parts`` if they have the shape the engine writes and ``qbuild explain`` reads:
+    a table whose code, sources and environment are tables of strings, whose attributes
+    and dependencies are tables (each dependency with a table of output digests and
+    info), nested at most ``MAX_DEPTH`` deep. Raises ``Refused``."""
+    if not isinstance(parts, dict):
+        raise Refused("the key parts are not a table")
+    if _depth(parts) > MAX_DEPTH:
+        raise Refused(f"the key parts are nested deeper than {MAX_DEPTH}")
+    for name in ("code", "sources", "env"):
+        if name in parts:
+            _str_map(parts[name], f"key part {name!r}")
+    for name in ("label", "rule", "plugin", "qbuild_version"):
+        if name in parts and not isinstance(parts[name], (str, type(None))):
+            raise Refused(f"key part {name!r} is not a string")
+    for name in ("attrs", "hooks", "deps", "inputs"):
+        if name in parts and not isinstance(parts[name], dict):
+            raise Refused(f"key part {name!r} is not a table")
+    for name in ("outputs", "executable_sources"):
+        if name in parts and not isinstance(parts[name], list):
+            raise Refused(f"key part {name!r} is not a list")
+    for label, dep in parts.get("deps", {}).items():
+        _check_dep(str(label)[:80], dep)
+    inner = parts.get("key_parts")
+    if inner is not None:
+        check_parts(inner)
+    return parts
+
+
+def _check_dep(label: str, dep: Any) -> None:
+    if not isinstance(dep, dict) or "info" not in dep:
+        raise Refused(f"the key part of dependency {label} is malformed")
+    _str_map(dep.get("outputs"), f"the outputs of dependency {label}")
+    for name in ("declared", "executable"):
+        if name in dep and not isinstance(dep[name], list):
+            raise Refused(f"the {name} outputs of dependency {label} are not a list")
+
+
+def bound_parts(parts: Any, key: str) -> KeyParts:
+    """The parts ``key`` was hashed from, found in the key parts stored with its entry:
+    the parts themselves, or their ``key_parts`` (a target keyed by its one action
+    keeps the target's parts for ``qbuild explain`` and the action's, which make the
+    key, beside them). Raises ``Refused`` unless one of them hashes to ``key``."""
+    if not isinstance(parts, dict):
+        raise Refused("no key parts were stored with the entry")
+    if key_of(parts) == key:
+        return parts
+    inner = parts.get("key_parts")
+    if isinstance(inner, dict) and key_of(inner) == key:
+        return inner
+    raise Refused("its key parts do not hash to the key it was stored under (an entry "
+                  "made for another action)")
+
+
+def admit(record: Any, key: str, parts: Any, origin: str = "local"
+          ) -> tuple[ActionResult, KeyParts]:
+    """The result and key parts of an entry looked up under ``key``: ``record`` is the
+    parsed entry (as ``check_result`` takes it), ``parts`` the key parts stored with it.
+    Both are checked (``check_result``, ``check_parts``) and bound to ``key``
+    (``bound_parts``); raises ``Refused`` with the one-line reason otherwise."""
+    try:
+        checked = check_parts(parts)
+        bound_parts(checked, key)
+        return check_result(record, origin), checked
+    except (RecursionError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+        # (The checks above look at every value's type first; this is a last net.)
+        raise Refused(f"malformed entry ({type(exc).__name__})") from None
+
+
+def describe(key: str, refused: Refused) -> str:
+    """The one line a store warns with when it refuses the entry of ``key``."""
+    return f"refused the action-cache entry {key[:12]}: {refused}"
+
+
+__all__ = ["MAX_BLOB_BYTES", "MAX_DEPTH", "Refused", "admit", "bound_parts", "check_parts",
+           "check_result", "describe", "is_digest", "key_of", "load_json", "safe_path",
+           "size_of"]
+

@@ -1,0 +1,127 @@
+"""The gate every action-cache entry passes (``qbuild.store.gate``): keys recomputed
+exactly as the keyer computes them, paths kept inside the output folder, sizes whole and
+bounded, executable bits kept, and anything else refused with a one-line reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qbuild.keys.action_keys import step_key
+from qbuild.keys.parts import action_key
+from qbuild.store import gate
+from qbuild.store.local import LocalStore
+
+DIGEST = "ab" * 32
+
+
+def record(*paths: str, declared: list[str] | None = None, **extra):
+    outputs = [{"path": p, "digest": DIGEST, "size": 3} for p in paths]
+    return {"outputs": outputs, "declared": list(paths) if declared is None else declared,
+            "info": {}, "warnings": [], **extra}
+
+
+def test_the_gate_hashes_key_parts_as_the_keyer_does():
+    parts = {"label": "//p:é", "attrs": {"scale": 1.0, "n": 10, "big": 1e16,
+                                          "list": [1, "two", None, True]},
+             "code": {"unit": DIGEST}, "env": {"PATH": "/bin"}}
+    assert gate.key_of(parts) == action_key(parts) == step_key(parts)
+    # ... after the round trip through the metadata blob's JSON too
+    again = json.loads(json.dumps(parts, sort_keys=True))
+    assert gate.key_of(again) == action_key(parts)
+
+
+def test_an_entry_is_bound_to_its_key():
+    target = {"label": "//p:two", "code": {}, "attrs": {}}
+    step = {"action": "concat", "params": {"upper": True}}
+    assert gate.bound_parts(target, action_key(target)) is target
+    both = {**target, "key_parts": step}
+    assert gate.bound_parts(both, step_key(step)) is step
+    for parts in (target, both, None, "text", {"key_parts": "x"}):
+        with pytest.raises(gate.Refused):
+            gate.bound_parts(parts, "0" * 64)
+    result, _ = gate.admit(record("out.txt"), action_key(target), target)
+    assert [e.path for e in result.outputs] == ["out.txt"]
+    with pytest.raises(gate.Refused, match="another action"):
+        gate.admit(record("out.txt"), "0" * 64, target)
+
+
+@pytest.mark.parametrize("path", ["", ".", "..", "../x", "a/../b", "/abs", "a//b", "a/",
+                                  "./a", "a/.", "a\\b", "nul\0", "x" * 256, "\ud800"])
+def test_paths_outside_or_unnormalized_are_refused(path):
+    assert not gate.safe_path(path)
+    with pytest.raises(gate.Refused):
+        gate.check_result(record(path))
+
+
+def test_files_inside_files_and_undeclared_or_missing_outputs_are_refused():
+    assert gate.check_result(record("d/a", "d/b", declared=["d/"])).outputs
+    for bad in (record("a", "a/b", declared=["a", "a/"]), record("a", declared=["b"]),
+                record("a", declared=["a", "b"]), record("a", "a")):
+        with pytest.raises(gate.Refused):
+            gate.check_result(bad)
+
+
+@pytest.mark.parametrize("size", [1e999, 1.5, -1, True, "1e3", "-1", " 1", "9" * 30,
+                                  1 << 63, None, "٣"])
+def test_sizes_are_whole_and_bounded(size):
+    with pytest.raises(gate.Refused):
+        gate.size_of(size)
+
+
+def test_sizes_as_proto3_json_writes_them():
+    assert gate.size_of("3544921") == gate.size_of(3544921) == 3544921
+    assert gate.size_of(str(gate.MAX_BLOB_BYTES)) == gate.MAX_BLOB_BYTES
+
+
+def test_the_executable_bit_is_kept_and_must_be_a_bool():
+    entry = record("run.sh")
+    entry["outputs"][0]["x"] = True
+    (output,) = gate.check_result(entry, origin="remote").outputs
+    assert output.executable
+    entry["outputs"][0]["x"] = "yes"
+    with pytest.raises(gate.Refused):
+        gate.check_result(entry)
+
+
+def test_deep_or_garbage_json_is_refused_not_raised():
+    deep: object = 0
+    for _ in range(gate.MAX_DEPTH + 1):
+        deep = [deep]
+    for raw in (b"[" * 100_000, b'{"a": 1', b"\xff", json.dumps(deep).encode()):
+        with pytest.raises(gate.Refused):
+            gate.load_json(raw, 1 << 20)
+    with pytest.raises(gate.Refused):
+        gate.load_json(b"[]" * 100, 10)
+    with pytest.raises(gate.Refused):
+        gate.check_result(record("a", info={"x": deep}))
+
+
+@pytest.mark.parametrize("parts", [
+    {"sources": "x"}, {"code": {"u": 1}}, {"deps": {"//x:y": "z"}},
+    {"deps": {"//x:y": {"outputs": {}}}}, {"deps": {"//x:y": {"outputs": [], "info": {}}}},
+    {"attrs": []}, {"env": {"A": None}}, {"key_parts": {"sources": 1}}, [],
+])
+def test_key_parts_explain_could_not_read_are_refused(parts):
+    with pytest.raises(gate.Refused):
+        gate.check_parts(parts)
+
+
+def test_what_the_keyer_records_is_admitted(ws):
+    """Every entry a build writes, with the key parts recorded for it, passes the gate
+    (so a store may check every entry it reads)."""
+    ws.write("p/a.txt", "alpha\n")
+    ws.write("p/BUILD.toml", '[one]\nrule = "concat"\nsrcs = ["a.txt"]\n\n'
+             '[two]\nrule = "concat"\ndeps = [":one"]\nupper = true\n')
+    assert ws.build("//p:two").ok
+    # (Both are keyed by their one action: their target parts hold ``key_parts``.)
+    keys = [record["key"] for record in ws.aquery("//p:one", "//p:two")]
+    store = LocalStore(ws.cache_dir)
+    try:
+        for key in keys:
+            result = store.get_action(key)
+            assert result is not None
+            gate.admit(result.to_json(), key, store.get_components(key))
+    finally:
+        store.close()
