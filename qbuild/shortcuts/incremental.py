@@ -36,11 +36,12 @@ from ..core.files import key_is_racy, stat_key
 from ..core.labels import Label
 from ..core.records import ActionResult
 from ..keys.parts import dep_part, sorted_json
+from .noop import same_environment, with_reads
 
 if TYPE_CHECKING:
     from ..core.protocols import Store
 
-_VERSION = 1
+_VERSION = 2
 _UNSEEN: Any = object()
 
 
@@ -95,7 +96,8 @@ class Reuse:
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
             if record.get("version") != _VERSION or record["analysis"] != analysis or \
-                    record["env"] != env or record["store"] != str(store.directory):
+                    not same_environment(record["env"], env) or \
+                    record["store"] != str(store.directory):
                 return None
             for file, key in record["files"].items():
                 if _stat(file) != key:
@@ -257,7 +259,8 @@ def save(path: Path, *, analysis: str | None, env: Mapping[str, Any], store_dir:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"version": _VERSION, "analysis": analysis, "env": env,
+        temp.write_text(json.dumps({"version": _VERSION, "analysis": analysis,
+                                    "env": with_reads(env),
                                     "store": str(store_dir), "files": files,
                                     "code_files": code_files,
                                     "targets": entries}), encoding="utf-8")

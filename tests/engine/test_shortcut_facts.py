@@ -1,0 +1,108 @@
+"""The shortcuts answer from the same facts as keys (issue 24: defects 5 and 17, and the
+suspected "environment variables read by other rules"): a fact the full path puts into
+a key (the machine class, a variable a rule's ``env()`` reads, a toolchain mismatch
+that stops the full path) makes the no-op fast path and the incremental path step aside
+when it changes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qbuild import ActionContext, Rule, attr, hookimpl
+from qbuild.keys import machine as _machine
+from qbuild.keys import parts as _keys
+from qbuild.shortcuts.noop import try_noop
+
+
+class MachineProbe(Rule):
+    """Writes its text; declared machine-dependent."""
+
+    kind = "facts_machine_probe"
+    machine_dependent = True
+    attrs = {"text": attr.string(default="m", doc="Text.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> dict[str, Any]:
+        ctx.output("out.txt").write_text(ctx.attrs["text"])
+        return {}
+
+
+class EnvProbe(MachineProbe):
+    """Keyed by a variable its ``env()`` reads (as a plugin's own setting would be)."""
+
+    kind = "facts_env_probe"
+    machine_dependent = False
+
+    def env(self) -> dict[str, str]:
+        return {"flavor": os.environ.get("QB_TEST_FLAVOR", "plain")}
+
+
+class _Plugin:
+    @hookimpl
+    def qbuild_rule_types(self) -> list[type]:
+        return [MachineProbe, EnvProbe]
+
+
+@pytest.fixture
+def new_process(monkeypatch):
+    """Set variables as a new ``qbuild`` process would see them (the per-process memos
+    of rule and machine facts forgotten)."""
+    def setenv(name: str, value: str) -> None:
+        monkeypatch.setenv(name, value)
+        _machine.machine_facts.cache_clear()
+        _keys._env_cache.clear()
+
+    yield setenv
+    _machine.machine_facts.cache_clear()
+    _keys._env_cache.clear()
+
+
+def _fast_path_answers(ws) -> bool:
+    """Would the command line's no-op fast path answer the last request now?"""
+    snapshots = list((ws.root / "qbuild-out" / ".qbuild" / "noop").glob("*.json"))
+    assert len(snapshots) == 1
+    options = json.loads(snapshots[0].read_text())["environment"]["options"]
+    for package in (None, ""):
+        found = try_noop(Path(ws.root), ws.root / "qbuild-out", ["//:t"], package, options)
+        if found is not None:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("kind,variable", [("facts_machine_probe", "QBUILD_MACHINE_CLASS"),
+                                           ("facts_env_probe", "QB_TEST_FLAVOR")])
+def test_a_changed_key_fact_leaves_both_shortcuts(ws, reused, new_process, kind, variable):
+    ws.register(_Plugin())
+    ws.write("BUILD.toml", f"[t]\nrule = '{kind}'\n")
+    new_process(variable, "avx2-box")
+    assert ws.build("//:t").ran == ["//:t"]
+    assert ws.build("//:t").cached == ["//:t"]
+    assert _fast_path_answers(ws)  # nothing changed: the shortcut may answer
+    new_process(variable, "amx-box")
+    assert not _fast_path_answers(ws)
+    reused.clear()
+    again = ws.build("//:t")
+    assert again.ran == ["//:t"] and reused == []  # the full path's answer: a new key
+    new_process(variable, "avx2-box")
+    assert ws.build("//:t").cached == ["//:t"]
+
+
+def test_a_plain_build_after_a_warned_toolchain_mismatch_still_stops(qbuild_workspace):
+    """Defect 17: after ``--toolchain_mismatch=warn`` the fast path must not answer a
+    plain build (the full path exits 2), and answers a warned one with its warning."""
+    ws = qbuild_workspace
+    ws.write("qbuild.toml", "[settings]\ncache_dir = '../cache'\n"
+                            "[toolchain]\npluggy = '0.0.1'\n")
+    ws.write("BUILD.toml", "[files]\nrule = 'filegroup'\nsrcs = ['a.txt']\n")
+    ws.write("a.txt", "hello\n")
+    assert ws.cli("build", "//:files", "--toolchain_mismatch=warn").code == 0
+    warned = ws.cli("build", "//:files", "--toolchain_mismatch=warn")
+    assert warned.code == 0 and "warning: toolchain mismatch: pluggy" in warned.stderr
+    plain = ws.cli("build", "//:files")
+    assert plain.code == 2, plain.stderr
+    assert "toolchain mismatch" in plain.stderr and "Build OK" not in plain.stderr
