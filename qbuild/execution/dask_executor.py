@@ -195,9 +195,7 @@ class DaskExecutor:
         try:
             # --remote_timeout bounds the wait too (Dask retries a refused connection).
             timeout = min(self.settings.connect_timeout, self.store.remote_config.timeout)
-            connect: Any = Client  # distributed is not typed throughout
-            self.client = connect(self.settings.address, timeout=timeout,
-                                  set_as_default=False)
+            self.client = _client_within(Client, self.settings.address, timeout)
             info = self._info()
         except (OSError, TimeoutError) as exc:
             self.client = None
@@ -476,6 +474,30 @@ class DaskExecutor:
         steps = tuple((str(a), str(b), str(c)) for a, b, c in reply.get("steps") or ())
         return Outcome(result, float(reply["seconds"]), worker=str(reply["worker"]),
                        steps=steps)
+
+
+def _client_within(client_class: Any, address: str, timeout: float) -> Any:
+    """A connected Dask client, or TimeoutError after ``timeout`` seconds: Dask's own
+    ``timeout`` bounds reaching the port, not its handshake, which waits forever on a
+    port that accepts TCP and never answers in Dask's protocol (an HTTP dashboard)."""
+    made: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            made["client"] = client_class(address, timeout=timeout, set_as_default=False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            made["error"] = exc
+
+    # A daemon thread: one stuck in a handshake is abandoned, never waited for at exit.
+    thread = threading.Thread(target=connect, name="qbuild-dask-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer in Dask's protocol within {timeout:g} s; is it the "
+                           "scheduler's port, not its dashboard's?")
+    if "error" in made:
+        raise made["error"]
+    return made["client"]
 
 
 def _remote_error() -> type[Exception]:
