@@ -18,7 +18,10 @@ action runs here) or the Dask scheduler (no scatter, no byte-valued results).
 Faults: a worker lost mid-action is Dask's to reschedule, at most
 ``distributed.scheduler.allowed-failures`` times (default 3) before the action fails; a
 worker whose code differs refuses (the action is sent again, to the other workers); an
-unreachable scheduler is one error (exit 2), or local execution with the fallback.
+action no remaining worker can run (the only one offering its resources was lost) is
+cancelled and runs here with the fallback, or fails saying so; an unreachable scheduler,
+or a port that does not answer in Dask's protocol, is one error (exit 2) within the
+connect timeout, or local execution with the fallback.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 
 STRATEGIES = ("remote", "local")
 _MAX_REFUSALS = 8  # different workers asked before an action gives up
+_CHECK_EVERY = 2.0  # seconds between checks that a worker able to run a task is left
 
 
 @dataclass
@@ -423,11 +427,23 @@ class DaskExecutor:
             with self._lock:
                 self._futures.add(future)
             try:
-                reply: dict[str, Any] = future.result()
-                return reply
+                reply: dict[str, Any] | None = self._wait(future, resources,
+                                                          kwargs.get("workers"))
             finally:
                 with self._lock:
                     self._futures.discard(future)
+            if reply is not None:
+                return reply
+            needs = ", ".join(f"{n}={a:g}" for n, a in sorted(resources.items()))
+            why = "no Dask worker able to run it is left" + (f" (it needs {needs})"
+                                                            if needs else "")
+            if not self.settings.local_fallback:
+                raise ActionFailed(RuleError(f"{why}; start one, or pass "
+                                             "--remote_local_fallback to run it here",
+                                             target=str(action.label)))
+            self.message(f"WARNING: {action.label}: {why}; --remote_local_fallback: "
+                         "building it here")
+            return None
         except KilledWorker as exc:
             raise ActionFailed(RuleError(
                 f"the Dask workers running it died every time it was tried ({_short(exc)}); "
@@ -448,6 +464,41 @@ class DaskExecutor:
         except Exception as exc:  # noqa: BLE001 - raised by run_remote itself: a bug
             raise ActionFailed(RuleError(f"internal error on a Dask worker: {_short(exc)} "
                                          "(report it)", target=str(action.label))) from None
+
+    def _wait(self, future: Any, resources: Mapping[str, float],
+              restricted: list[str] | None) -> dict[str, Any] | None:
+        """The reply of ``future``; None (the task cancelled) once no worker that could
+        run it is left: Dask would keep it waiting for one to join. Checked every few
+        seconds, twice in a row (a worker restarted by its nanny is back by then)."""
+        unable = 0
+        while True:
+            try:
+                reply: dict[str, Any] = future.result(timeout=_CHECK_EVERY)
+                return reply
+            except TimeoutError:
+                if future.done():
+                    raise  # (the scheduler's own timeout: handled by the caller)
+            if self._able(resources, restricted):
+                unable = 0
+                continue
+            unable += 1
+            if unable >= 2:
+                future.cancel()
+                return None
+
+    def _able(self, resources: Mapping[str, float], restricted: list[str] | None) -> bool:
+        """Is some worker left that may run a task needing ``resources``?"""
+        try:
+            workers = self._info().get("workers", {})
+        except (OSError, TimeoutError):
+            return True  # the scheduler itself is gone: reported when the task fails
+        for address, worker in workers.items():
+            if restricted is not None and address not in restricted:
+                continue
+            offered = worker.get("resources") or {}
+            if all(float(offered.get(n, 0)) >= a for n, a in resources.items()):
+                return True
+        return False
 
     def _accept(self, action: Action, parts: KeyParts, reply: dict[str, Any]) -> Outcome:
         status = reply["status"]
