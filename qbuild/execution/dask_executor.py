@@ -408,7 +408,7 @@ class DaskExecutor:
         return {"protocol": PROTOCOL, "action": action, "parts": parts,
                 "pins": self.pins,
                 "remote": {"url": config.url, "timeout": config.timeout,
-                           "headers": dict(config.headers)}}
+                           "headers": dict(config.headers), "upload": config.upload}}
 
     def _submit(self, action: Action, parts: KeyParts, resources: dict[str, float],
                 excluded: set[str]) -> dict[str, Any] | None:

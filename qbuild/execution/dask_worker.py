@@ -38,7 +38,7 @@ from .failures import ActionFailed, MissingBlob
 from .local import LocalExecutor
 from .sandbox import Sandboxes, clean_stale_sandboxes
 
-PROTOCOL = 1  # bump when the request or reply changes shape
+PROTOCOL = 2  # bump when the request or reply changes shape (2: "upload" in "remote")
 
 
 class _Unchanging:
@@ -233,7 +233,10 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
     result = outcome.result
     store.put_components(action.key, request["parts"])
     try:
-        store.publish(action.key, result)  # blobs, metadata, then the entry
+        if request["remote"]["upload"]:
+            store.publish(action.key, result)  # blobs, metadata, then the entry
+        else:
+            _send_blobs(store, result)  # a read-only client: no entry on its behalf
     except (RemoteError, OSError) as exc:
         return {**reply, "status": "error",
                 "error": f"outputs could not be uploaded to {store.remote.display_url}: "
@@ -244,3 +247,16 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
             "seconds": outcome.seconds,
             "code": request["parts"]["code"],
             "worker_seconds": round(time.monotonic() - started, 4)}
+
+
+def _send_blobs(store: LayeredStore, result: Any) -> None:
+    """Upload the output blobs of ``result`` the server lacks, and nothing else: the
+    bytes a client configured not to write entries fetches by digest (each download is
+    checked against it, so a blob can never mislead a reader)."""
+    for entry in result.outputs:
+        if store.remote.cas_size(entry.digest) == entry.size:
+            continue
+        path = store.local._blob_path(entry.digest)
+        if path is None:
+            raise RemoteError("an output blob left the worker's cache before its upload")
+        store.remote.put_cas(entry.digest, path, entry.size)
