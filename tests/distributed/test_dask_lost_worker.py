@@ -13,6 +13,7 @@ import time
 import dist_rules
 import pytest
 from conftest import ENGINE_TESTS, HERE
+from test_summary_last import summary_is_last
 
 from qbuild.testing import Workspace
 
@@ -52,6 +53,7 @@ def _build_killing_the_gpu_worker(tmp_path, cache_server, dask_processes, fallba
 def test_losing_the_only_able_worker_ends_the_wait(tmp_path, cache_server, dask_processes,
                                                    fallback):
     result = _build_killing_the_gpu_worker(tmp_path, cache_server, dask_processes, fallback)
+    assert summary_is_last(result.log), result.log  # defect 19: nothing after it
     if fallback:
         assert result.ok, result.error + result.log
         assert result.output("//k:slow").read_text() == "done"
