@@ -25,6 +25,14 @@ EVERYTHING = "*"
 _read: dict[str, str | None] = {}
 _lock = _thread.RLock()  # (threading costs the fast path an import)
 _depth = 0
+# Threads asking a rule for facts now: only their reads count (an action running in
+# another thread meanwhile may list the environment; that is not a key fact).
+_watching: dict[int, int] = {}
+
+
+def _noted(name: str, value: str | None) -> None:
+    if _thread.get_ident() in _watching:
+        _read[name] = value
 
 
 class _Watched(MutableMapping[str, str]):
@@ -34,7 +42,7 @@ class _Watched(MutableMapping[str, str]):
         self.real = real
 
     def __getitem__(self, name: str) -> str:
-        _read[name] = self.real.get(name)
+        _noted(name, self.real.get(name))
         return self.real[name]
 
     def __setitem__(self, name: str, value: str) -> None:
@@ -44,23 +52,25 @@ class _Watched(MutableMapping[str, str]):
         del self.real[name]
 
     def __iter__(self) -> Iterator[str]:
-        _read[EVERYTHING] = None
+        _noted(EVERYTHING, None)
         return iter(self.real)
 
     def __len__(self) -> int:
-        _read[EVERYTHING] = None
+        _noted(EVERYTHING, None)
         return len(self.real)
 
     def copy(self) -> dict[str, str]:
         """A plain copy (as ``os.environ.copy()``), which reads every variable."""
-        _read[EVERYTHING] = None
+        _noted(EVERYTHING, None)
         return dict(self.real)
 
 
 def watched(call: Callable[[], T]) -> T:
     """``call()`` with every environment variable it reads noted (see ``reads``)."""
     global _depth
+    me = _thread.get_ident()
     with _lock:
+        _watching[me] = _watching.get(me, 0) + 1
         if _depth == 0:
             # Swapped, not changed: the same variables, reads noted (os.getenv too).
             os.environ = _Watched(os.environ)  # type: ignore[assignment]  # noqa: B003
@@ -69,6 +79,9 @@ def watched(call: Callable[[], T]) -> T:
             return call()
         finally:
             _depth -= 1
+            _watching[me] -= 1
+            if not _watching[me]:
+                del _watching[me]
             if _depth == 0:
                 environ = os.environ
                 os.environ = getattr(environ, "real", environ)  # noqa: B003

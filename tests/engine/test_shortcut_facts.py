@@ -106,3 +106,38 @@ def test_a_plain_build_after_a_warned_toolchain_mismatch_still_stops(qbuild_work
     plain = ws.cli("build", "//:files")
     assert plain.code == 2, plain.stderr
     assert "toolchain mismatch" in plain.stderr and "Build OK" not in plain.stderr
+
+
+def test_only_the_rule_s_own_reads_are_key_facts(monkeypatch):
+    """Variables a rule's facts read are noted with their values; another thread
+    listing the environment meanwhile (an action running) is not a key fact."""
+    import threading
+
+    from qbuild.keys import environ
+
+    monkeypatch.setattr(environ, "_read", {})
+    monkeypatch.setenv("QB_TEST_NOTED", "yes")
+    listed = threading.Event()
+    done = threading.Event()
+
+    def other_thread() -> None:
+        listed.wait()
+        dict(os.environ)  # lists every variable, from another thread
+        done.set()
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+
+    def facts() -> dict[str, str]:
+        listed.set()
+        done.wait()
+        return {"noted": os.environ.get("QB_TEST_NOTED", ""),
+                "absent": os.getenv("QB_TEST_ABSENT", "")}
+
+    assert environ.watched(facts) == {"noted": "yes", "absent": ""}
+    thread.join()
+    assert environ.reads() == {"QB_TEST_NOTED": "yes", "QB_TEST_ABSENT": None}
+    assert environ.unchanged(environ.reads())
+    monkeypatch.setenv("QB_TEST_ABSENT", "now set")
+    assert not environ.unchanged({"QB_TEST_NOTED": "yes", "QB_TEST_ABSENT": None})
+    assert type(os.environ).__name__ == "_Environ"  # put back
