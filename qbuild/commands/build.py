@@ -20,6 +20,7 @@ from ..build.run import Build, BuildOptions
 from ..build.session import Session
 from ..core.files import load_known, save_known
 from ..execution.sandbox import clean_stale_sandboxes
+from ..keys import environ
 from ..keys.toolchain import check as check_toolchain
 from ..shortcuts.noop import forget, record
 
@@ -56,6 +57,7 @@ def full_build(session: Session, request: BuildRequest, reporter: Reporter,
     workspace = session.workspace
     known_file = workspace.output_dir / ".qbuild" / "digests.json"
     session.known_digests = load_known(known_file)
+    environ.forget()  # the variables this build's key facts read, recorded with it
     warnings: list[str] = []  # recorded: the fast path repeats them, or stops as we would
 
     def warn_and_note(line: str) -> None:

@@ -87,8 +87,23 @@ def watched(call: Callable[[], T]) -> T:
                 os.environ = getattr(environ, "real", environ)  # noqa: B003
 
 
+def forget() -> None:
+    """Start a build's record: what earlier builds of this process read is not this
+    one's (their variables may have changed since; the rules are asked again)."""
+    with _lock:
+        _read.clear()
+
+
+def carry(recorded: Mapping[str, Any]) -> None:
+    """Count ``recorded`` (a ``reads()`` still ``unchanged``) as read by this build: the
+    incremental path reuses targets without asking their rules again."""
+    with _lock:
+        for name, value in recorded.items():
+            _read.setdefault(name, None if name == EVERYTHING else value)
+
+
 def reads() -> dict[str, Any]:
-    """Every variable read so far by keyed facts in this process, with its value then
+    """Every variable read by keyed facts in this build (since ``forget``), with its value then
     (``EVERYTHING`` maps to the whole environment when a rule listed it)."""
     with _lock:
         found: dict[str, Any] = dict(_read)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.files import key_is_racy, stat_key
 from ..core.labels import Label
 from ..core.records import ActionResult
+from ..keys import environ
 from ..keys.parts import dep_part, sorted_json
 from .noop import same_environment, with_reads
 
@@ -111,6 +112,7 @@ class Reuse:
         except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
             return None
         present = {key for key, text in stored.items() if wanted.get(key) == text}
+        environ.carry(record["env"]["environ"])  # the facts of targets reused unasked
         return cls(root, targets, present, code_files)
 
     def _result(self, label: str) -> ActionResult | None:
