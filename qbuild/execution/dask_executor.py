@@ -177,6 +177,7 @@ class DaskExecutor:
         self._present: set[str] = set()  # digests known to be on the cache server
         self._lock = threading.Lock()
         self._futures: set[Any] = set()
+        self._workers_seen: tuple[float, dict[str, Any]] = (float("-inf"), {})
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._connect()
 
@@ -488,10 +489,17 @@ class DaskExecutor:
 
     def _able(self, resources: Mapping[str, float], restricted: list[str] | None) -> bool:
         """Is some worker left that may run a task needing ``resources``?"""
-        try:
-            workers = self._info().get("workers", {})
-        except (OSError, TimeoutError):
-            return True  # the scheduler itself is gone: reported when the task fails
+        import time
+
+        with self._lock:  # one scheduler query per check period for all waiting actions
+            asked, workers = self._workers_seen
+        if time.monotonic() - asked >= _CHECK_EVERY:
+            try:
+                workers = dict(self._info().get("workers", {}))
+            except (OSError, TimeoutError):
+                return True  # the scheduler itself is gone: reported when the task fails
+            with self._lock:
+                self._workers_seen = (time.monotonic(), workers)
         for address, worker in workers.items():
             if restricted is not None and address not in restricted:
                 continue
