@@ -263,8 +263,11 @@ def cmd_build(args: argparse.Namespace) -> int:
     workspace = load_workspace(Path.cwd())
     if not args.explain and not args.event_log:
         snapshot = try_noop(workspace.root, workspace.output_dir, args.patterns,
-                            _noop_package(workspace), _options_digest(args))
+                            _noop_package(workspace), _options_digest(args),
+                            args.toolchain_mismatch)
         if snapshot is not None:
+            for warning in snapshot["summary"]["warnings"]:
+                print(warning, file=sys.stderr)
             if snapshot["lines"]:
                 cwd = os.getcwd()
                 sys.stdout.write("\n".join(_shown(workspace.root / line, cwd)

@@ -20,6 +20,7 @@ from qbuild import (
     Rule,
     RunContext,
     attr,
+    fact_generation,
     forward_files,
     hookimpl,
     output_folder,
@@ -67,7 +68,9 @@ class Command(Rule):
            "output, and $(location LABEL) to a dependency's file(s). The environment holds "
            "only PATH, LANG, HOME and TMPDIR (both a private scratch folder) and the "
            "variables named in `env` and `pass_env`. PATH, LANG, /bin/sh and the content of "
-           "every program `cmd` names (looked up on PATH) are part of the key.")
+           "every program `cmd` may name (every word of it, in quotes, backticks and $(...) "
+           "too, that is a program on PATH or an absolute path) and of every program in "
+           "`tools` are part of the key.")
     attrs = {
         "cmd": attr.string(doc="The shell command.", required=True),
         "srcs": attr.files(doc="Input files, globs or labels."),
@@ -77,6 +80,10 @@ class Command(Rule):
         "env": attr.mapping(doc="Extra environment variables (name = value); part of the key."),
         "pass_env": attr.string_list(doc="Names of variables passed through from the caller's "
                                          "environment (their values are NOT part of the key)."),
+        "tools": attr.string_list(doc="Programs the command runs without `cmd` naming them "
+                                      "(started by a script among `srcs`, say): names looked "
+                                      "up on PATH, or absolute paths; their content is part "
+                                      "of the key (a missing one is keyed as absent)."),
     }
 
     def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
@@ -96,13 +103,16 @@ class Command(Rule):
         path = os.environ.get("PATH", os.defpath)
         found, shell = _words_found(path)
         facts = {"PATH": path, "LANG": os.environ.get("LANG", ""), "program /bin/sh": shell}
-        for word in sorted(_program_words(attrs["cmd"])):
+        declared = set(attrs["tools"])
+        for word in sorted(_program_words(attrs["cmd"]) | declared):
             digest = found.get(word, _UNSEEN)
             if digest is _UNSEEN:
                 program = word if word.startswith("/") else _which(word, found[_STATE])
                 digest = found[word] = _program(program) if program else None
             if digest:
                 facts[f"program {word}"] = digest
+            elif word in declared:
+                facts[f"program {word}"] = "absent"
         return facts
 
     def analyze(self, ctx: AnalysisContext) -> None:
@@ -199,10 +209,10 @@ def _matches(src: str, target: str, package: str) -> bool:
 
 
 # A tool added to or removed from a PATH folder changes the folder's stat; one replaced
-# in place changes its own. Both are stat'ed once per build (a build's end starts a new
-# generation), not once per target: a tool replaced while a build keys its targets may
-# be keyed late, the same race as replacing it between keying an action and running it.
-_generation = [0]
+# in place changes its own. Both are stat'ed once per fact generation (one build, or one
+# request a remote worker checks), not once per target: a tool replaced while a build
+# keys its targets may be keyed late, the same race as replacing it between keying an
+# action and running it.
 _states: dict[str, tuple[int, int]] = {}  # PATH -> (generation, state id)
 _state_ids: dict[tuple[str, Any], int] = {}
 _programs: dict[str, tuple[tuple[int, ...] | None, str | None, int]] = {}
@@ -211,11 +221,6 @@ _programs: dict[str, tuple[tuple[int, ...] | None, str | None, int]] = {}
 # Every PATH folder listed and program file stat'ed for a key in this process: the
 # paths that skip keying vouch for the keys by their stats (``qbuild_key_files``).
 _key_files: set[str] = set()
-
-
-@hookimpl
-def qbuild_build_finished(summary: dict[str, Any]) -> None:
-    _generation[0] += 1
 
 
 @hookimpl
@@ -233,10 +238,10 @@ def _words_found(path: str) -> tuple[dict[str, Any], str]:
     """The digest each word names as a program under ``path`` (filled in as words are
     met) and /bin/sh's digest, for this generation: every target of a build shares them,
     as ``_path_state`` and ``_program`` would give them again within the generation."""
-    memo_key = (path, _generation[0])
+    memo_key = (path, fact_generation())
     known = _words_memo.get(memo_key)
     if known is None:
-        for old in [k for k in _words_memo if k[1] != _generation[0]]:
+        for old in [k for k in _words_memo if k[1] != fact_generation()]:
             del _words_memo[old]
         shell = _program("/bin/sh") or _program_digest("/bin/sh")
         known = _words_memo[memo_key] = ({_STATE: _path_state(path)}, shell)
@@ -246,13 +251,13 @@ def _words_found(path: str) -> tuple[dict[str, Any], str]:
 def _path_state(path: str) -> int:
     """An id for PATH and the stats of its folders."""
     known = _states.get(path)
-    if known is not None and known[0] == _generation[0]:
+    if known is not None and known[0] == fact_generation():
         return known[1]
     folders = [d for d in path.split(os.pathsep) if d]
     _key_files.update(os.path.abspath(d) for d in folders)
     state = (path, tuple(_stat(d) for d in folders))
     state_id = _state_ids.setdefault(state, len(_state_ids))
-    _states[path] = (_generation[0], state_id)
+    _states[path] = (fact_generation(), state_id)
     _paths[state_id] = path
     return state_id
 
@@ -260,7 +265,7 @@ def _path_state(path: str) -> int:
 def _program(path: str) -> str | None:
     """The digest of the executable file at ``path`` (None if it is not one), memoised
     while its stat stays the same."""
-    generation = _generation[0]
+    generation = fact_generation()
     known = _programs.get(path)
     if known is not None and known[2] == generation:
         return known[1]
@@ -320,22 +325,17 @@ def _stat(path: str) -> tuple[int, ...] | None:
 
 _WORD = re.compile(r"^(/[^\s]+|[A-Za-z0-9_][A-Za-z0-9_.+-]*)$")
 _digests: dict[tuple[str, int, int, int], str] = {}
-_SPECIAL = re.compile(r"['\"\\#]")
-_TOKEN = re.compile(r"[^ \t\r\n();<>|&]+")
+# Everything the shell treats specially ends a word: quotes, backticks, $( and ${,
+# redirections, separators, globs, assignments. So a program inside any quoting or
+# substitution, at any depth, is still a word of its own.
+_TOKEN = re.compile(r"[^\s;&|<>()`'\"$\\{}=#!*?\[\]~,:]+")
 
 
 def _program_words(cmd: str) -> set[str]:
-    """Every word of ``cmd`` that could name a program (over-including is harmless: a
-    word that is not a program on PATH adds nothing to the key)."""
-    if not _SPECIAL.search(cmd):  # no quoting or comment: shlex's split, done faster
-        return {w for w in _TOKEN.findall(cmd) if _WORD.match(w) and "$(" not in w}
-    try:
-        lexer = shlex.shlex(cmd, posix=True, punctuation_chars=True)
-        lexer.whitespace_split = True
-        words = list(lexer)
-    except ValueError:
-        words = cmd.split()
-    return {w for w in words if _WORD.match(w) and "$(" not in w}
+    """Every word of ``cmd`` that could name a program, found without parsing the shell:
+    over-including is harmless (a word that is not a program on PATH adds nothing to the
+    key), missing one would serve an output made by another version of it."""
+    return {w for w in _TOKEN.findall(cmd) if _WORD.match(w)}
 
 
 def _program_digest(path: str) -> str:

@@ -22,6 +22,7 @@ from ..analysis.plugins import Registry
 from ..analysis.workspace import Workspace, claim_output_dir
 from ..core.errors import QbuildError
 from ..core.files import SourceDigests
+from ..core.generation import new_fact_generation
 from ..core.labels import Label
 from ..core.protocols import Executor, Origin, Store
 from ..core.records import Action, ActionResult, KeyParts, Outcome
@@ -332,6 +333,7 @@ class Build:
             remote=result.remote, remote_execution=result.remote_execution)
         self.reporter.build_finished(summary.to_json())
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
+        new_fact_generation()
 
     # -- the scheduler's callbacks -------------------------------------------------------
     def _prepare(self, label: Label) -> Action | bool:

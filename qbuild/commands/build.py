@@ -20,6 +20,7 @@ from ..build.run import Build, BuildOptions
 from ..build.session import Session
 from ..core.files import load_known, save_known
 from ..execution.sandbox import clean_stale_sandboxes
+from ..keys import environ
 from ..keys.toolchain import check as check_toolchain
 from ..shortcuts.noop import forget, record
 
@@ -56,8 +57,15 @@ def full_build(session: Session, request: BuildRequest, reporter: Reporter,
     workspace = session.workspace
     known_file = workspace.output_dir / ".qbuild" / "digests.json"
     session.known_digests = load_known(known_file)
+    environ.forget()  # the variables this build's key facts read, recorded with it
+    warnings: list[str] = []  # recorded: the fast path repeats them, or stops as we would
+
+    def warn_and_note(line: str) -> None:
+        warnings.append(line)
+        warn(line)
+
     check_toolchain(dict(workspace.toolchain), request.toolchain_mismatch,
-                    workspace.root / "qbuild.toml", warn)
+                    workspace.root / "qbuild.toml", warn_and_note)
     forget(workspace.output_dir, request.patterns, request.package)
     clean_stale_sandboxes(session.store.tmp)
     build = session.build(request.patterns, request.package, request.options, reporter,
@@ -79,6 +87,6 @@ def full_build(session: Session, request: BuildRequest, reporter: Reporter,
                summary={"targets": len(result.requested),
                         "actions": len(result.ran) + len(result.cached),
                         "cache_dir": str(session.store.directory),
-                        "cache_bytes": session.store.volume()},
+                        "cache_bytes": session.store.volume(), "warnings": warnings},
                code_files=sorted(build.code_files()), sources=build.source_files())
     return BuildRun(build, lines, paths)

@@ -18,7 +18,10 @@ action runs here) or the Dask scheduler (no scatter, no byte-valued results).
 Faults: a worker lost mid-action is Dask's to reschedule, at most
 ``distributed.scheduler.allowed-failures`` times (default 3) before the action fails; a
 worker whose code differs refuses (the action is sent again, to the other workers); an
-unreachable scheduler is one error (exit 2), or local execution with the fallback.
+action no remaining worker can run (the only one offering its resources was lost) is
+cancelled and runs here with the fallback, or fails saying so; an unreachable scheduler,
+or a port that does not answer in Dask's protocol, is one error (exit 2) within the
+connect timeout, or local execution with the fallback.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ if TYPE_CHECKING:
 
 STRATEGIES = ("remote", "local")
 _MAX_REFUSALS = 8  # different workers asked before an action gives up
+_CHECK_EVERY = 2.0  # seconds between checks that a worker able to run a task is left
 
 
 @dataclass
@@ -173,6 +177,7 @@ class DaskExecutor:
         self._present: set[str] = set()  # digests known to be on the cache server
         self._lock = threading.Lock()
         self._futures: set[Any] = set()
+        self._workers_seen: tuple[float, dict[str, Any]] = (float("-inf"), {})
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._connect()
 
@@ -195,9 +200,7 @@ class DaskExecutor:
         try:
             # --remote_timeout bounds the wait too (Dask retries a refused connection).
             timeout = min(self.settings.connect_timeout, self.store.remote_config.timeout)
-            connect: Any = Client  # distributed is not typed throughout
-            self.client = connect(self.settings.address, timeout=timeout,
-                                  set_as_default=False)
+            self.client = _client_within(Client, self.settings.address, timeout)
             info = self._info()
         except (OSError, TimeoutError) as exc:
             self.client = None
@@ -406,7 +409,7 @@ class DaskExecutor:
         return {"protocol": PROTOCOL, "action": action, "parts": parts,
                 "pins": self.pins,
                 "remote": {"url": config.url, "timeout": config.timeout,
-                           "headers": dict(config.headers)}}
+                           "headers": dict(config.headers), "upload": config.upload}}
 
     def _submit(self, action: Action, parts: KeyParts, resources: dict[str, float],
                 excluded: set[str]) -> dict[str, Any] | None:
@@ -425,11 +428,23 @@ class DaskExecutor:
             with self._lock:
                 self._futures.add(future)
             try:
-                reply: dict[str, Any] = future.result()
-                return reply
+                reply: dict[str, Any] | None = self._wait(future, resources,
+                                                          kwargs.get("workers"))
             finally:
                 with self._lock:
                     self._futures.discard(future)
+            if reply is not None:
+                return reply
+            needs = ", ".join(f"{n}={a:g}" for n, a in sorted(resources.items()))
+            why = "no Dask worker able to run it is left" + (f" (it needs {needs})"
+                                                            if needs else "")
+            if not self.settings.local_fallback:
+                raise ActionFailed(RuleError(f"{why}; start one, or pass "
+                                             "--remote_local_fallback to run it here",
+                                             target=str(action.label)))
+            self.message(f"WARNING: {action.label}: {why}; --remote_local_fallback: "
+                         "building it here")
+            return None
         except KilledWorker as exc:
             raise ActionFailed(RuleError(
                 f"the Dask workers running it died every time it was tried ({_short(exc)}); "
@@ -450,6 +465,48 @@ class DaskExecutor:
         except Exception as exc:  # noqa: BLE001 - raised by run_remote itself: a bug
             raise ActionFailed(RuleError(f"internal error on a Dask worker: {_short(exc)} "
                                          "(report it)", target=str(action.label))) from None
+
+    def _wait(self, future: Any, resources: Mapping[str, float],
+              restricted: list[str] | None) -> dict[str, Any] | None:
+        """The reply of ``future``; None (the task cancelled) once no worker that could
+        run it is left: Dask would keep it waiting for one to join. Checked every few
+        seconds, twice in a row (a worker restarted by its nanny is back by then)."""
+        unable = 0
+        while True:
+            try:
+                reply: dict[str, Any] = future.result(timeout=_CHECK_EVERY)
+                return reply
+            except TimeoutError:
+                if future.done():
+                    raise  # (the scheduler's own timeout: handled by the caller)
+            if self._able(resources, restricted):
+                unable = 0
+                continue
+            unable += 1
+            if unable >= 2:
+                future.cancel()
+                return None
+
+    def _able(self, resources: Mapping[str, float], restricted: list[str] | None) -> bool:
+        """Is some worker left that may run a task needing ``resources``?"""
+        import time
+
+        with self._lock:  # one scheduler query per check period for all waiting actions
+            asked, workers = self._workers_seen
+        if time.monotonic() - asked >= _CHECK_EVERY:
+            try:
+                workers = dict(self._info().get("workers", {}))
+            except (OSError, TimeoutError):
+                return True  # the scheduler itself is gone: reported when the task fails
+            with self._lock:
+                self._workers_seen = (time.monotonic(), workers)
+        for address, worker in workers.items():
+            if restricted is not None and address not in restricted:
+                continue
+            offered = worker.get("resources") or {}
+            if all(float(offered.get(n, 0)) >= a for n, a in resources.items()):
+                return True
+        return False
 
     def _accept(self, action: Action, parts: KeyParts, reply: dict[str, Any]) -> Outcome:
         status = reply["status"]
@@ -476,6 +533,30 @@ class DaskExecutor:
         steps = tuple((str(a), str(b), str(c)) for a, b, c in reply.get("steps") or ())
         return Outcome(result, float(reply["seconds"]), worker=str(reply["worker"]),
                        steps=steps)
+
+
+def _client_within(client_class: Any, address: str, timeout: float) -> Any:
+    """A connected Dask client, or TimeoutError after ``timeout`` seconds: Dask's own
+    ``timeout`` bounds reaching the port, not its handshake, which waits forever on a
+    port that accepts TCP and never answers in Dask's protocol (an HTTP dashboard)."""
+    made: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            made["client"] = client_class(address, timeout=timeout, set_as_default=False)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            made["error"] = exc
+
+    # A daemon thread: one stuck in a handshake is abandoned, never waited for at exit.
+    thread = threading.Thread(target=connect, name="qbuild-dask-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer in Dask's protocol within {timeout:g} s; is it the "
+                           "scheduler's port, not its dashboard's?")
+    if "error" in made:
+        raise made["error"]
+    return made["client"]
 
 
 def _remote_error() -> type[Exception]:

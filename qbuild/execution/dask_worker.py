@@ -27,6 +27,7 @@ from typing import Any
 
 from ..core.errors import QbuildError, RuleError
 from ..core.files import SourceDigests, stat_key
+from ..core.generation import new_fact_generation
 from ..core.records import Action
 from ..core.versions import __version__, dist_version
 from ..keys.code import CodeDigests
@@ -37,7 +38,7 @@ from .failures import ActionFailed, MissingBlob
 from .local import LocalExecutor
 from .sandbox import Sandboxes, clean_stale_sandboxes
 
-PROTOCOL = 1  # bump when the request or reply changes shape
+PROTOCOL = 2  # bump when the request or reply changes shape (2: "upload" in "remote")
 
 
 class _Unchanging:
@@ -90,7 +91,7 @@ class _State:
         self.local: LocalStore | None = None
         self.executors: dict[tuple[Any, ...], tuple[LayeredStore, WorkerExecutor]] = {}
         self.digests: SourceDigests | None = None
-        self.units: dict[str, str] = {}  # code unit -> digest, taken once
+        self.units: dict[str, str] = {}  # code unit -> digest when first checked
 
     def cache_dir(self) -> Path:
         chosen = os.environ.get("QBUILD_WORKER_CACHE_DIR")
@@ -158,13 +159,15 @@ def differences(request: dict[str, Any], digests: SourceDigests) -> list[str]:
                    f"{dist_version(dist)} (worker)")
     code = CodeDigests(digests, [dist] if dist and not dist.startswith("local:") else [])
     for unit, digest in sorted(parts["code"].items()):
-        mine = _STATE.units.get(unit)
-        if mine is None:
-            # Once per process: the code a worker runs is what it imported, and files
-            # changed under a running worker do not change its modules (restart workers
-            # after installing other code).
-            mine = _STATE.units[unit] = code.unit(unit)[0]
-        if mine != digest:
+        # Digested again for every request (through the stat memo: stat calls when
+        # unchanged). The code a worker runs is what it imported, so code changed under
+        # a running worker is refused rather than believed (restart it after installs).
+        mine = code.unit(unit)[0]
+        first = _STATE.units.setdefault(unit, mine)
+        if first != mine:
+            out.append(f"rule code {unit} changed on this worker after it was loaded "
+                       "(restart the worker)")
+        elif mine != digest:
             out.append(f"rule code {unit} differs (client {digest[:12]}, worker {mine[:12]}; "
                        "see qbuild explain for the files)")
     from ..keys.toolchain import mismatches
@@ -199,6 +202,7 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
     ``error`` (the remote cache could not be used: ``error``).
     """
     started = time.monotonic()
+    new_fact_generation()  # no memo the identity check rests on outlives one request
     worker, threads = _worker_name()
     reply: dict[str, Any] = {"worker": worker, "pid": os.getpid()}
     action: Action = request["action"]
@@ -229,7 +233,10 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
     result = outcome.result
     store.put_components(action.key, request["parts"])
     try:
-        store.publish(action.key, result)  # blobs, metadata, then the entry
+        if request["remote"]["upload"]:
+            store.publish(action.key, result)  # blobs, metadata, then the entry
+        else:
+            _send_blobs(store, result)  # a read-only client: no entry on its behalf
     except (RemoteError, OSError) as exc:
         return {**reply, "status": "error",
                 "error": f"outputs could not be uploaded to {store.remote.display_url}: "
@@ -240,3 +247,16 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
             "seconds": outcome.seconds,
             "code": request["parts"]["code"],
             "worker_seconds": round(time.monotonic() - started, 4)}
+
+
+def _send_blobs(store: LayeredStore, result: Any) -> None:
+    """Upload the output blobs of ``result`` the server lacks, and nothing else: the
+    bytes a client configured not to write entries fetches by digest (each download is
+    checked against it, so a blob can never mislead a reader)."""
+    for entry in result.outputs:
+        if store.remote.cas_size(entry.digest) == entry.size:
+            continue
+        path = store.local._blob_path(entry.digest)
+        if path is None:
+            raise RemoteError("an output blob left the worker's cache before its upload")
+        store.remote.put_cas(entry.digest, path, entry.size)

@@ -7,9 +7,12 @@ its action imports by name at run time (``Rule.code(attrs)``: ``module``,
 ``module:function`` or ``hook:<hook name>``, the plugins implementing that hook).
 
 A unit's digest is the SHA-256 over its files' (relative path, digest) pairs. For a
-wheel install the digests come from the distribution's ``RECORD`` (when the file's size
-still matches); otherwise (editable or local installs, plain modules) files are hashed
-through the stat memo, so a no-op build stats them and hashes nothing. The per-file
+wheel install the digests come from the distribution's ``RECORD`` while the file is as
+installed: the size it lists, and an inode change time older than ``RECORD``'s (an
+installer writes ``RECORD`` last; any later write or same-size edit, even with the mtime
+put back, moves the change time past it). Otherwise (editable or local installs, plain
+modules) files are hashed through the stat memo, so a no-op build stats them and hashes
+nothing. The per-file
 digests are kept so ``qbuild explain`` can name the file that changed.
 """
 
@@ -33,6 +36,8 @@ _SKIP_DIRS = {"__pycache__"}
 
 # dist name -> {absolute file path: (hex sha256, size)} from RECORD, or None (editable).
 _records: dict[str, dict[str, tuple[str, int]] | None] = {}
+# dist name -> st_ctime_ns of its RECORD (files changed since are hashed), or None.
+_installed: dict[str, int | None] = {}
 
 
 def _normal(name: str) -> str:
@@ -74,6 +79,7 @@ def _read_record(dist_name: str) -> dict[str, tuple[str, int]] | None | bool:
         import csv
 
         table: dict[str, tuple[str, int]] = {}
+        _installed[dist_name] = os.stat(info / "RECORD").st_ctime_ns
         with open(info / "RECORD", encoding="utf-8", newline="") as handle:
             for row in csv.reader(handle):
                 if len(row) < 3 or not row[1] or not row[2]:
@@ -104,6 +110,8 @@ def _record_hashes(dist_name: str) -> dict[str, tuple[str, int]] | None:
         if not direct.get("dir_info", {}).get("editable"):
             table = {}
             for entry in dist.files or ():
+                if entry.name == "RECORD" and entry.parent.name.endswith(".dist-info"):
+                    _installed[dist_name] = os.stat(entry.locate()).st_ctime_ns
                 if entry.hash is None or entry.hash.mode != "sha256" or entry.size is None:
                     continue
                 raw = base64.urlsafe_b64decode(entry.hash.value + "=" * (-len(entry.hash.value)
@@ -162,10 +170,12 @@ class CodeDigests:
 
     def _file_digest(self, path: Path) -> str:
         real = os.path.realpath(path)
-        size = os.stat(real).st_size
+        st = os.stat(real)
         for dist in self._dists:
             record = (_record_hashes(dist) or {}).get(real)
-            if record is not None and record[1] == size:
+            installed = _installed.get(dist)
+            if record is not None and record[1] == st.st_size and installed is not None \
+                    and st.st_ctime_ns < installed:
                 return record[0]
         return self._digests.digest(path)[0]
 

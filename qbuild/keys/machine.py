@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import os
-import platform
+from typing import Any
 
 # Flags that select kernels in onnxruntime / MLAS (x86: /proc/cpuinfo "flags";
 # ARM: "Features").
@@ -34,16 +34,27 @@ def machine_facts() -> dict[str, str]:
     chosen = os.environ.get("QBUILD_MACHINE_CLASS")
     if chosen:
         return {"machine.class": chosen}
-    arch = platform.machine().lower() or "unknown"
+    # (os.uname is platform.machine's own source; importing platform costs the fast path)
+    arch = (os.uname().machine if hasattr(os, "uname") else _platform().machine()).lower()
+    arch = arch or "unknown"
     return {"machine.arch": arch, "machine.isa": ",".join(_isa_flags()) or "unknown"}
 
 
 def _isa_flags() -> list[str]:
+    # Read up to the first core's flags line only: the no-op fast path derives these
+    # facts on every run, and the kernel makes /proc/cpuinfo's text as it is read.
+    text = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            text = f.read(1 << 20)
+            while len(text) < 1 << 20:
+                chunk = f.read(4096)
+                text += chunk
+                if not chunk or any(line.split(":", 1)[0].strip() in ("flags", "Features")
+                                    for line in text.splitlines()[:-1]):
+                    break
     except OSError:
-        return [platform.processor()] if platform.processor() else []
+        processor = _platform().processor()
+        return [processor] if processor else []
     flags: set[str] = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
@@ -51,3 +62,9 @@ def _isa_flags() -> list[str]:
             flags.update(value.split())
             break  # every core lists the same flags
     return [f for f in (*_X86, *_ARM) if f in flags]
+
+
+def _platform() -> Any:
+    import platform
+
+    return platform

@@ -19,16 +19,26 @@ from typing import Any
 
 from ..analysis.graph import Target
 from ..core import versions
+from ..core.generation import fact_generation
 from ..core.records import ActionResult, KeyParts
+from .environ import watched
 
 _env_cache: dict[type, dict[str, str]] = {}
+_env_generation = [fact_generation()]  # the generation _env_cache was filled in
 
 
 def rule_env(target: Target) -> dict[str, str]:
+    """The facts a rule declares for all its targets (``env()``, machine facts when it is
+    machine-dependent), asked once per fact generation (one build, one worker request)
+    with the variables they read noted."""
     cls = type(target.rule)
+    if _env_generation[0] != fact_generation():  # a new build or worker request
+        _env_cache.clear()
+        _env_generation[0] = fact_generation()
     env = _env_cache.get(cls)
     if env is None:
-        env = {str(k): str(v) for k, v in (target.rule.env() or {}).items()}  # type: ignore[union-attr]
+        declared = watched(target.rule.env) or {}  # type: ignore[union-attr]
+        env = {str(k): str(v) for k, v in declared.items()}
         if getattr(cls, "machine_dependent", False):
             from .machine import machine_facts
 
@@ -40,7 +50,8 @@ def rule_env(target: Target) -> dict[str, str]:
 def target_env(target: Target) -> dict[str, str]:
     """The rule's class-wide facts plus the facts of this target's attributes."""
     env = dict(rule_env(target))
-    extra = target.rule.target_env(target.attrs) or {}  # type: ignore[union-attr]
+    rule: Any = target.rule
+    extra = watched(lambda: rule.target_env(target.attrs)) or {}
     env.update({str(k): str(v) for k, v in extra.items()})
     return env
 

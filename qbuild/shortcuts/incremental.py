@@ -35,12 +35,14 @@ from typing import TYPE_CHECKING, Any
 from ..core.files import key_is_racy, stat_key
 from ..core.labels import Label
 from ..core.records import ActionResult
+from ..keys import environ
 from ..keys.parts import dep_part, sorted_json
+from .noop import same_environment, with_reads
 
 if TYPE_CHECKING:
     from ..core.protocols import Store
 
-_VERSION = 1
+_VERSION = 2
 _UNSEEN: Any = object()
 
 
@@ -95,7 +97,8 @@ class Reuse:
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
             if record.get("version") != _VERSION or record["analysis"] != analysis or \
-                    record["env"] != env or record["store"] != str(store.directory):
+                    not same_environment(record["env"], env) or \
+                    record["store"] != str(store.directory):
                 return None
             for file, key in record["files"].items():
                 if _stat(file) != key:
@@ -109,6 +112,7 @@ class Reuse:
         except (OSError, ValueError, TypeError, KeyError, IndexError, AttributeError):
             return None
         present = {key for key, text in stored.items() if wanted.get(key) == text}
+        environ.carry(record["env"]["environ"])  # the facts of targets reused unasked
         return cls(root, targets, present, code_files)
 
     def _result(self, label: str) -> ActionResult | None:
@@ -257,7 +261,8 @@ def save(path: Path, *, analysis: str | None, env: Mapping[str, Any], store_dir:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"version": _VERSION, "analysis": analysis, "env": env,
+        temp.write_text(json.dumps({"version": _VERSION, "analysis": analysis,
+                                    "env": with_reads(env),
                                     "store": str(store_dir), "files": files,
                                     "code_files": code_files,
                                     "targets": entries}), encoding="utf-8")

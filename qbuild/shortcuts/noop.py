@@ -33,8 +33,10 @@ from typing import Any
 
 from ..analysis.reads import folder_identities, same_folders
 from ..core.files import key_is_racy
+from ..keys import environ
+from ..keys.machine import machine_facts
 
-_VERSION = 3
+_VERSION = 4
 
 
 def _stat(path: str) -> str | None:
@@ -55,7 +57,24 @@ def environment(options: str = "") -> dict[str, Any]:
     return {"version": _VERSION, "python": sys.executable, "sys_path": paths,
             "cache_env": os.environ.get("QBUILD_CACHE_DIR", ""), "options": options,
             # keyed by the command rule (target_env): a change must take the full path
-            "path_env": [os.environ.get("PATH", ""), os.environ.get("LANG", "")]}
+            "path_env": [os.environ.get("PATH", ""), os.environ.get("LANG", "")],
+            # keyed by machine-dependent rules (QBUILD_MACHINE_CLASS or the CPU's flags)
+            "machine": machine_facts()}
+
+
+def with_reads(env: Mapping[str, Any]) -> dict[str, Any]:
+    """``env`` (an ``environment()``) plus the environment variables the keys' facts
+    were read from in this process (``keys.environ``): what a shortcut records."""
+    return {**env, "environ": environ.reads()}
+
+
+def same_environment(recorded: Any, env: Mapping[str, Any]) -> bool:
+    """Is ``recorded`` (a ``with_reads``) what the full path would key with now, given
+    this build's ``environment()``: the same facts, every variable read unchanged?"""
+    if not isinstance(recorded, dict) or not isinstance(recorded.get("environ"), dict):
+        return False
+    facts = dict(recorded)
+    return environ.unchanged(facts.pop("environ")) and facts == env
 
 
 def snapshot_file(output_dir: Path, patterns: Iterable[str], package: str | None) -> Path:
@@ -69,12 +88,17 @@ def _where(root: Path, name: str) -> str:
 
 
 def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | None,
-             options: str = "") -> dict[str, Any] | None:
-    """The recorded result if nothing it depends on changed, else None."""
+             options: str = "", toolchain_mismatch: str = "error") -> dict[str, Any] | None:
+    """The recorded result if nothing it depends on changed, else None.
+
+    A build that had ``[toolchain]`` mismatches (allowed by ``--toolchain_mismatch=warn``)
+    answers only under ``warn`` too, its warnings in the summary's ``warnings`` (to be
+    printed again): the pins and installed versions are unchanged (``qbuild.toml`` and
+    the ``sys.path`` fingerprint), so are the mismatches, and the full path would stop."""
     path = snapshot_file(output_dir, patterns, package)
     try:
         snapshot = json.loads(path.read_text(encoding="utf-8"))
-        if snapshot.get("environment") != environment(options):
+        if not same_environment(snapshot.get("environment"), environment(options)):
             return None
         for name, key in snapshot["files"].items():
             if _stat(_where(root, name)) != key:
@@ -85,6 +109,11 @@ def try_noop(root: Path, output_dir: Path, patterns: list[str], package: str | N
                 and all(isinstance(line, str) for line in snapshot["lines"])):
             return None
         int(snapshot["summary"]["targets"]), int(snapshot["summary"]["actions"])
+        warnings = snapshot["summary"].setdefault("warnings", [])
+        if not (isinstance(warnings, list) and all(isinstance(w, str) for w in warnings)):
+            return None
+        if warnings and toolchain_mismatch != "warn":
+            return None
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None  # absent or damaged: the full path decides
     return dict(snapshot)
@@ -120,8 +149,9 @@ def record(root: Path, output_dir: Path, patterns: list[str], package: str | Non
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        temp.write_text(json.dumps({"environment": env, "files": files, "folders": folders,
-                                    "lines": lines, "summary": summary}), encoding="utf-8")
+        temp.write_text(json.dumps({"environment": with_reads(env), "files": files,
+                                    "folders": folders, "lines": lines, "summary": summary}),
+                        encoding="utf-8")
         os.replace(temp, path)
     except OSError:
         return False

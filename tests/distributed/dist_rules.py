@@ -29,6 +29,13 @@ class Block(Rule):
         return {"length": len(ctx.attrs["text"])}
 
 
+class GpuBlock(Block):
+    """``block``, needing a GPU: only a worker offering one can run it."""
+
+    kind = "gpu_block"
+    accelerators = {"GPU": 1.0}
+
+
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    return [Block]
+    return [Block, GpuBlock]
