@@ -21,7 +21,7 @@ from ..core.labels import Label, output_folder
 from ..core.protocols import Store
 from ..core.records import ActionResult, OutputEntry
 from ..execution.failures import ActionFailed
-from ..store.entries import safe_path
+from ..store.gate import safe_path
 from .state import WorkspaceState
 
 

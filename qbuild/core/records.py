@@ -84,7 +84,7 @@ class ActionResult:
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> ActionResult:
-        """From a record the store has checked (``store.entries.check_entry``)."""
+        """From a record the store has checked (``store.gate.check_entry``)."""
         made = _new(cls)
         entry = OutputEntry.from_json
         made.__dict__.update(

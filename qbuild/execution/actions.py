@@ -30,7 +30,7 @@ from ..core.files import stat_key
 from ..core.labels import OUT_PREFIX, output_folder
 from ..core.records import Action, ActionResult, Outcome, OutputEntry
 from ..keys.action_keys import Made, package_path, step_components, step_key
-from ..store.entries import safe_path
+from ..store.gate import safe_path
 from .failures import ActionFailed, MissingBlob, log_tail
 from .linked import Linked, release, stage_link
 from .sandbox import Sandboxes, SandboxFolders

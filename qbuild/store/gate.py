@@ -43,7 +43,9 @@ from ..core.records import ActionResult, KeyParts
 
 MAX_BLOB_BYTES = (1 << 63) - 1  # REAPI sizes are int64
 MAX_DEPTH = 200  # nesting of info, providers and key parts: far below the recursion limit
-MAX_PATH_BYTES = 4096
+MAX_PATH_BYTES = 4000  # below PATH_MAX with the output folder in front
+_NAME_BYTES = 255  # one path component
+_BAD_PARTS = frozenset(("", ".", ".."))
 _HEX = frozenset("0123456789abcdef")
 _canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
@@ -114,18 +116,28 @@ def size_of(value: Any) -> int:
     return value
 
 
-def safe_path(path: Any) -> bool:
-    """Is ``path`` a normalized relative path that stays inside the output folder?"""
-    if not isinstance(path, str) or not path or "\0" in path or "\\" in path:
+def safe_path(path: object) -> bool:
+    """Is ``path`` a normalized relative path below a folder, naming something in it?
+    ("a/b.txt" is; "", "/a", "a/../b", "./a", "a//b", "a/", a NUL, a lone surrogate or
+    an over-long name are not.) The one rule for every path an entry names, and for the
+    places that write files (placing outputs, staging a dependency's outputs) to refuse
+    again, whoever handed them the entry."""
+    if not isinstance(path, str) or not path or path[0] == "/" or "\0" in path:
         return False
     try:
-        raw = path.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate from JSON's \ud800
+        # Text of n characters encodes to at most 4n bytes: short names (nearly all) are
+        # checked without encoding the whole path, on the path every entry read takes.
+        if len(path) > MAX_PATH_BYTES // 4 and len(path.encode("utf-8")) > MAX_PATH_BYTES:
+            return False
+        for part in path.split("/"):
+            if part in _BAD_PARTS or (len(part) > _NAME_BYTES // 4 and
+                                      len(part.encode("utf-8")) > _NAME_BYTES):
+                return False
+        if not path.isascii():
+            path.encode("utf-8")  # a lone surrogate (JSON's \ud800) cannot name a file
+    except UnicodeEncodeError:
         return False
-    if len(raw) > MAX_PATH_BYTES:
-        return False
-    return all(part not in ("", ".", "..") and len(part.encode("utf-8")) <= 255
-               for part in path.split("/"))
+    return True
 
 
 def _str_map(value: Any, what: str) -> None:
@@ -155,8 +167,8 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     assert isinstance(declared, list)
     for name in declared:
         if not safe_path(name.removesuffix("/")):
-            raise Refused(f"declared output {name[:80]!r} is not a path inside the "
-                          "output folder")
+            raise Refused(f"declared output {name[:80]!r} is not a relative path inside "
+                          "the output folder")
     info, warnings = record.get("info"), record.get("warnings", [])
     providers = record.get("providers") or {}
     if not isinstance(info, dict) or not isinstance(providers, dict):
@@ -171,8 +183,8 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
             raise Refused("an output is not a JSON object")
         path, digest = entry.get("path"), entry.get("digest")
         if not safe_path(path):
-            raise Refused(f"output path {str(path)[:80]!r} is not a normalized relative "
-                          "path inside the output folder")
+            raise Refused(f"output path {str(path)[:80]!r} is not a relative path inside "
+                          "the output folder")
         if not is_digest(digest):
             raise Refused(f"output {path} has no SHA-256 digest")
         executable = entry.get("x", False)
@@ -276,12 +288,20 @@ def admit(record: Any, key: str, parts: Any, origin: str = "local"
         raise Refused(f"malformed entry ({type(exc).__name__})") from None
 
 
+def check_entry(record: Any, key: str) -> ActionResult:
+    """The ``ActionResult`` of an entry the local store read for ``key`` (its origin as
+    recorded), checked as ``check_result`` checks a remote one. Raises ``Refused``."""
+    origin = "remote" if isinstance(record, dict) and record.get("origin") == "remote" \
+        else "local"
+    return check_result(record, origin)
+
+
 def describe(key: str, refused: Refused) -> str:
     """The one line a store warns with when it refuses the entry of ``key``."""
     return f"refused the action-cache entry {key[:12]}: {refused}"
 
 
-__all__ = ["MAX_BLOB_BYTES", "MAX_DEPTH", "Refused", "admit", "bound_parts", "check_parts",
-           "check_result", "describe", "is_digest", "key_of", "load_json", "safe_path",
-           "size_of"]
+__all__ = ["MAX_BLOB_BYTES", "MAX_DEPTH", "Refused", "admit", "bound_parts", "check_entry",
+           "check_parts", "check_result", "describe", "is_digest", "key_of", "load_json",
+           "safe_path", "size_of"]
 

@@ -64,7 +64,7 @@ from ..core.files import (
     temp_name,
 )
 from ..core.records import ActionResult, KeyParts
-from .entries import check_entry
+from .gate import Refused, check_entry, describe
 from .keylock import KeyLock, KeyLocks
 
 _SETTINGS = {
@@ -404,17 +404,18 @@ class LocalStore:
             result = None
         if result is None:
             return None
-        problem = check_entry(result, key)
-        if problem is None:
-            found = ActionResult.from_json(result)
+        try:
+            found = check_entry(result, key)
+        except Refused as refused:
+            # Written by something else (an older version, another user of a shared
+            # cache folder): a miss, and dropped so it is rebuilt.
+            print(f"qbuild: warning: {describe(key, refused)}; dropped it (rebuilt when "
+                  "needed)", file=sys.stderr)
+        else:
             # The entry's text, for a record of this result (``_incremental``) without
             # encoding it again: what ``put_action`` wrote for it.
             object.__setattr__(found, "_text", raw)
             return found
-        # Written by something else (an older version, another user of a shared
-        # cache folder): a miss, and dropped so it is rebuilt.
-        print(f"qbuild: warning: {problem}; dropped it (rebuilt when needed)",
-              file=sys.stderr)
         self.drop_action(key)
         return None
 

@@ -47,8 +47,10 @@ def test_an_entry_is_bound_to_its_key():
         gate.admit(record("out.txt"), "0" * 64, target)
 
 
+# (A backslash is an ordinary character of a name here, as on the filesystem: "a\\b"
+# names one file inside the folder, so the local and the remote gate both let it pass.)
 @pytest.mark.parametrize("path", ["", ".", "..", "../x", "a/../b", "/abs", "a//b", "a/",
-                                  "./a", "a/.", "a\\b", "nul\0", "x" * 256, "\ud800"])
+                                  "./a", "a/.", "nul\0", "x" * 256, "\ud800"])
 def test_paths_outside_or_unnormalized_are_refused(path):
     assert not gate.safe_path(path)
     with pytest.raises(gate.Refused):
