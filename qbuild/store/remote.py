@@ -316,7 +316,7 @@ class LayeredStore:
         result = ActionResult.from_json({
             "outputs": outputs, "declared": meta["declared"], "info": meta["info"],
             "warnings": meta["warnings"], "origin": "remote",
-            "providers": meta.get("providers") or {}})
+            "providers": meta.get("providers") or {}, "log": meta.get("log")})
         return result, meta.get("components")
 
     def put_action(self, key: str, result: ActionResult) -> None:
@@ -354,6 +354,8 @@ class LayeredStore:
                 "components": self.local.get_components(key)}
         if result.providers:
             meta["providers"] = dict(result.providers)
+        if result.log is not None:
+            meta["log"] = result.log.to_json()
         return meta
 
     def publish(self, key: str, result: ActionResult) -> None:
@@ -370,7 +372,8 @@ class LayeredStore:
     def _send(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> bool:
         meta_bytes = json.dumps(meta, sort_keys=True).encode()
         meta_digest = hash_bytes(meta_bytes)
-        for entry in outputs:
+        log = [meta["log"]] if meta.get("log") else []  # a blob too, not an output
+        for entry in [*outputs, *log]:
             if self.remote.cas_size(entry["digest"]) == entry["size"]:
                 continue
             path = self.local._blob_path(entry["digest"])
