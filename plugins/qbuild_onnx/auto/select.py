@@ -172,3 +172,18 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
     return {"objective": objective, "bar": dict(bar), "chosen": chosen["name"], "note": note,
             "min_speedup": min_speedup if objective == "latency" else None,
             "float": float_row, "trials": rows}
+
+
+def findings_line(rows: Sequence[Mapping[str, Any]], total: int) -> str | None:
+    """The search's trial-level findings as one console line (None: nothing to say):
+    how many trials were slower than float, had noisy timings or failed; each is in the
+    report's rows."""
+    slower = sum(1 for r in rows if r.get("slower_than_float"))
+    noisy = sum(1 for r in rows if r.get("noisy"))
+    failed = sum(1 for r in rows if r.get("status") == "failed")
+    parts = [f"{n} of {total} trials {what}" for n, what in (
+        (slower, "slower than float"), (noisy, "timed with noisy latency"),
+        (failed, "failed and left out")) if n]
+    if not parts:
+        return None
+    return "; ".join(parts) + " (each in the report's rows: report.html)"
