@@ -1,4 +1,4 @@
-"""The ``qbuild`` command line: build, query, graph, explain, clean, cache, rules,
+"""The ``qbuild`` command line: build, query, aquery, graph, explain, log, clean, cache, rules,
 outputs. ``--quiet`` and ``--verbose`` mean the same everywhere: results go to stdout,
 messages to stderr; quiet leaves only results and errors, verbose adds detail."""
 

@@ -342,18 +342,18 @@ LOG_NAME = "_action.log"
 
 
 def _keep_log(store: Any, log_path: Path) -> OutputEntry | None:
-    """Store a successful action's log as a blob (copied: the sandbox's files are
-    checked and discarded by their owner) and return its reference; None if it wrote
-    none."""
+    """Store a successful action's log as a blob and return its reference (None if it
+    wrote none). The file is given to the store as an output is (moved, and written
+    with the entry's batch): the sandbox is discarded next."""
     try:
-        size = log_path.stat().st_size
+        st = log_path.stat()
     except FileNotFoundError:
         return None
-    if not size:
+    if not st.st_size:
         return None
     digest = hash_file(log_path)
-    store.put_blob(log_path, digest)
-    return OutputEntry(LOG_NAME, digest, size)
+    store.put_blob(log_path, digest, adopt=True, hashed=st)
+    return OutputEntry(LOG_NAME, digest, st.st_size)
 
 
 class _MadeMissing(Exception):
