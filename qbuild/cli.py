@@ -1,4 +1,4 @@
-"""The ``qbuild`` command line: build, query, graph, explain, clean, cache, rules,
+"""The ``qbuild`` command line: build, query, aquery, graph, explain, log, clean, cache, rules,
 outputs. ``--quiet`` and ``--verbose`` mean the same everywhere: results go to stdout,
 messages to stderr; quiet leaves only results and errors, verbose adds detail."""
 
@@ -99,6 +99,10 @@ def _parser() -> argparse.ArgumentParser:
                             help="list the actions of targets: inputs, outputs, keys")
     aquery.add_argument("patterns", nargs="+", metavar="PATTERN")
     aquery.add_argument("--output", choices=["text", "json"], default="text")
+
+    log = sub.add_parser("log", parents=[common, remote],
+                         help="the log of the last run of each action of targets")
+    log.add_argument("patterns", nargs="+", metavar="PATTERN")
 
     graph = sub.add_parser("graph", parents=[common], help="draw the target graph")
     graph.add_argument("patterns", nargs="+", metavar="PATTERN")
@@ -399,6 +403,25 @@ def cmd_aquery(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_log(args: argparse.Namespace) -> int:
+    from .commands.log import action_logs
+
+    session, package = _session(args)
+    try:
+        logs = action_logs(session, session.graph.expand(args.patterns, package))
+    finally:
+        session.close()
+    for entry in logs:
+        if entry.text is None:
+            print(f"qbuild log: {entry.target}: action {entry.mnemonic}: {entry.note}",
+                  file=sys.stderr)
+            continue
+        print(f"=== {entry.target}: action {entry.mnemonic}"
+              + (f" ({entry.note})" if entry.note else "") + " ===")
+        sys.stdout.write(entry.text)
+    return EXIT_BUILD_FAILED if any(e.text is None for e in logs) else EXIT_OK
+
+
 def cmd_graph(args: argparse.Namespace) -> int:
     from .commands.graphviz import render
 
@@ -550,7 +573,8 @@ def cmd_rules(args: argparse.Namespace) -> int:
 
 _COMMANDS = {"build": cmd_build, "query": cmd_query, "graph": cmd_graph, "info": cmd_info,
              "explain": cmd_explain, "clean": cmd_clean, "cache": cmd_cache,
-             "rules": cmd_rules, "outputs": cmd_outputs, "aquery": cmd_aquery}
+             "rules": cmd_rules, "outputs": cmd_outputs, "aquery": cmd_aquery,
+             "log": cmd_log}
 
 
 def main(argv: list[str] | None = None) -> int:

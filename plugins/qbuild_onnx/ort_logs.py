@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from qbuild import RunContext
+
 Log = Callable[[str], None]
 # "2026-11-23 19:01:02.123456789 [W:onnxruntime:, graph.cc:123 Foo] msg": drop the stamp so
 # repeats of one message count as one line.
@@ -77,5 +79,5 @@ def ort_output_to_log(log: Log, warn: Log | None = None, capture_fd: bool = True
             tmp.close()
         total, distinct = summarize(collector.lines + native, log)
         if total and warn is not None:
-            warn(f"onnxruntime printed {total} log line(s) ({distinct} distinct); they are "
-                 "in the action log")
+            warn(f"onnxruntime printed {total} log line(s) ({distinct} distinct); read "
+                 f"them with: qbuild log {RunContext.THIS_TARGET}")

@@ -15,12 +15,14 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..core.errors import ConfigError, RuleError
+from ..core.live import PROGRESS_NAME
 
 DEPENDENCY_TYPES = ("label", "label_list", "file", "files")
 
@@ -244,12 +246,21 @@ class RunContext:
     """What an action function gets: its inputs, params, output paths, a scratch folder,
     a log and its thread grant. No label: an action's bytes depend only on its key."""
 
+    THIS_TARGET = "<this target>"
+    """Stands for the target's label in a warning (``ctx.warn(f"... qbuild log
+    {ctx.THIS_TARGET}")``): the engine writes the label of the target it reports the
+    warning for, since one cached action may serve several targets."""
+
     def __init__(self, *, inputs: dict[str, Any], params: dict[str, Any],
                  outputs: dict[str, Path], scratch: Path, log_path: Path, workdir: Path,
                  threads: int = 1, origins: dict[str, list[tuple[int, str]]] | None = None,
                  hooks: Mapping[str, tuple[str, ...]] | None = None,
-                 root: Path | None = None) -> None:
+                 root: Path | None = None, names: Callable[[str], str] | None = None,
+                 dep_targets: Mapping[str, tuple[str, str]] | None = None) -> None:
         self.inputs = inputs
+        self._names = names
+        self._dep_targets = dict(dep_targets or {})
+        self._progress_at = 0.0
         self.root = root if root is not None else workdir / "ws"
         """Where inputs declared with a ``layout`` are staged."""
         self._hooks = dict(hooks or {})
@@ -316,3 +327,42 @@ class RunContext:
     def fail(self, message: str, attr: str | None = None) -> RuleError:
         """An action error; the engine names the target. ``raise ctx.fail(...)``."""
         return RuleError(message, attr=attr)
+
+    def fail_at(self, name: str, message: str, attr: str | None = None) -> RuleError:
+        """An action error that belongs to the target given as the ``label`` input
+        ``name`` (a dataset whose ``input`` names no model input is that dataset's
+        mistake): it names that target's BUILD file, label and ``attr``. ``raise
+        ctx.fail_at("dataset", "...", attr="input")``."""
+        where = self._dep_targets.get(name)
+        if where is None:
+            return RuleError(message, attr=name)
+        label, build_file = where
+        return RuleError(message, file=build_file, target=label, attr=attr)
+
+    def workspace_path(self, path: str | os.PathLike[str]) -> str:
+        """A path inside this action's sandbox as the user knows it: a source by its
+        workspace path (``images/calib/notes.txt``), a dependency's output under
+        ``qbuild-out/``; other paths as given. For messages: an action's key and bytes
+        never depend on it."""
+        text = os.fspath(path)
+        try:
+            rel = Path(text).relative_to(self.workdir).as_posix()
+        except ValueError:
+            return text
+        return self._names(rel) if self._names is not None else rel
+
+    def progress(self, done: int, total: int) -> None:
+        """Say how far the action is (``done`` of ``total`` samples, trials, ...): the
+        console shows it on its live line while the action runs. Cheap to call often
+        (it writes at most about four times a second)."""
+        now = time.monotonic()
+        if done < total and now - self._progress_at < 0.25:
+            return
+        self._progress_at = now
+        path = self.workdir / PROGRESS_NAME
+        temp = path.with_name(PROGRESS_NAME + ".tmp")
+        try:
+            temp.write_text(f"{int(done)} {int(total)}\n", encoding="ascii")
+            os.replace(temp, path)
+        except OSError:
+            pass  # progress is a courtesy: never a reason for an action to fail

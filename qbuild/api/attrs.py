@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins  # annotations inside ``attr``, whose methods shadow bool, int, float
 import datetime
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,20 @@ _TYPE_NAMES = {
     "float_list": "list of numbers",
     "mapping": "table",
 }
+
+
+def _list_hint(kind: str, value: Any) -> str:
+    """Advice for a lone value where a list is declared: the value in brackets, or for a
+    number list written as text (``"224x224"``) the numbers it holds."""
+    if kind in ("int_list", "float_list"):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return f" (write [{json.dumps(value)}])"
+        if isinstance(value, str):
+            numbers = re.findall(r"-?\d+(?:\.\d+)?" if kind == "float_list" else r"-?\d+",
+                                 value)
+            return f" (write [{', '.join(numbers)}])" if numbers else ""
+        return ""
+    return f" (write [{json.dumps(value)}])" if isinstance(value, str) else ""
 
 
 def _type_word(value: Any) -> str:
@@ -139,7 +154,7 @@ class Attr:
             return _plain(value)
         # list kinds: a lone value is refused (as Bazel does), so a typo cannot slip by
         if not isinstance(value, list):
-            hint = f" (write [{json.dumps(value)}])" if isinstance(value, str) else ""
+            hint = _list_hint(kind, value)
             raise ConfigError(f"expected a {self.type_name()}, got {_type_word(value)}{hint}")
         element = {"label_list": "label", "files": "file", "string_list": "string",
                    "int_list": "int", "float_list": "float"}[kind]

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import IO, Any
 
+from ..core import live
+
 
 def human_size(size: int) -> str:
     """``73400320`` -> ``70.0 MB`` (powers of 1024, the units ``cache gc`` reads)."""
@@ -99,6 +101,9 @@ class ConsoleReporter(Reporter):
         if self.running:
             label, since = min(self.running.items(), key=lambda item: item[1])
             line += f"; slowest: {label} {time.monotonic() - since:.1f}s"
+            done = live.read(label)  # what the action said of itself (ctx.progress)
+            if done is not None:
+                line += f", {done[0]}/{done[1]}"
         self.stream.write("\r\x1b[2K" + line[:200])
         self.stream.flush()
         self._status_shown = True
@@ -143,15 +148,17 @@ class ConsoleReporter(Reporter):
                 elif not self.quiet:
                     key = (event.get("rule", ""), warning.replace(label, "this target"))
                     self.warnings.setdefault(key, []).append((label, warning))
+            # The summary repeats each failure with its reason, so the live line gives
+            # the reason only when no summary follows (quiet).
+            why = f": {event.get('error', '')}" if self.quiet else " (why: in the summary)"
             if status == "failed" and event.get("tolerated"):
                 self._write_lines()
                 wrote = True
-                self.stream.write(f"failed (tolerated by its dependents): {label}: "
-                                  f"{event.get('error', '')}\n")
+                self.stream.write(f"failed (tolerated by its dependents): {label}{why}\n")
             elif status == "failed":
                 self._write_lines()
                 wrote = True
-                self.stream.write(f"FAILED: {label}: {event.get('error', '')}\n")
+                self.stream.write(f"FAILED: {label}{why}\n")
                 tail = event.get("log_tail")
                 if tail:
                     self.stream.write("  --- last lines of the action log ---\n")

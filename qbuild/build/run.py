@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from ..analysis.graph import Graph, Target
 from ..analysis.plugins import Registry
 from ..analysis.workspace import Workspace, claim_output_dir
+from ..api.actions import RunContext
 from ..core.errors import QbuildError
 from ..core.files import SourceDigests
 from ..core.generation import new_fact_generation
@@ -392,7 +393,8 @@ class Build:
         self._event(ActionEvent(str(label), "ran", outcome.seconds,
                                 key=self.rebuilder.actions[label].key, origin="ran",
                                 rule=self.graph.targets[label].kind,
-                                warnings=outcome.result.warnings,
+                                warnings=tuple(w.replace(RunContext.THIS_TARGET, str(label))
+                                               for w in outcome.result.warnings),
                                 worker=outcome.worker or None))
         return True
 

@@ -57,6 +57,9 @@ class ActionResult:
     origin: Literal["local", "remote"] = "local"
     providers: Mapping[str, Any] = field(default_factory=dict)
     """Provider data by provider name (``_providers``), as the actions returned it."""
+    log: OutputEntry | None = None
+    """The action's log (what it printed and ``ctx.log`` wrote), a blob like an
+    output's: kept with the result (``qbuild log``), never part of any key."""
     failed: str | None = None
     """Set only on the stand-in for a failed dependency that its dependent tolerates
     (``attr.label(tolerate_failures=True)``): the one-line reason. Never stored."""
@@ -78,6 +81,8 @@ class ActionResult:
             record["origin"] = "remote"
         if self.providers:
             record["providers"] = dict(self.providers)
+        if self.log is not None:
+            record["log"] = self.log.to_json()
         if self.failed is not None:
             record["failed"] = self.failed
         return record
@@ -93,8 +98,18 @@ class ActionResult:
             warnings=tuple([str(w) for w in record.get("warnings", ())]),
             origin="remote" if record.get("origin") == "remote" else "local",
             providers=dict(record.get("providers") or {}),
+            log=_log_entry(record.get("log")),
             failed=None if record.get("failed") is None else str(record["failed"]))
         return made
+
+
+def _log_entry(entry: Any) -> OutputEntry | None:
+    """A stored result's log reference (None when absent or not of the written shape:
+    a log is never worth refusing a result for)."""
+    if isinstance(entry, Mapping) and isinstance(entry.get("digest"), str) and \
+            isinstance(entry.get("path"), str):
+        return OutputEntry.from_json(entry)
+    return None
 
 
 @dataclass(frozen=True)

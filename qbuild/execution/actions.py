@@ -14,6 +14,7 @@ attributes, apart.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -22,12 +23,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..analysis.workspace import BUILD_FILE
 from ..api.actions import FORWARD_FILES, ActionSpec, RunContext, resolve_function
 from ..api.providers import returned_providers
 from ..api.rule import RUN_RULE, Dep
+from ..core import live
 from ..core.errors import QbuildError, RuleError
-from ..core.files import stat_key
-from ..core.labels import OUT_PREFIX, output_folder
+from ..core.files import hash_file, stat_key
+from ..core.labels import OUT_PREFIX, output_folder, parse_label
 from ..core.records import Action, ActionResult, Outcome, OutputEntry
 from ..keys.action_keys import Made, package_path, step_components, step_key
 from ..store.gate import safe_path
@@ -230,8 +233,21 @@ def _stage(sandboxes: Sandboxes, action: Action, spec: ActionSpec, sandbox: Path
     ctx = RunContext(inputs=inputs, params=json.loads(json.dumps(spec.params)),
                      outputs=outputs, scratch=scratch, log_path=log_path, workdir=sandbox,
                      threads=action.threads, origins=origins, hooks=action.hooks,
-                     root=root)
+                     root=root, names=functools.partial(workspace_name, action),
+                     dep_targets=_dep_targets(action, spec))
     return ctx, staged
+
+
+def _dep_targets(action: Action, spec: ActionSpec) -> dict[str, tuple[str, str]]:
+    """For each ``label`` input of the action: the label and BUILD file of the target
+    it names (where ``RunContext.fail_at`` locates an error that target causes)."""
+    out = {}
+    for name in spec.inputs:
+        value = action.attrs.get(name) if action.attr_types.get(name) == "label" else None
+        if isinstance(value, str) and value.startswith("//"):
+            package = parse_label(value).package
+            out[name] = (value, f"{package}/{BUILD_FILE}" if package else BUILD_FILE)
+    return out
 
 
 def _forwardable(action: Action, spec: ActionSpec) -> list[tuple[str, str]] | None:
@@ -286,7 +302,7 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
         if pairs is not None:
             return _forward(sandboxes, action, spec, pairs)
     box = sandboxes.open(reuse=True)
-    log_path = box.path / "_action.log"  # made by the first log line (opened "a")
+    log_path = box.path / LOG_NAME  # made by the first log line (opened "a")
     linked: list[Linked] = []
     intact = False
     try:
@@ -294,6 +310,7 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
                              box.folders)
         out_root = box.path / "out"
         failed: ActionFailed | None = None
+        live.watch(str(action.label), box.path / live.PROGRESS_NAME)
         try:
             if spec.heavy:
                 info, providers, warnings = sandboxes.run_in_worker(
@@ -307,6 +324,8 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
             if len(action.steps) > 1:  # say which one
                 located.message = f"action {spec.mnemonic}: {located.message}"
             failed = ActionFailed(located, log_tail(log_path))
+        finally:
+            live.forget(str(action.label))
         # Failed or not: a linked input written to is the cache's blob, discarded here.
         sandboxes.check_linked_inputs(action, box.path, linked)
         intact = True
@@ -321,10 +340,28 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
             forwarded=staged if spec.function == FORWARD_FILES else None)
         sandboxes.check_sources(action)
         return ActionResult(tuple(entries), tuple(spec.outputs), info, tuple(warnings),
-                            providers=providers)
+                            providers=providers, log=_keep_log(sandboxes.store, log_path))
     finally:
         release(sandboxes.store, linked, intact)
         sandboxes.discard(box)
+
+
+LOG_NAME = "_action.log"
+
+
+def _keep_log(store: Any, log_path: Path) -> OutputEntry | None:
+    """Store a successful action's log as a blob and return its reference (None if it
+    wrote none). The file is given to the store as an output is (moved, and written
+    with the entry's batch): the sandbox is discarded next."""
+    try:
+        st = log_path.stat()
+    except FileNotFoundError:
+        return None
+    if not st.st_size:
+        return None
+    digest = hash_file(log_path)
+    store.put_blob(log_path, digest, adopt=True, hashed=st)
+    return OutputEntry(LOG_NAME, digest, st.st_size)
 
 
 class _MadeMissing(Exception):
@@ -395,5 +432,7 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
                                      f"{', '.join(n.rsplit('.', 1)[-1] for n in missing)}",
                                      file=action.build_file, target=str(action.label)))
     outputs = tuple(e for name in action.outputs for e in made[name])
+    # keyed by its one action: the target's entry is that action's, log included
+    log = result.log if action.keyed_by_step else None
     return Outcome(ActionResult(outputs, action.outputs, info, tuple(warnings),
-                                providers=providers), steps=tuple(steps))
+                                providers=providers, log=log), steps=tuple(steps))

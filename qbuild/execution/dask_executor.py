@@ -529,7 +529,9 @@ class DaskExecutor:
         # origin "remote": the worker wrote the entry; the store keeps it locally only.
         result = ActionResult(outputs, action.outputs, dict(reply["info"]),
                               tuple(str(w) for w in reply["warnings"]), origin="remote",
-                              providers=dict(reply.get("providers") or {}))
+                              providers=dict(reply.get("providers") or {}),
+                              log=OutputEntry.from_json(reply["log"]) if reply.get("log")
+                              else None)
         steps = tuple((str(a), str(b), str(c)) for a, b, c in reply.get("steps") or ())
         return Outcome(result, float(reply["seconds"]), worker=str(reply["worker"]),
                        steps=steps)

@@ -244,6 +244,7 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
     return {**reply, "status": "ok", "outputs": [e.to_json() for e in result.outputs],
             "info": dict(result.info), "warnings": list(result.warnings),
             "providers": dict(result.providers), "steps": list(outcome.steps),
+            "log": result.log.to_json() if result.log is not None else None,
             "seconds": outcome.seconds,
             "code": request["parts"]["code"],
             "worker_seconds": round(time.monotonic() - started, 4)}

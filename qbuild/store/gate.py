@@ -194,9 +194,21 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
                         "x": executable})
         paths.append(str(path))
     _check_paths(paths, declared)
+    log = record.get("log")  # never worth refusing a result for: dropped if malformed
+    if not (isinstance(log, dict) and is_digest(log.get("digest")) and
+            isinstance(log.get("path"), str) and _is_size(log.get("size", 0))):
+        log = None
     return ActionResult.from_json({"outputs": checked, "declared": declared, "info": info,
                                    "warnings": warnings, "providers": providers,
-                                   "origin": origin})
+                                   "origin": origin, "log": log})
+
+
+def _is_size(value: Any) -> bool:
+    try:
+        size_of(value)
+    except Refused:
+        return False
+    return True
 
 
 def _check_paths(paths: list[str], declared: list[str]) -> None:

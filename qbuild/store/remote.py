@@ -314,7 +314,7 @@ class LayeredStore:
             result, components = gate.admit(
                 {"outputs": outputs, "declared": meta.get("declared"),
                  "info": meta.get("info"), "warnings": meta.get("warnings", []),
-                 "providers": meta.get("providers") or {}},
+                 "providers": meta.get("providers") or {}, "log": meta.get("log")},
                 key, meta.get("components"), origin="remote")
             # Like bazel-remote: an entry whose blobs are gone is a miss.
             for entry in result.outputs:
@@ -382,6 +382,8 @@ class LayeredStore:
                 "components": components}
         if result.providers:
             meta["providers"] = dict(result.providers)
+        if result.log is not None:
+            meta["log"] = result.log.to_json()
         return meta
 
     def publish(self, key: str, result: ActionResult) -> None:
@@ -400,7 +402,8 @@ class LayeredStore:
     def _send(self, key: str, outputs: list[dict[str, Any]], meta: dict[str, Any]) -> bool:
         meta_bytes = json.dumps(meta, sort_keys=True).encode()
         meta_digest = hash_bytes(meta_bytes)
-        for entry in outputs:
+        log = [meta["log"]] if meta.get("log") else []  # a blob too, not an output
+        for entry in [*outputs, *log]:
             if self.remote.cas_size(entry["digest"]) == entry["size"]:
                 continue
             path = self.local._blob_path(entry["digest"])

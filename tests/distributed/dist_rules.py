@@ -25,6 +25,7 @@ class Block(Rule):
         if not started.exists():
             started.write_text(str(os.getpid()))
             time.sleep(60)  # the test kills this worker long before
+        ctx.log("the retry wrote the output")
         ctx.output("out.txt").write_text(ctx.attrs["text"])
         return {"length": len(ctx.attrs["text"])}
 

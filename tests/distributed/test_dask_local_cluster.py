@@ -148,6 +148,20 @@ def test_a_worker_killed_mid_action_is_survived(tmp_path, cache_server, local_cl
     for entry in outputs:
         blob = cache_server.root / tmp_path.name / "cas" / entry["digest"]
         assert blob.stat().st_size == entry["size"]
+    # The action's log travels with the entry, and the client's copy of the entry names
+    # it (so qbuild log finds it): issue 26.
+    import json
+
+    cas = cache_server.root / tmp_path.name / "cas"
+    logged = json.loads((cas / meta[0]).read_text())["log"]
+    assert "the retry wrote the output" in (cas / logged["digest"]).read_text()
+    store = LocalStore(ws.cache_dir)
+    try:
+        held = store.get_action(_last_keys(ws)["//k:slow"])
+    finally:
+        store.close()
+    assert held is not None and held.log is not None
+    assert held.log.digest == logged["digest"]
 
 
 def test_unreachable_scheduler_is_one_error_or_a_local_build(tmp_path, cache_server):

@@ -80,21 +80,24 @@ def test_a_non_reproducible_target_whose_blobs_were_evicted_reruns_normally(ws):
     assert ws.build("//p:d").ran == []  # the new result is cached
 
 
-def test_a_killed_worker_fails_only_its_own_action(ws):
-    # Both start after :warm, on the one pool it started.
-    ws.write("p/BUILD.toml", """
+def test_a_killed_worker_fails_only_its_own_action(ws, tmp_path):
+    # Both start after :warm, on the one pool it started; :dies kills its worker while
+    # :lives runs (each waits for the other's event, not for a guessed time).
+    ws.write("p/BUILD.toml", f"""
         [warm]
         rule = "worker"
 
         [dies]
         rule = "worker"
-        seconds = 1.0
+        wait_for = "{tmp_path / 'lives_started'}"
+        ending = "{tmp_path / 'dying'}"
         die = true
         deps = [":warm"]
 
         [lives]
         rule = "worker"
-        seconds = 3.0
+        started = "{tmp_path / 'lives_started'}"
+        wait_for = "{tmp_path / 'dying'}"
         deps = [":warm"]
     """)
     result = ws.build("//p:dies", "//p:lives", jobs=2, keep_going=True)

@@ -69,13 +69,28 @@ def test_patterns(ws):
     assert ws.cli("query", "//q/...").stdout.split() == ["//q/sub:uses"]
 
 
-def test_query_functions_and_set_operations(ws):
+def _in_process(ws, monkeypatch, *args):
+    """The real command line, called in this process (a query is answered in a few
+    milliseconds; a subprocess would spend most of a second starting Python)."""
+    import contextlib
+    import io
+
+    from qbuild import cli
+
+    monkeypatch.chdir(ws.root)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(list(args))
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_query_functions_and_set_operations(ws, monkeypatch):
     _setup(ws)
 
     def q(expr):
-        result = ws.cli("query", expr)
-        assert result.code == 0, result.stderr
-        return result.stdout.split()
+        code, stdout, stderr = _in_process(ws, monkeypatch, "query", expr)
+        assert code == 0, stderr
+        return stdout.split()
 
     assert q("deps(//q/sub:uses)") == ["//p:count", "//p:src", "//p:upper", "//q/sub:uses"]
     assert q("deps(//q/sub:uses, 1)") == ["//p:count", "//q/sub:uses"]
@@ -86,12 +101,14 @@ def test_query_functions_and_set_operations(ws):
     assert q("//p:all - deps(//p:count)") == ["//p:other"]
     assert q("//p:other + //p:src") == ["//p:other", "//p:src"]
     assert q("deps(//p:count) ^ rdeps(//..., //p:upper)") == ["//p:count", "//p:upper"]
-    records = json.loads(ws.cli("query", "//p:count", "--output", "json").stdout)
+    records = json.loads(_in_process(ws, monkeypatch, "query", "//p:count", "--output",
+                                     "json")[1])
     assert [{k: r[k] for k in ("label", "kind", "deps", "build_file")} for r in records] == [
         {"label": "//p:count", "kind": "command", "deps": ["//p:upper"],
          "build_file": "p/BUILD.toml"}]
     assert records[0]["attrs"]["outs"] == ["n.txt"]
-    assert ws.cli("query", "deps(//p:count").code == 2
+    assert _in_process(ws, monkeypatch, "query", "deps(//p:count")[0] == 2
+    assert ws.cli("query", "//p:other").stdout.split() == ["//p:other"]  # as a command
 
 
 def test_graph_formats(ws):
@@ -154,7 +171,7 @@ def test_cache_stats_and_gc(ws):
     _setup(ws)
     ws.cli("build", "//p:count", "//p:other")
     stats = ws.cli("cache", "stats").stdout
-    assert "blobs: 4" in stats
+    assert "blobs: 7" in stats  # 4 outputs and the logs of the 3 commands (qbuild log)
     assert "actions: 4" in stats
     gc = ws.cli("cache", "gc", "--max-size", "0")
     assert gc.code == 0 and "removed" in gc.stdout

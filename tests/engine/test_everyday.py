@@ -217,7 +217,7 @@ def test_lines_off_a_terminal_are_written_in_batches_in_order_and_soon():
                              "failed": 1, "skipped": 0, "seconds": 0.1})
     lines = stream.getvalue().splitlines()
     assert lines[:4] == ["[1/3] built //p:a (0.01s)", "[2/3] built //p:b (0.01s)",
-                         "FAILED: //p:c: boom", "a message"]
+                         "FAILED: //p:c (why: in the summary)", "a message"]
     assert lines[4].startswith("Build FAILED")
 
 

@@ -114,17 +114,19 @@ def test_editing_an_output_in_qbuild_out_never_reaches_the_cache(ws, tmp_path):
 
 def test_file_edited_during_an_action_is_not_cached(ws, tmp_path, monkeypatch):
     ws.write("p/a.txt", "before")
-    ws.write("p/BUILD.toml", '[s]\nrule = "slow"\nsrcs = ["a.txt"]\nseconds = 1.0\n')
+    ws.write("p/BUILD.toml", '[s]\nrule = "slow"\nsrcs = ["a.txt"]\nseconds = 0.0\n')
     import threading
 
-    started = tmp_path / "started"
+    started, edited = tmp_path / "started", tmp_path / "edited"
     monkeypatch.setenv("TOY_STARTED", str(started))
+    monkeypatch.setenv("TOY_WAIT_FOR", str(edited))  # the action ends after the edit
 
     def edit():  # once the action runs (not after a guess at how long analysis takes)
         deadline = time.monotonic() + 60
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         ws.write("p/a.txt", "after!")
+        edited.touch()
 
     thread = threading.Thread(target=edit)
     thread.start()

@@ -79,7 +79,8 @@ class Fail(Rule):
 
 
 class Slow(Rule):
-    """Sleeps, then writes; writes a marker file named by $TOY_STARTED when it starts."""
+    """Sleeps, then writes; writes a marker file named by $TOY_STARTED when it starts and
+    first waits (at most 60 s) for a file named by $TOY_WAIT_FOR to exist."""
 
     kind = "slow"
     attrs = {"seconds": attr.float(default=1.0, doc="How long."),
@@ -90,6 +91,10 @@ class Slow(Rule):
         marker = os.environ.get("TOY_STARTED")
         if marker:
             open(marker, "w").close()
+        event = os.environ.get("TOY_WAIT_FOR")
+        deadline = time.monotonic() + 60
+        while event and not os.path.exists(event) and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(ctx.attrs["seconds"])
         text = "".join(p.read_text() for p in ctx.attrs["srcs"])
         ctx.output("out.txt").write_text(f"slept {ctx.attrs['seconds']}\n{text}")
@@ -156,6 +161,11 @@ class Worker(Rule):
     attrs = {"seconds": attr.float(default=0.0, doc="Sleep."),
              "die": attr.bool(default=False, doc="SIGKILL the worker (as the OOM killer)."),
              "pid_dir": attr.string(default="", doc="Write the worker pid in a file here."),
+             "started": attr.string(default="", doc="Create this file when started."),
+             "wait_for": attr.string(default="", doc="Then wait until this file exists "
+                                     "(an event another action gives; at most 60 s)."),
+             "ending": attr.string(default="", doc="Create this file just before ending "
+                                   "(or dying)."),
              "deps": attr.label_list(doc="Run after these.")}
     outputs = ["out.txt"]
 
@@ -165,7 +175,15 @@ class Worker(Rule):
         if ctx.attrs["pid_dir"]:
             with open(os.path.join(ctx.attrs["pid_dir"], f"{os.getpid()}.pid"), "w"):
                 pass
+        if ctx.attrs["started"]:
+            open(ctx.attrs["started"], "a").close()
+        deadline = time.monotonic() + 60
+        while ctx.attrs["wait_for"] and not os.path.exists(ctx.attrs["wait_for"]) \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
         time.sleep(ctx.attrs["seconds"])
+        if ctx.attrs["ending"]:
+            open(ctx.attrs["ending"], "a").close()
         if ctx.attrs["die"]:
             os.kill(os.getpid(), signal.SIGKILL)
         ctx.output("out.txt").write_text(f"{ctx.name}\n")

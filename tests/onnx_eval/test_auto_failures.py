@@ -140,6 +140,9 @@ def test_a_failing_trial_is_reported_and_left_out(ws):
     html = next(p for p in r.outputs("//m:auto") if p.name == "report.html").read_text()
     assert "failed</b>, left out" in html and "ZeroDivisionError" in html
     assert 'id="failures"' in html and "Most trials failed: 5 of 6" in html
+    # trial-level findings: one console line, the details in the report (issue 26)
+    assert r.log.count("5 of 6 trials failed and left out (each in the report's rows") == 1
+    assert "trial region failed" not in r.log
 
     # a failure is never cached: the next build evaluates those trials again; they fail
     # the same way, so the selection made from those very reasons is reused

@@ -113,7 +113,7 @@ def test_failure_messages_name_the_source_not_the_sandbox(qbuild_workspace):
     ws.write("m4/BUILD.toml", '[t]\nrule = "onnx_model"\nsrc = "trunc.onnx"\n')
     out = ws.cli("build", "//m4:t")
     assert out.code == 1
-    assert "FAILED: //m4:t: m4/trunc.onnx, target //m4:t, attribute 'src': " in out.stderr
+    assert "): m4/trunc.onnx, target //m4:t, attribute 'src': " in out.stderr
     assert "cache/tmp" not in out.stderr
     assert all("/tmp/" not in line for line in out.stderr.splitlines() if "; cache" not in line)
 

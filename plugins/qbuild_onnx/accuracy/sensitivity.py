@@ -233,13 +233,15 @@ def analyze(
     log: Callable[[str], None] | None = None,
     shard: int = 0,
     shards: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Ranks the QDQ model's quantization sites by their effect on the outputs (see module doc).
 
     ``metric(ref_outputs, cand_outputs) -> float`` (higher is better) replaces the default
     worst-output SQNR. Returns a JSON-ready report with ``ranking`` (most sensitive first).
     With ``shards`` > 1 only every ``shards``-th site from ``shard`` on is measured (sites
-    are independent); ``ranking.merge`` joins the shards' reports into the full ranking."""
+    are independent); ``ranking.merge`` joins the shards' reports into the full ranking.
+    ``progress(done, total)`` is told the sites measured so far."""
     if mode not in ("only", "leave_out"):
         raise OnnxError(f"sensitivity mode must be 'only' or 'leave_out', got '{mode}'")
     if not feeds:
@@ -275,6 +277,8 @@ def analyze(
                      "per_output_sqnr_db": {k: json_float(v) for k, v in sorted(per.items())}})
         if log:
             log(f"[{i + 1}/{len(sites)}] {s.kind} {s.name}: {score:.3f}")
+        if progress:
+            progress(i + 1, len(sites))
     for r in rows:  # rounded first, so that merged shards rank exactly as one run
         r["score"], r["effect"] = json_float(r["score"], 4), json_float(r["effect"], 4)
     _rank(rows, mode)

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from qbuild_onnx_common.errors import OnnxError, exception_reason
 
+from qbuild import ConfigError
+
 from .metrics import ErrorAccumulator, json_float
 
 if TYPE_CHECKING:
@@ -194,6 +196,54 @@ def load_custom_metric(reference: str, srcs: Sequence[Path]) -> Task:
         raise OnnxError(f"custom metric '{reference}': {path.name} has no function '{fn}'")
     task: Task = func
     return task
+
+
+# The built-in tasks' options and the type each must have: ``task_options`` is a free
+# table (plugins' tasks take their own options), so the known ones are checked here,
+# at analysis, rather than read with a silent conversion (``0`` read as false) later.
+OPTION_TYPES: dict[str, str] = {
+    "background_class": "bool", "decoder": "string", "output": "string",
+    "boxes_output": "string", "scores_output": "string", "metric": "string",
+    "input_size": "int", "strides": "int list", "score_threshold": "number",
+    "nms_threshold": "number", "iou_threshold": "number", "peak": "number",
+}
+
+
+def _has_type(value: Any, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, list) and all(_has_type(v, "int") for v in value)
+
+
+_TYPE_WORDS = {"bool": "true or false", "string": "a string", "int": "an integer",
+               "number": "a number", "int list": "a list of integers"}
+
+
+def option_problem(options: Mapping[str, Any]) -> str | None:
+    """The first built-in task option of the wrong type, as one sentence (None: all
+    fine): ``background_class = 0`` is refused, not read as false."""
+    for key, kind in OPTION_TYPES.items():
+        if key in options and not _has_type(options[key], kind):
+            value = options[key]
+            hint = (f" (write {'true' if value else 'false'})"
+                    if kind == "bool" and isinstance(value, int) else "")
+            return (f"task_options.{key}: expected {_TYPE_WORDS[kind]}, got "
+                    f"{value!r}{hint}")
+    return None
+
+
+def check_task_options(attrs: Mapping[str, Any]) -> None:
+    """Refuse a built-in task option of the wrong type (an analysis error naming
+    ``task_options``)."""
+    problem = option_problem(attrs.get("task_options") or {})
+    if problem:
+        raise ConfigError(problem, attr="task_options")
 
 
 def get_task(name: str, options: Mapping[str, Any], srcs: Sequence[Path] = (),

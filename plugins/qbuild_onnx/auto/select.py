@@ -328,3 +328,18 @@ def detector_warning(bar: Mapping[str, Any], task: str, task_options: Mapping[st
     return (f"the bar min_sqnr_db does not measure detections, and this model looks like a "
             f"detector ({why}): a trial can meet it and detect nothing; bar on "
             f"min_f1 or min_f1_lower with task = \"detection\" and its decoder")
+
+
+def findings_line(rows: Sequence[Mapping[str, Any]], total: int) -> str | None:
+    """The search's trial-level findings as one console line (None: nothing to say):
+    how many trials were slower than float, had noisy timings or failed; each is in the
+    report's rows."""
+    slower = sum(1 for r in rows if r.get("slower_than_float"))
+    noisy = sum(1 for r in rows if r.get("noisy"))
+    failed = sum(1 for r in rows if r.get("status") == "failed")
+    parts = [f"{n} of {total} trials {what}" for n, what in (
+        (slower, "slower than float"), (noisy, "timed with noisy latency"),
+        (failed, "failed and left out")) if n]
+    if not parts:
+        return None
+    return "; ".join(parts) + " (each in the report's rows: report.html)"

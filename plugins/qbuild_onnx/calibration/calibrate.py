@@ -19,7 +19,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,13 +104,25 @@ def _num(x: float) -> float:
     return float(x) if x == x and abs(x) != float("inf") else 0.0
 
 
+def _told(feeds: Iterable[tuple[int, dict[str, Any]]], tell: Callable[[int, int], None],
+          start: int, total: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``feeds`` unchanged, telling ``tell`` the samples handed out so far."""
+    done = start
+    for n, feed in feeds:
+        yield n, feed
+        done += n
+        tell(min(done, total), total)
+
+
 def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Path,
               opts: CalibrationOptions | None = None, log: Callable[[str], None] | None = None,
               scratch: str | Path | None = None,
-              ) -> dict[str, Any]:
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Calibrate ``model_path`` on the dataset; write the artifact into ``out_dir``.
 
     Returns a summary (method, num_samples, number of tensors, shas) for the rule's info.
+    ``progress(done, total)`` is told the samples run so far (of both passes for the
+    histogram methods).
     """
     from qbuild_onnx_common.summary import model_info
 
@@ -141,7 +153,10 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     is_hist = opts.method in HISTOGRAM_METHODS
     absolute = opts.method == "percentile" and opts.symmetric
     mm = cc.MinMaxPass(session.tensors, opts.averaging_constant, need_abs=absolute)
-    n = cc.stream(iter_counted_feeds(ds, plan), session, mm.update)
+    passes = 2 if is_hist else 1
+    tell = progress or (lambda _done, _total: None)
+    n = cc.stream(_told(iter_counted_feeds(ds, plan), tell, 0, passes * ds.count), session,
+                  mm.update)
     if n == 0:
         raise OnnxError(f"no sample could be fed (dataset has {ds.count}, the model "
                                f"takes batches of exactly {plan.batch_size})",
@@ -152,7 +167,7 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     hp = None
     if is_hist:
         hp = cc.HistogramPass(mm.stats, opts.num_bins, absolute)
-        cc.stream(iter_counted_feeds(ds, plan), session, hp.update)
+        cc.stream(_told(iter_counted_feeds(ds, plan), tell, n, 2 * n), session, hp.update)
     del session
 
     tensors: dict[str, Any] = {}

@@ -31,6 +31,7 @@ from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, Dep, Rule, RunContext, attr, hookimpl
 
+from ..accuracy.tasks import check_task_options
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
 if TYPE_CHECKING:
@@ -51,9 +52,13 @@ def _feeds(ctx: RunContext, dep: Dep, label: str, attr_name: str, model: Path,
     from qbuild_onnx_common.errors import OnnxError
 
     from ..accuracy.feeds import model_feeds
+    from ..source.datasets import InputNamesMismatch
+    from .source import blame_dataset
 
     try:
         return model_feeds(dep[DatasetInfo].path, model, limit)
+    except InputNamesMismatch as e:
+        raise blame_dataset(ctx, attr_name, e) from None
     except OnnxError as e:
         raise ctx.fail(f"{label}: {e.message}", attr=attr_name) from None
 
@@ -146,12 +151,19 @@ class Evaluate(OnnxRule):
         "min_psnr_db": attr.float(default=-1000.0, doc="Fail if the PSNR is below."),
         "min_score": attr.float(default=-1e30, doc="Fail if the task score is below."),
         "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
+        "latency_warnings": attr.bool(default=True, doc="Warn when a model is slower than "
+                                      "the reference or the timing is noisy (an "
+                                      "auto_quantize search turns it off: its report "
+                                      "gathers its trials' findings)."),
     }
     outputs = ["report.json", "report.html"]
     provides = (EvaluationInfo,)
 
     def is_reproducible(self, attrs: Mapping[str, Any]) -> bool:
         return not attrs["latency_runs"]  # measured timings differ run to run
+
+    def validate(self, attrs: Mapping[str, Any]) -> None:
+        check_task_options(attrs)
 
     def analyze(self, ctx: AnalysisContext) -> None:
         deps = ("models", "reference", "baselines", "dataset")
@@ -188,6 +200,7 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
         report["reference_bytes"] = ref_path.stat().st_size
         timed = {labels["reference"]: ref_sess}
         gated = set(labels["models"])
+        timed_order = [*labels["models"], *(labels["baselines"] or [])]
         for dep, label in zip([*deps["models"], *(deps["baselines"] or [])],
                               [*labels["models"], *(labels["baselines"] or [])], strict=True):
             path = _model(dep)
@@ -204,16 +217,18 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
                     entry["detection"] = entry["task"]  # select_best's metric = "f1"
             timed.setdefault(label, sess)
             report["models"][label] = entry
+            ctx.progress(len(report["models"]), len(timed_order))
         if a["latency_runs"]:
             _latency(report, timed, feeds[0], a["latency_runs"], labels["reference"],
                      interleaved_latency_ms)
-            for label in report["latency"]["slower_than_reference"]:
+            for label in (report["latency"]["slower_than_reference"]
+                          if a["latency_warnings"] else ()):
                 v = slower_verdict(report["models"][label]["latency"],
                                    report["latency"]["reference"])
                 ctx.warn(f"{label} is slower than the reference ({v['ms']} vs "
                          f"{v['reference_ms']} ms {'CPU' if v['basis'] == 'cpu' else 'wall'} "
                          "time, median, 1 thread)")
-            if report["latency"]["noisy"]:
+            if report["latency"]["noisy"] and a["latency_warnings"]:
                 ctx.warn("latency measurement is noisy (interquartile range above 10 % "
                          "of the median for some model): other load on the machine?")
     except OnnxError as e:
@@ -334,6 +349,7 @@ class Sensitivity(OnnxRule):
             raise ConfigError("must be at least 1", attr="shards")
         if not 0 <= attrs["shard"] < attrs["shards"]:
             raise ConfigError(f"must be in 0..{attrs['shards'] - 1}", attr="shard")
+        check_task_options(attrs)
 
     def analyze(self, ctx: AnalysisContext) -> None:
         deps = ("model", "reference", "dataset")
@@ -362,7 +378,7 @@ def sensitivity(ctx: RunContext) -> SensitivityInfo:
     try:
         rep = analyze(_model(deps["model"]), ref_path, feeds,
                       mode=a["mode"], kinds=tuple(a["kinds"]), metric=metric, log=ctx.log,
-                      shard=a["shard"], shards=a["shards"])
+                      shard=a["shard"], shards=a["shards"], progress=ctx.progress)
         rep["task"] = a["task"]
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr) from None

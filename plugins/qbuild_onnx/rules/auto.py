@@ -20,6 +20,7 @@ from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, RunContext, attr
 
+from ..accuracy.tasks import check_task_options
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
 
@@ -175,6 +176,7 @@ class AutoQuantize(OnnxRule):
     def validate(self, attrs: Mapping[str, Any]) -> None:
         from ..auto.select import check_bar
 
+        check_task_options(attrs)
         problems = check_bar(attrs["bar"] or {})
         if problems:
             raise ConfigError(problems[0], attr="bar")
@@ -262,7 +264,7 @@ def time_trials(ctx: RunContext) -> None:
 def auto_select(ctx: RunContext) -> None:
     """``auto_quantize``'s selection: the cheapest trial that meets the bar (or the float
     model); report.json, report.html and chosen.json. Reads JSON only."""
-    from ..auto.select import detector_warning, select
+    from ..auto.select import detector_warning, findings_line, select
     from ..report.html import auto_html
 
     a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
@@ -271,6 +273,7 @@ def auto_select(ctx: RunContext) -> None:
     reports: list[dict[str, Any] | None] = []
     entries: list[dict[str, Any] | None] = []
     failed: dict[str, str] = {}
+    slower: set[str] = set()
     for name, dep, label in zip(a["trial_names"], deps["reports"], labels["candidates"],
                                 strict=True):
         # the trial's own failure says more than its evaluation's skip
@@ -283,6 +286,8 @@ def auto_select(ctx: RunContext) -> None:
         rep = json.loads(dep[EvaluationInfo].report.read_text())
         reports.append(rep)
         entries.append(rep["models"][label])
+        if label in (rep.get("latency") or {}).get("slower_than_reference", ()):
+            slower.add(name)
     if len(failed) == len(a["trial_names"]):
         first = next(iter(failed))
         raise ctx.fail(f"every trial failed ({len(failed)}); {first}: {failed[first]}",
@@ -293,6 +298,8 @@ def auto_select(ctx: RunContext) -> None:
                     timing if timing.get("rounds") else None)
     for row, label in zip(result["trials"], labels["candidates"], strict=True):
         row["model"] = label
+        if row["name"] in slower:
+            row["slower_than_float"] = True
         if "failed" in trials[row["name"]]:
             continue
         row["float_nodes"] = trials[row["name"]]["float_nodes"]
@@ -314,7 +321,10 @@ def auto_select(ctx: RunContext) -> None:
     ctx.output("chosen.json").write_text(json.dumps({"chosen": result["chosen"]}) + "\n")
     ctx.log(f"chose {result['chosen']}: {result['note']}")
     for name, why in failed.items():
-        ctx.warn(f"trial {name} failed and was left out: {why}")
+        ctx.log(f"trial {name} failed and was left out: {why}")
+    line = findings_line(result["trials"], len(a["trial_names"]))
+    if line:
+        ctx.warn(line)
     summary = result.get("failures")
     if summary and summary["most"]:
         reasons = "; ".join(f"{r['count']}x {r['reason']} ({', '.join(r['trials'][:3])}"

@@ -210,7 +210,34 @@ class ImageDataset(_DatasetRule):
     doc = ("A dataset from images: decode (alpha, greyscale, palette, 16-bit handled), "
            "resize/letterbox/crop, colour order, scale/mean/std, layout and dtype; optional "
            "seeded augmentation to get more samples than images.")
-    attrs = _IMAGE_ATTRS
+    attrs = {
+        **_IMAGE_ATTRS,
+        "variants": attr.mapping(default={}, doc="Other datasets with these settings: "
+                                 "name -> table of attributes to change (images, count, "
+                                 "seed, ...); each is the target <this target>.<name>."),
+    }
+
+    @staticmethod
+    def expand_targets(name: str, raw: dict[str, Any]
+                       ) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
+        """Each of ``variants`` as an ordinary image_dataset target ``<name>.<variant>``:
+        this target's table with the variant's attributes in place."""
+        variants = raw.pop("variants", None) or {}
+        if not isinstance(variants, dict):
+            raise ConfigError("expected a table of variants, e.g. variants = { eval = "
+                              '{ images = ["eval"] } }', attr="variants")
+        shared = {k: v for k, v in raw.items() if k not in ("tags",)}
+        tables: dict[str, dict[str, Any]] = {}
+        for variant, changes in variants.items():
+            if not isinstance(changes, dict):
+                raise ConfigError(f"variant '{variant}': expected a table of attributes "
+                                  "to change", attr="variants")
+            if "variants" in changes or "rule" in changes:
+                raise ConfigError(f"variant '{variant}' may change attributes, not "
+                                  f"'{'rule' if 'rule' in changes else 'variants'}'",
+                                  attr="variants")
+            tables[f"{name}.{variant}"] = {**shared, **changes, "rule": "image_dataset"}
+        return tables, raw
 
     def validate(self, attrs: Mapping[str, Any]) -> None:
         if len(attrs["size"]) != 2:
@@ -226,7 +253,8 @@ class ImageDataset(_DatasetRule):
                                   f"{attrs[name]}", attr=name)
 
     def analyze(self, ctx: AnalysisContext) -> None:
-        params = {k: v for k, v in ctx.attrs.items() if k not in ("images", "model")}
+        params = {k: v for k, v in ctx.attrs.items()
+                  if k not in ("images", "model", "variants")}
         _dataset_actions(ctx, build_images, ["images"], params)
 
 
@@ -248,6 +276,8 @@ def build_images(ctx: RunContext) -> DatasetInfo:
         build_image_dataset(out, ctx.inputs["images"], a["input"], opts,
                             batch_size=a["batch_size"])
     except OnnxError as e:
+        if e.file is not None:  # a staged image: named as the user knows it
+            e.file = ctx.workspace_path(e.file)
         raise e.located(attr="images") from None
     return dataset_provider(out)
 
@@ -487,6 +517,7 @@ def calibrate(ctx: RunContext) -> CalibrationInfo:
     from ..calibration.calibrate import CalibrationOptions
     from ..calibration.calibrate import calibrate as run_calibration
     from ..ort_logs import ort_output_to_log
+    from ..source.datasets import InputNamesMismatch
 
     a = ctx.params
     opts = CalibrationOptions(
@@ -500,11 +531,24 @@ def calibrate(ctx: RunContext) -> CalibrationInfo:
             info = run_calibration(ctx.inputs["model"][OnnxModelInfo].model,
                                    ctx.inputs["dataset"][DatasetInfo].path,
                                    ctx.output("calibration.json").parent, opts, log=ctx.log,
-                                   scratch=ctx.scratch)
+                                   scratch=ctx.scratch, progress=ctx.progress)
+    except InputNamesMismatch as e:
+        raise blame_dataset(ctx, "dataset", e) from None
     except RuleError as e:
         raise e.located(attr="dataset") from None
     return CalibrationInfo(table=ctx.output("calibration.json"), method=info["method"],
                            samples=info["num_samples"])
+
+
+def blame_dataset(ctx: RunContext, name: str, error: RuleError) -> RuleError:
+    """An input-name mismatch between the dataset given as ``name`` and the model: for
+    an image dataset the mistake is its ``input``, so the error names that target."""
+    from ..source.datasets import is_image_dataset
+
+    if is_image_dataset(ctx.inputs[name][DatasetInfo].path):
+        return ctx.fail_at(name, f"{error.message} (set `input` to the model's input "
+                           "name)", attr="input")
+    return ctx.fail(error.message, attr=name)
 
 
 @hookimpl

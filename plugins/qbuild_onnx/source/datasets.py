@@ -305,6 +305,17 @@ def _fmt_shape(shape: Iterable[int | str | None]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
 
 
+class InputNamesMismatch(OnnxError):
+    """The dataset's input names are not the model's: a mistake in the dataset target
+    (``image_dataset``'s ``input``), which consumers report there."""
+
+
+def is_image_dataset(dataset_dir: str | Path) -> bool:
+    """Was the dataset made by ``image_dataset`` (whose ``input`` names its one input)?"""
+    source = open_dataset(dataset_dir).manifest.get("source") or {}
+    return isinstance(source, dict) and source.get("kind") == "images"
+
+
 def check_dataset_against_model(dataset_info: Mapping[str, Any], model_info: Mapping[str, Any],
                                 batch_size: int | None = None) -> FeedPlan:
     """Check that a dataset can feed a model; return how to feed it.
@@ -321,11 +332,11 @@ def check_dataset_against_model(dataset_info: Mapping[str, Any], model_info: Map
     m_inputs = {i["name"]: i for i in model_info["inputs"]}
     missing = [n for n in m_inputs if n not in d_inputs]
     if missing:
-        raise OnnxError(f"model input '{missing[0]}' has no data in the dataset "
+        raise InputNamesMismatch(f"model input '{missing[0]}' has no data in the dataset "
                            f"(dataset inputs: {', '.join(d_inputs) or 'none'})")
     extra = [n for n in d_inputs if n not in m_inputs]
     if extra:
-        raise OnnxError(f"dataset input '{extra[0]}' is not an input of the model "
+        raise InputNamesMismatch(f"dataset input '{extra[0]}' is not an input of the model "
                            f"(model inputs: {', '.join(m_inputs)})")
     fixed: dict[str, int] = {}
     unbatched = []

@@ -1,0 +1,60 @@
+"""Issue 26, everyday use through the real ONNX rules: task options typed at analysis,
+search findings in the search's report, progress inside long actions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+MNIST = ROOT / "testdata/models/mnist.onnx"
+
+EVAL = """
+[fp]
+rule = "onnx_model"
+src = "mnist.onnx"
+
+[data]
+rule = "synthetic_dataset"
+model = ":fp"
+count = 2
+
+[ev]
+rule = "evaluate"
+models = [":fp"]
+reference = ":fp"
+dataset = ":data"
+task = "detection"
+task_options = {{ {options} }}
+"""
+
+
+def test_a_number_where_a_task_option_is_boolean_is_refused_in_one_line(qbuild_workspace):
+    ws = qbuild_workspace
+    ws.copy(MNIST, "m/mnist.onnx")
+    ws.write("m/BUILD.toml", EVAL.format(options='decoder = "ssd", background_class = 0'))
+    r = ws.build("//m:ev")
+    assert r.exit_code == 2
+    assert r.error.count("\n") == 0
+    assert "m/BUILD.toml, target //m:ev, attribute 'task_options'" in r.error
+    assert "background_class: expected true or false, got 0 (write false)" in r.error
+    ws.write("m/BUILD.toml", EVAL.format(options='score_threshold = "high"'))
+    r = ws.build("//m:ev")
+    assert r.exit_code == 2 and "score_threshold: expected a number" in r.error
+
+
+def test_a_search_gathers_its_trials_findings_in_one_line():
+    from qbuild_onnx.auto.plan import expand
+    from qbuild_onnx.auto.select import findings_line
+
+    tables, _own = expand("aq", {"rule": "auto_quantize", "model": ":pre",
+                                 "calibration_data": ":c", "evaluation_data": ":e",
+                                 "bar": {"min_sqnr_db": 20}, "steps": ["per_channel"]})
+    evaluations = [t for name, t in tables.items() if ".ev_" in name]
+    assert evaluations and all(t["latency_warnings"] is False for t in evaluations)
+    rows = [{"name": "a", "slower_than_float": True, "noisy": True},
+            {"name": "b", "slower_than_float": True}, {"name": "c", "status": "failed"},
+            {"name": "d"}]
+    assert findings_line(rows, 4) == ("2 of 4 trials slower than float; 1 of 4 trials timed "
+                                      "with noisy latency; 1 of 4 trials failed and left out "
+                                      "(each in the report's rows: report.html)")
+    assert findings_line([{"name": "d"}], 1) is None
