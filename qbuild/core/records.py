@@ -60,6 +60,10 @@ class ActionResult:
     log: OutputEntry | None = None
     """The action's log (what it printed and ``ctx.log`` wrote), a blob like an
     output's: kept with the result (``qbuild log``), never part of any key."""
+    sources: Mapping[str, str] = field(default_factory=dict)
+    """For outputs that are a source file forwarded unchanged (a ``filegroup``'s): the
+    output's path -> the source's workspace path, so messages about the file name it
+    as the user knows it. Never part of any key."""
     failed: str | None = None
     """Set only on the stand-in for a failed dependency that its dependent tolerates
     (``attr.label(tolerate_failures=True)``): the one-line reason. Never stored."""
@@ -83,6 +87,8 @@ class ActionResult:
             record["providers"] = dict(self.providers)
         if self.log is not None:
             record["log"] = self.log.to_json()
+        if self.sources:
+            record["sources"] = dict(self.sources)
         if self.failed is not None:
             record["failed"] = self.failed
         return record
@@ -99,6 +105,7 @@ class ActionResult:
             origin="remote" if record.get("origin") == "remote" else "local",
             providers=dict(record.get("providers") or {}),
             log=_log_entry(record.get("log")),
+            sources=dict(record.get("sources") or {}),
             failed=None if record.get("failed") is None else str(record["failed"]))
         return made
 

@@ -107,7 +107,9 @@ def workspace_name(action: Action, rel: str) -> str:
         items = value if isinstance(value, list) else [value]
         index = int(kind[3:] or 0) if kind[3:].isdigit() or not kind[3:] else -1
         if 0 <= index < len(items) and str(items[index]).startswith("//"):
-            return f"{OUT_PREFIX}/{output_folder(items[index])}/{rest}"
+            dep = action.deps.get(items[index])
+            forwarded = dep.sources.get(rest) if dep is not None else None
+            return forwarded or f"{OUT_PREFIX}/{output_folder(items[index])}/{rest}"
     return rel
 
 
@@ -292,7 +294,8 @@ def _forward(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
         entries.append(OutputEntry(name, digest, copied.st_size,
                                    bool(copied.st_mode & stat.S_IXUSR)))
     sandboxes.check_sources(action)
-    return ActionResult(tuple(entries), tuple(spec.outputs), {}, (), providers={})
+    return ActionResult(tuple(entries), tuple(spec.outputs), {}, (), providers={},
+                        sources={name: item for item, name in pairs})
 
 
 def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
@@ -392,6 +395,7 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
     made: Made = {}
     providers: dict[str, Any] = {}
     info: dict[str, Any] = {}  # (only a ``run`` rule's action returns one)
+    sources: dict[str, str] = {}  # outputs forwarded from sources (a filegroup's)
     warnings: list[str] = []
     steps: list[tuple[str, str, str]] = []
     for index, spec in enumerate(action.steps):
@@ -425,6 +429,7 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
             providers[name] = data
         warnings.extend(result.warnings)
         info.update(result.info)
+        sources.update(result.sources)
         steps.append((spec.mnemonic, key, status))
     missing = [n for n in action.step_base.get("provides", []) if n not in providers]
     if missing:
@@ -435,4 +440,5 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
     # keyed by its one action: the target's entry is that action's, log included
     log = result.log if action.keyed_by_step else None
     return Outcome(ActionResult(outputs, action.outputs, info, tuple(warnings),
-                                providers=providers, log=log), steps=tuple(steps))
+                                providers=providers, log=log, sources=sources),
+                   steps=tuple(steps))

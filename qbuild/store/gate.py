@@ -198,9 +198,13 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     if not (isinstance(log, dict) and is_digest(log.get("digest")) and
             isinstance(log.get("path"), str) and _is_size(log.get("size", 0))):
         log = None
+    sources = record.get("sources") or {}  # names for messages only: dropped if malformed
+    if not (isinstance(sources, dict) and all(
+            isinstance(k, str) and safe_path(v) for k, v in sources.items())):
+        sources = {}
     return ActionResult.from_json({"outputs": checked, "declared": declared, "info": info,
                                    "warnings": warnings, "providers": providers,
-                                   "origin": origin, "log": log})
+                                   "origin": origin, "log": log, "sources": sources})
 
 
 def _is_size(value: Any) -> bool:

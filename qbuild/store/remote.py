@@ -314,7 +314,8 @@ class LayeredStore:
             result, components = gate.admit(
                 {"outputs": outputs, "declared": meta.get("declared"),
                  "info": meta.get("info"), "warnings": meta.get("warnings", []),
-                 "providers": meta.get("providers") or {}, "log": meta.get("log")},
+                 "providers": meta.get("providers") or {}, "log": meta.get("log"),
+                 "sources": meta.get("sources")},
                 key, meta.get("components"), origin="remote")
             # Like bazel-remote: an entry whose blobs are gone is a miss.
             for entry in result.outputs:
@@ -384,6 +385,8 @@ class LayeredStore:
             meta["providers"] = dict(result.providers)
         if result.log is not None:
             meta["log"] = result.log.to_json()
+        if result.sources:
+            meta["sources"] = dict(result.sources)
         return meta
 
     def publish(self, key: str, result: ActionResult) -> None:

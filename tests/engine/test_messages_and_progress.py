@@ -43,7 +43,8 @@ def test_a_message_names_staged_inputs_by_their_workspace_paths(ws):
     ws.write("images/BUILD.toml", BUILD.format(extra="name_inputs = true"))
     result = ws.build("//images:t")
     assert not result.ok
-    assert ("cannot read qbuild-out/images/@files/notes.txt, images/own.txt"
+    # a filegroup's file is named by its source's workspace path
+    assert ("cannot read images/calib/notes.txt, images/own.txt"
             in result.error), result.error
     assert ".dep0" not in result.error and ".src" not in result.error
 
