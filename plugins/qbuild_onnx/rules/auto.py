@@ -264,7 +264,7 @@ def time_trials(ctx: RunContext) -> None:
 def auto_select(ctx: RunContext) -> None:
     """``auto_quantize``'s selection: the cheapest trial that meets the bar (or the float
     model); report.json, report.html and chosen.json. Reads JSON only."""
-    from ..auto.select import detector_warning, findings_line, select
+    from ..auto.select import detector_warning, select
     from ..report.html import auto_html
 
     a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
@@ -319,10 +319,19 @@ def auto_select(ctx: RunContext) -> None:
     ctx.output("report.html").write_text(auto_html(a["label"], result, sens),
                                          encoding="utf-8")
     ctx.output("chosen.json").write_text(json.dumps({"chosen": result["chosen"]}) + "\n")
+    _tell(ctx, result, failed, len(a["trial_names"]), blind)
+
+
+def _tell(ctx: RunContext, result: dict[str, Any], failed: dict[str, str], total: int,
+          blind: str | None) -> None:
+    """What the search says: each trial's failure in the log, its findings in one console
+    line, and a loud warning when most trials failed or the bar cannot see detections."""
+    from ..auto.select import findings_line
+
     ctx.log(f"chose {result['chosen']}: {result['note']}")
     for name, why in failed.items():
         ctx.log(f"trial {name} failed and was left out: {why}")
-    line = findings_line(result["trials"], len(a["trial_names"]))
+    line = findings_line(result["trials"], total)
     if line:
         ctx.warn(line)
     summary = result.get("failures")
