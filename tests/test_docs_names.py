@@ -5,7 +5,8 @@ and tensor names it quotes from a model.
   every relative link target must exist in the repository: relative to the repository's
   root, to the page's folder, to ``plugins/``, or to one plugin package (pages name
   modules inside a plugin as ``accuracy/detection.py``). Generated paths (under
-  ``qbuild-out/``, ``.qbuild/``, ``~`` or ``/``) are not checked.
+  ``qbuild-out/``, ``.qbuild/``, ``~`` or ``/``) and the team's ``../shared/`` folder
+  (beside a checkout, not in a user's clone) are not checked.
 * **Model names.** A section (a heading and its text) that talks about one of the
   repository's models (it names the model or its file) may quote node names
   (``Mul_75``: an ONNX operator type, ``_`` and a number), tensors in selectors
@@ -37,7 +38,8 @@ _FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.S | re.M)
 _CODE = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"^[\w.-]+(?:/[\w.-]+)+\.(?:py|toml|md|onnx|json|txt|sh|lock|cfg|ini|yml|yaml)$")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
-_GENERATED = ("qbuild-out/", ".qbuild/", "~", "/")
+# (``../shared/`` is the team's read-only folder beside a checkout: not in a user's clone)
+_GENERATED = ("qbuild-out/", ".qbuild/", "~", "/", "../shared/")
 
 # The repository's models a section may talk about: how pages name them, and the file.
 MODELS = {
