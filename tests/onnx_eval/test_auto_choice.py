@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from eval_paths import IMAGES, MODELS
+from eval_paths import MODELS, digits
 from qbuild_onnx.rules import accuracy as rules_accuracy
 from qbuild_onnx.rules import quantize as rules_quantize
 from qbuild_onnx.rules import source as rules_source
@@ -53,24 +53,6 @@ steps = ["calibration", "bias_correction"]
 """
 
 
-def _digits(seed: int, n: int) -> np.ndarray:
-    """28x28 grey crops of the test images (digit-like enough to calibrate MNIST)."""
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    paths = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
-    out = []
-    for i in range(n):
-        with Image.open(paths[i % len(paths)]) as im:
-            g = im.convert("L")
-            w, h = g.size
-            x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
-            a = np.asarray(g.crop((x0, y0, x0 + w // 2, y0 + h // 2)).resize((28, 28)),
-                           np.float32)
-        out.append((a / 255.0)[None])
-    return np.stack(out).astype(np.float32)
-
-
 def _cold_build(root: Path) -> tuple[str, str, dict]:
     """One build in a fresh workspace with a fresh cache: (chosen, sha256 of the
     chosen model, report.json)."""
@@ -80,8 +62,8 @@ def _cold_build(root: Path) -> tuple[str, str, dict]:
     for plugin in (rules_source, rules_quantize, rules_accuracy):
         w.register(plugin)
     w.copy(MODELS / "mnist.onnx", "m/mnist.onnx")
-    np.save(w.path("m/calib.npy"), _digits(0, 8))
-    np.save(w.path("m/eval.npy"), _digits(1, 4))
+    np.save(w.path("m/calib.npy"), digits(0, 8))
+    np.save(w.path("m/eval.npy"), digits(1, 4))
     w.write("m/BUILD.toml", BUILD)
     r = w.build("//m:auto")
     assert r.ok, r.error

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from eval_paths import IMAGES, MODELS
+from eval_paths import MODELS, digits
 from qbuild_onnx.rules import accuracy as rules_accuracy
 from qbuild_onnx.rules import quantize as rules_quantize
 from qbuild_onnx.rules import source as rules_source
@@ -48,23 +48,6 @@ sensitivity_samples = 3
 """
 
 
-def _digits(seed: int, n: int) -> np.ndarray:
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    out = []
-    paths = sorted(p for p in IMAGES.iterdir() if p.suffix in (".jpg", ".png"))
-    for i in range(n):
-        with Image.open(paths[i % len(paths)]) as im:
-            g = im.convert("L")
-            w, h = g.size
-            x0, y0 = int(rng.integers(0, w // 2)), int(rng.integers(0, h // 2))
-            a = np.asarray(g.crop((x0, y0, x0 + w // 2, y0 + h // 2)).resize((28, 28)),
-                           np.float32)
-        out.append((a / 255.0)[None])
-    return np.stack(out).astype(np.float32)
-
-
 @pytest.fixture(scope="module")
 def ws(tmp_path_factory):
     from qbuild.testing import Workspace
@@ -74,8 +57,8 @@ def ws(tmp_path_factory):
     for plugin in (rules_source, rules_quantize, rules_accuracy):
         w.register(plugin)
     w.copy(MODELS / "mnist.onnx", "m/mnist.onnx")
-    np.save(w.path("m/calib.npy"), _digits(0, 12))
-    np.save(w.path("m/eval.npy"), _digits(1, 16))
+    np.save(w.path("m/calib.npy"), digits(0, 12))
+    np.save(w.path("m/eval.npy"), digits(1, 16))
     return w
 
 
