@@ -265,8 +265,6 @@ class RunContext:
         """Where inputs declared with a ``layout`` are staged."""
         self._hooks = dict(hooks or {})
         self._resolved: Any = None
-        self.hook_plugins = dict(self._hooks)
-        """The modules implementing each hook the rule declared (what ``hooks`` resolves)."""
         self.origins = origins or {}
         """For ``file``/``files`` inputs: for each path in ``inputs[name]``, the index of
         the attribute item it comes from and its path inside that item (the output's

@@ -11,6 +11,7 @@ deprecated) that dependents see as ``Dep.info``.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -265,73 +266,67 @@ class Dep:
 
 
 class ActionContext:
-    """What a rule's ``run`` gets: resolved attributes, output paths, a scratch dir, a log."""
+    """What a rule's ``run`` gets: its target's label, resolved attributes (dependencies
+    as ``Dep``s), output paths, a scratch dir and a log. It is the ``RunContext`` of the
+    one action ``run`` is (``run_rule``) with the target's names added: logging,
+    warnings, hooks, progress and paths are that context's."""
 
-    def __init__(
-        self,
-        *,
-        label: str,
-        build_file: str,
-        attrs: dict[str, Any],
-        outputs: dict[str, Path],
-        scratch: Path,
-        log_path: Path,
-        workdir: Path,
-        threads: int = 1,
-        hooks: Mapping[str, tuple[str, ...]] | None = None,
-    ) -> None:
+    def __init__(self, run: RunContext, *, label: str, build_file: str,
+                 attrs: dict[str, Any]) -> None:
+        self._run = run
         self.label = label
         self.name = label.rsplit(":", 1)[1]
         self.package = label[2:].rsplit(":", 1)[0]
         self.build_file = build_file
         self.attrs = attrs
-        self._outputs = outputs
-        self.scratch = scratch
-        self.workdir = workdir
-        self.threads = threads
+        self.workdir = run.workdir
+        self.threads = run.threads
         """Cores this action was granted: give every onnxruntime session (and any
         thread pool) exactly this many threads, so parallel actions never oversubscribe."""
-        self.log_path = log_path
-        self.warnings: list[str] = []
-        self._hooks = dict(hooks or {})
-        self._resolved: Any = None
+        self.log_path = run.log_path
+        self.warnings = run.warnings
+
+    @property
+    def scratch(self) -> Path:
+        """A private empty folder for temporary files."""
+        return self._run.scratch
 
     @property
     def hooks(self) -> Any:
         """The plugin hooks this rule declared in ``code()`` (``"hook:<name>"``), with
         the implementations the main process resolved: ``ctx.hooks.<name>(...)``, or
         ``ctx.hooks.pluginmanager`` for code that takes a pluggy plugin manager."""
-        from .hooks import ResolvedHooks
-
-        if self._resolved is None:
-            self._resolved = ResolvedHooks(self._hooks)
-        return self._resolved
+        return self._run.hooks
 
     @property
     def outputs(self) -> dict[str, Path]:
         """Every declared output name mapped to the path to write."""
-        return dict(self._outputs)
+        return self._run.outputs
 
     def output(self, name: str) -> Path:
         """The path to write the declared output ``name`` (``{name}`` allowed)."""
         key = name.replace("{name}", self.name)
-        try:
-            return self._outputs[key]
-        except KeyError:
-            raise RuleError(
-                f"rule wrote undeclared output {key!r}; declared: {', '.join(self._outputs)}",
-                target=self.label,
-            ) from None
+        found = self._run.outputs.get(key)
+        if found is None:
+            raise RuleError(f"rule wrote undeclared output {key!r}; declared: "
+                            f"{', '.join(self._run.outputs)}", target=self.label)
+        return found
 
     def log(self, message: str) -> None:
         """Append a line to the action log (its tail is shown if the action fails)."""
-        with open(self.log_path, "a", encoding="utf-8") as handle:
-            handle.write(message.rstrip("\n") + "\n")
+        self._run.log(message)
 
     def warn(self, message: str) -> None:
         """Show a warning to the user (also logged)."""
-        self.warnings.append(message)
-        self.log(f"WARNING: {message}")
+        self._run.warn(message)
+
+    def progress(self, done: int, total: int) -> None:
+        """Say how far ``run`` is (``done`` of ``total``); see ``RunContext.progress``."""
+        self._run.progress(done, total)
+
+    def workspace_path(self, path: str | os.PathLike[str]) -> str:
+        """A staged path as the user knows it; see ``RunContext.workspace_path``."""
+        return self._run.workspace_path(path)
 
     def fail(self, message: str, attr: str | None = None) -> RuleError:
         """An error naming this target (and attribute); ``raise ctx.fail(...)``."""
@@ -353,12 +348,8 @@ def run_rule(ctx: RunContext) -> Any:
         elif isinstance(staged, list) and staged and isinstance(staged[0], Dep):
             staged = [replace(dep, label=label) for dep, label in zip(staged, given)]
         attrs[name] = staged
-    run_ctx = ActionContext(label=params["label"], build_file=params["build_file"],
-                            attrs=attrs, outputs=ctx.outputs, scratch=ctx.scratch,
-                            log_path=ctx.log_path, workdir=ctx.workdir, threads=ctx.threads,
-                            hooks=ctx.hook_plugins)
-    run_ctx.warnings = ctx.warnings  # one list: the engine reports the action's warnings
-    return cls().run(run_ctx)
+    return cls().run(ActionContext(ctx, label=params["label"],
+                                   build_file=params["build_file"], attrs=attrs))
 
 
 RUN_RULE = "qbuild.api.rule:run_rule"
