@@ -265,7 +265,7 @@ class Build:
 
     def _reuse_untouched(self, order: list[Label]) -> list[Label]:
         """Give every target the incremental path reuses along with all its dependencies
-        its last result at once (``Reuse.untouched``: the answer ``_prepare`` would give
+        its last result at once (``Reuse.untouched``: the answer ``prepare`` would give
         it, without planning it); return the rest of ``order``, for the plan."""
         assert self.reuse is not None
         untouched = self.reuse.untouched(order, self.graph.targets)
@@ -299,12 +299,9 @@ class Build:
             order, deps, weight=lambda label: 0 if targets[label].entry is None else 1,
             tolerant={label: ds for label in order if (ds := _tolerated(targets[label]))},
             requested=order if requested is None else requested)
-        return Scheduler(
-            plan, self.rebuilder, jobs=self.options.jobs, cpu=self.cpu_budget,
-            memory=self.memory_budget, keep_going=self.options.keep_going,
-            is_group=lambda label: targets[label].is_group, prepare=self._prepare,
-            finished=self._finished, skipped=self._skipped,
-            queued=lambda label: self.reporter.action_queued(str(label)))
+        return Scheduler(plan, self.rebuilder, self, jobs=self.options.jobs,
+                         cpu=self.cpu_budget, memory=self.memory_budget,
+                         keep_going=self.options.keep_going)
 
     def _finish(self, requested: list[Label], started: float, interrupted: bool) -> None:
         result = self.result
@@ -336,8 +333,14 @@ class Build:
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
         new_fact_generation()
 
-    # -- the scheduler's callbacks -------------------------------------------------------
-    def _prepare(self, label: Label) -> Action | bool:
+    # -- scheduler.Targets: what the scheduler asks of the build ---------------------------
+    def is_group(self, label: Label) -> bool:
+        return self.graph.targets[label].is_group
+
+    def queued(self, label: Label) -> None:
+        self.reporter.action_queued(str(label))
+
+    def prepare(self, label: Label) -> Action | bool:
         """Key a ready target and look it up: True for a hit, False when it cannot even
         be keyed (a source vanished), else the action to run with its grant."""
         target = self.graph.targets[label]
@@ -376,7 +379,7 @@ class Build:
         self.rebuilder.actions[label] = action
         return action
 
-    def _finished(self, label: Label, future: concurrent.futures.Future[Outcome]) -> bool:
+    def finished(self, label: Label, future: concurrent.futures.Future[Outcome]) -> bool:
         try:
             outcome = future.result()
         except ActionFailed as exc:
@@ -398,7 +401,7 @@ class Build:
                                 worker=outcome.worker or None))
         return True
 
-    def _skipped(self, label: Label, failed_deps: list[Label]) -> None:
+    def skipped(self, label: Label, failed_deps: list[Label]) -> None:
         if label in self.plan.soft and failed_deps:
             first = str(failed_deps[0])
             reason = self.result.tolerated.get(first) or self.result.failed.get(first, "")

@@ -2,9 +2,12 @@
 wait in a queue (critical path first) until ``-j`` and the core and memory budgets let
 them start on an ``Executor``, and finished futures release their dependents.
 
-The scheduler knows nothing of keys, stores or rules: the build gives it three
-callbacks (``prepare`` a ready target, record a ``finished`` one, report a ``skipped``
-one). Waiting is ``concurrent.futures.wait`` unless an executor brings its own clock
+The scheduler knows nothing of keys, stores or rules. It talks to two parties, each
+through a declared protocol: the ``Executor`` runs actions, and the build's ``Targets``
+answer for each target (``prepare`` a ready one: a hit, a failure or the action to run;
+record a ``finished`` one; report a ``skipped`` one). It imports neither: the build
+implements ``Targets`` (``build.run.Build``), as an executor implements ``Executor``.
+Waiting is ``concurrent.futures.wait`` unless an executor brings its own clock
 (``qbuild.testing.FakeExecutor``), which makes scheduling tests exact.
 """
 
@@ -34,50 +37,58 @@ def _wait(fs: Iterable[concurrent.futures.Future[Outcome]], *, return_when: str
     return set(done), set(pending)
 
 
-class Scheduler:
-    """Runs a ``Plan`` to its end on an ``Executor`` within the budgets."""
+class Targets(Protocol):
+    """What the scheduler asks of the build about its targets."""
 
-    def __init__(self, plan: Plan, executor: Executor, *, jobs: int, cpu: int, memory: int,
-                 keep_going: bool, is_group: Callable[[Label], bool],
-                 prepare: Callable[[Label], Action | bool],
-                 finished: Callable[[Label, concurrent.futures.Future[Outcome]], bool],
-                 skipped: Callable[[Label, list[Label]], None],
-                 queued: Callable[[Label], None] = lambda _label: None,
-                 wait: Wait | None = None) -> None:
-        """``prepare(label)`` returns True (done: a hit), False (failed before running)
-        or the ``Action`` to run (``threads`` and ``memory_mib`` set: its grant);
-        ``finished(label, future)`` records a finished action and says if it succeeded;
-        ``skipped(label, failed_deps)`` reports a target that will not run (no failed
-        deps: the build stopped)."""
+    def is_group(self, label: Label) -> bool:
+        """Is ``label`` a group (no action of its own: done once its dependencies are)?"""
+
+    def prepare(self, label: Label) -> Action | bool:
+        """Key a ready target and look it up: True (done: a hit), False (failed before
+        running) or the ``Action`` to run (``threads`` and ``memory_mib`` set: its
+        grant)."""
+
+    def queued(self, label: Label) -> None:
+        """``label``'s action waits for a slot."""
+
+    def finished(self, label: Label, future: concurrent.futures.Future[Outcome]) -> bool:
+        """Record a finished action; did it succeed?"""
+
+    def skipped(self, label: Label, failed_deps: list[Label]) -> None:
+        """``label`` will not run (no failed dependencies: the build stopped)."""
+
+
+class Scheduler:
+    """Runs a ``Plan`` to its end on an ``Executor`` within the budgets, asking the
+    build's ``Targets`` about each target."""
+
+    def __init__(self, plan: Plan, executor: Executor, targets: Targets, *, jobs: int,
+                 cpu: int, memory: int, keep_going: bool, wait: Wait | None = None) -> None:
         self.plan = plan
         self.executor = executor
+        self.targets = targets
         self.jobs = max(1, jobs)
         self.cpu = max(1, cpu)
         self.memory = max(1, memory)
         self.keep_going = keep_going
-        self.is_group = is_group
-        self.prepare = prepare
-        self.finished = finished
-        self.skipped = skipped
-        self.queued_hook = queued
         self.wait: Wait = wait or getattr(executor, "wait", None) or _wait
 
     def _resolve_ready(self, queue: list[tuple[Label, Action]],
                        enough: Callable[[], bool] = lambda: False) -> None:
         """Prepare ready targets until none is left or ``enough()`` (asked before each)."""
-        plan = self.plan
+        plan, targets = self.plan, self.targets
         while plan.has_ready() and not enough():
             label = plan.pop_ready()
-            group = self.is_group(label)
+            group = targets.is_group(label)
             if plan.blocked(label) or (plan.stopped and not group):
                 if not group:
-                    self.skipped(label, plan.failed_deps(label))
+                    targets.skipped(label, plan.failed_deps(label))
                 plan.finish(label, ok=False)
                 continue
             if group:
                 plan.finish(label)
                 continue
-            prepared = self.prepare(label)
+            prepared = targets.prepare(label)
             if isinstance(prepared, bool):
                 if not prepared and not self.keep_going and label not in plan.soft:
                     plan.stop()
@@ -86,7 +97,7 @@ class Scheduler:
             # Kept in order as it grows (sorting it again for each finished action
             # was quadratic with thousands queued).
             bisect.insort(queue, (label, prepared), key=lambda item: plan.sort_key(item[0]))
-            self.queued_hook(label)
+            targets.queued(label)
 
     def run(self) -> None:
         plan = self.plan
@@ -121,7 +132,7 @@ class Scheduler:
             self._resolve_ready(queue, enough)
             if plan.stopped and queue:
                 for label, _action in queue:  # never started: skipped, like the rest
-                    self.skipped(label, [])
+                    self.targets.skipped(label, [])
                     plan.finish(label, ok=False)
                 queue.clear()
                 if plan.has_ready():
@@ -150,7 +161,7 @@ class Scheduler:
                 _seq, label, action = running.pop(future)
                 free_cpu += action.threads
                 free_memory += action.memory_mib
-                ok = self.finished(label, future)
+                ok = self.targets.finished(label, future)
                 if not ok and not self.keep_going and label not in plan.soft:
                     plan.stop()
                 plan.finish(label, ok=ok)

@@ -55,7 +55,7 @@ def test_outputs_are_placed_while_other_actions_run_and_keying_overlaps_them(
     ws.write("p/BUILD.toml", "\n".join(
         f'[g{i}]\nrule = "filegroup"\nsrcs = ["f{i}.txt"]\n' for i in range(20)))
     events: list[tuple[str, str]] = []
-    prepare, submit = _build.Build._prepare, _rebuild.Rebuilder.submit
+    prepare, submit = _build.Build.prepare, _rebuild.Rebuilder.submit
     place_early = _build.Build._place_early
 
     def spy_prepare(self, label):
@@ -70,7 +70,7 @@ def test_outputs_are_placed_while_other_actions_run_and_keying_overlaps_them(
         events.append(("placed in " + threading.current_thread().name, str(label)))
         return place_early(self, label, result)
 
-    monkeypatch.setattr(_build.Build, "_prepare", spy_prepare)
+    monkeypatch.setattr(_build.Build, "prepare", spy_prepare)
     monkeypatch.setattr(_rebuild.Rebuilder, "submit", spy_submit)
     monkeypatch.setattr(_build.Build, "_place_early", spy_place)
     result = ws.build("//p:*", jobs=1)

@@ -31,26 +31,33 @@ def schedule(graph: dict[str, list[str]], *, jobs: int = 1, cpu: int = 64,
                         fail={f"//p:{name}" for name in fail})
     seen: dict[str, list] = {"hit": [], "ok": [], "failed": [], "skipped": []}
 
-    def prepare(label: Label) -> Action | bool:
-        if label.name in hits:
-            seen["hit"].append(label.name)
-            return True
-        return Action(label=label, build_file="p/BUILD.toml", rule_ref="x:y", heavy=False,
-                      attrs={}, attr_types={}, sources={}, deps={}, outputs=(),
-                      key=label.name, threads=(threads or {}).get(label.name, 1),
-                      memory_mib=(mib or {}).get(label.name, 0))
+    class Targets:  # the build's side of scheduler.Targets, recording what it saw
+        def is_group(self, label: Label) -> bool:
+            return label.name in groups
 
-    def finished(label: Label, future) -> bool:
-        ok = future.exception() is None
-        seen["ok" if ok else "failed"].append(label.name)
-        return ok
+        def prepare(self, label: Label) -> Action | bool:
+            if label.name in hits:
+                seen["hit"].append(label.name)
+                return True
+            return Action(label=label, build_file="p/BUILD.toml", rule_ref="x:y",
+                          heavy=False, attrs={}, attr_types={}, sources={}, deps={},
+                          outputs=(), key=label.name,
+                          threads=(threads or {}).get(label.name, 1),
+                          memory_mib=(mib or {}).get(label.name, 0))
 
-    def skipped(label: Label, failed_deps: list[Label]) -> None:
-        seen["skipped"].append((label.name, [d.name for d in failed_deps]))
+        def queued(self, label: Label) -> None:
+            pass
 
-    Scheduler(plan, fake, jobs=jobs, cpu=cpu, memory=memory, keep_going=keep_going,
-              is_group=lambda label: label.name in groups, prepare=prepare,
-              finished=finished, skipped=skipped).run()
+        def finished(self, label: Label, future) -> bool:
+            ok = future.exception() is None
+            seen["ok" if ok else "failed"].append(label.name)
+            return ok
+
+        def skipped(self, label: Label, failed_deps: list[Label]) -> None:
+            seen["skipped"].append((label.name, [d.name for d in failed_deps]))
+
+    Scheduler(plan, fake, Targets(), jobs=jobs, cpu=cpu, memory=memory,
+              keep_going=keep_going).run()
     return fake, seen
 
 
