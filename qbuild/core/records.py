@@ -44,6 +44,13 @@ class OutputEntry:
                              size=int(entry.get("size", 0) or 0), executable=bool(entry.get("x")))
         return made
 
+    @classmethod
+    def checked(cls, path: str, digest: str, size: int, executable: bool) -> OutputEntry:
+        """An entry from fields the store's gate has checked (no conversions)."""
+        made = _new(cls)
+        made.__dict__.update(path=path, digest=digest, size=size, executable=executable)
+        return made
+
 
 @dataclass(frozen=True)
 class ActionResult:
@@ -92,6 +99,19 @@ class ActionResult:
         if self.failed is not None:
             record["failed"] = self.failed
         return record
+
+    @classmethod
+    def checked(cls, *, outputs: tuple[OutputEntry, ...], declared: tuple[str, ...],
+                info: Mapping[str, Any], warnings: tuple[str, ...],
+                origin: Literal["local", "remote"], providers: Mapping[str, Any],
+                log: OutputEntry | None, sources: Mapping[str, str]) -> ActionResult:
+        """A result from fields the store's gate has checked, each of its final type
+        (set as the generated ``__init__`` would, without its per-field calls)."""
+        made = _new(cls)
+        made.__dict__.update(outputs=outputs, declared=declared, info=dict(info),
+                             warnings=warnings, origin=origin, providers=dict(providers),
+                             log=log, sources=dict(sources), failed=None)
+        return made
 
     @classmethod
     def from_json(cls, record: Mapping[str, Any]) -> ActionResult:

@@ -37,16 +37,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
-from ..core.records import ActionResult, KeyParts
+from ..core.records import ActionResult, KeyParts, OutputEntry
 
 MAX_BLOB_BYTES = (1 << 63) - 1  # REAPI sizes are int64
 MAX_DEPTH = 200  # nesting of info, providers and key parts: far below the recursion limit
 MAX_PATH_BYTES = 4000  # below PATH_MAX with the output folder in front
 _NAME_BYTES = 255  # one path component
 _BAD_PARTS = frozenset(("", ".", ".."))
-_HEX = frozenset("0123456789abcdef")
+_DIGEST = re.compile("[0-9a-f]{64}")
 _canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
 
@@ -61,7 +62,7 @@ def key_of(parts: Any) -> str:
 
 
 def is_digest(text: object) -> bool:
-    return isinstance(text, str) and len(text) == 64 and set(text) <= _HEX
+    return isinstance(text, str) and len(text) == 64 and _DIGEST.fullmatch(text) is not None
 
 
 def load_json(raw: bytes, limit: int) -> Any:
@@ -155,7 +156,11 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     """The ``ActionResult`` of a parsed entry (as ``ActionResult.to_json`` writes it:
     ``outputs`` of ``{path, digest, size, x}``, ``declared``, ``info``, ``warnings``,
     ``providers``) once its paths, digests, sizes and shapes are checked; ``origin``
-    says where it came from ("remote" for a remote cache's). Raises ``Refused``."""
+    says where it came from ("remote" for a remote cache's). Raises ``Refused``.
+
+    Every build reads an entry per target, so the checks build the result's records
+    directly (no checked copy of the entry to convert again) and skip the walks an
+    empty table or a single output cannot need."""
     if not isinstance(record, dict):
         raise Refused("the entry is not a JSON object")
     if "failed" in record:
@@ -174,26 +179,12 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     if not isinstance(info, dict) or not isinstance(providers, dict):
         raise Refused("the info or providers are not tables")
     _str_list(warnings, "the warnings")
-    if _depth(info) > MAX_DEPTH or _depth(providers) > MAX_DEPTH:
+    if (info and _depth(info) > MAX_DEPTH) or (providers and _depth(providers) > MAX_DEPTH):
         raise Refused(f"info nested deeper than {MAX_DEPTH}")
-    checked: list[dict[str, Any]] = []
-    paths: list[str] = []
-    for entry in outputs:
-        if not isinstance(entry, dict):
-            raise Refused("an output is not a JSON object")
-        path, digest = entry.get("path"), entry.get("digest")
-        if not safe_path(path):
-            raise Refused(f"output path {str(path)[:80]!r} is not a relative path inside "
-                          "the output folder")
-        if not is_digest(digest):
-            raise Refused(f"output {path} has no SHA-256 digest")
-        executable = entry.get("x", False)
-        if not isinstance(executable, bool):
-            raise Refused(f"output {path} has a malformed executable bit")
-        checked.append({"path": path, "digest": digest, "size": size_of(entry.get("size", 0)),
-                        "x": executable})
-        paths.append(str(path))
-    _check_paths(paths, declared)
+    entries = [_output(entry) for entry in outputs]
+    paths = [entry.path for entry in entries]
+    if len(paths) != 1 or paths != declared:  # one declared file, present: nothing to see
+        _check_paths(paths, declared)
     log = record.get("log")  # never worth refusing a result for: dropped if malformed
     if not (isinstance(log, dict) and is_digest(log.get("digest")) and
             isinstance(log.get("path"), str) and _is_size(log.get("size", 0))):
@@ -202,9 +193,30 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     if not (isinstance(sources, dict) and all(
             isinstance(k, str) and safe_path(v) for k, v in sources.items())):
         sources = {}
-    return ActionResult.from_json({"outputs": checked, "declared": declared, "info": info,
-                                   "warnings": warnings, "providers": providers,
-                                   "origin": origin, "log": log, "sources": sources})
+    return ActionResult.checked(
+        outputs=tuple(entries), declared=tuple(declared), info=info, warnings=tuple(warnings),
+        origin="remote" if origin == "remote" else "local", providers=providers,
+        log=None if log is None else OutputEntry.from_json(log), sources=sources)
+
+
+def _output(entry: Any) -> OutputEntry:
+    """One checked output of an entry."""
+    if not isinstance(entry, dict):
+        raise Refused("an output is not a JSON object")
+    path, digest = entry.get("path"), entry.get("digest")
+    if not safe_path(path):
+        raise Refused(f"output path {str(path)[:80]!r} is not a relative path inside "
+                      "the output folder")
+    assert isinstance(path, str)
+    if not is_digest(digest):
+        raise Refused(f"output {path} has no SHA-256 digest")
+    executable = entry.get("x", False)
+    if not isinstance(executable, bool):
+        raise Refused(f"output {path} has a malformed executable bit")
+    size = entry.get("size", 0)
+    if type(size) is not int or not 0 <= size <= MAX_BLOB_BYTES:
+        size = size_of(size)
+    return OutputEntry.checked(path, str(digest), size, executable)
 
 
 def _is_size(value: Any) -> bool:
