@@ -279,3 +279,15 @@ def test_the_selection_gives_the_page_its_counts_and_the_timing_run():
     assert rows["speed vs float (CPU time, 1 thread)"] == "1.43× ± 0.06"
     assert "the float model detects <b>40</b> object(s)" in html
     assert "Measured on <b>8</b> sample(s)" in html and "noise floor ± 0.03" in html
+
+
+def test_a_point_left_off_the_chart_is_named_with_the_reason():
+    result = _search(bar={"min_sqnr_db": 20})
+    result["trials"][0]["min_sqnr_db"] = 25.0
+    result["trials"][1]["min_sqnr_db"] = 24.0
+    result["trials"][2]["min_sqnr_db"] = "inf"
+    result["float"]["min_sqnr_db"] = "inf"
+    html = auto_html("//m:auto", result)
+    assert "not plotted: float (worst SQNR ∞ dB); c (worst SQNR ∞ dB)" in html
+    assert sorted(re.findall(r'<text class="point-label"[^>]*>([^<]*)</text>', html)) == [
+        "a", "b"]

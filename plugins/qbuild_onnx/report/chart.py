@@ -113,6 +113,16 @@ def _scale(lo: float, hi: float, a: float, b: float) -> Callable[[float], float]
     return lambda v: a + (v - lo) / (hi - lo) * (b - a)
 
 
+def _why_not_plotted(name: str, x: float | None, y: float | None, x_label: str,
+                     y_label: str, x_fmt: Callable[[float], str],
+                     y_fmt: Callable[[float], str]) -> str:
+    why = [f"no {label.split(' (')[0]}" if v is None else
+           f"{label.split(' (')[0]} {f(v)}" for v, label, f in ((x, x_label, x_fmt),
+                                                                (y, y_label, y_fmt))
+           if v is None or not math.isfinite(v)]
+    return f"{name} ({', '.join(why)})"
+
+
 def scatter_svg(points: Sequence[tuple[str, float | None, float | None]], x_label: str,
                 y_label: str, x_fmt: Callable[[float], str], y_fmt: Callable[[float], str],
                 chosen: str | None = None, higher_x_better: bool = False,
@@ -127,7 +137,8 @@ def scatter_svg(points: Sequence[tuple[str, float | None, float | None]], x_labe
     if not pts:
         return (f'<p class="note">No variant has both {escape(x_label)} and '
                 f'{escape(y_label)}.</p>')
-    left_out = [n for n, x, y in points if (n, x, y) not in pts]
+    left_out = [_why_not_plotted(n, x, y, x_label, y_label, x_fmt, y_fmt)
+                for n, x, y in points if (n, x, y) not in pts]
     xs, ys = [p[1] for p in pts], [p[2] for p in pts]
     x_lo, x_hi = min(xs), max(xs)
     if x_mark is not None and x_lo <= x_mark * 1.5 and x_hi >= x_mark / 1.5:
@@ -172,7 +183,7 @@ def scatter_svg(points: Sequence[tuple[str, float | None, float | None]], x_labe
     if unplaced:
         notes.append("no room for the label of: " + "; ".join(unplaced))
     if left_out:
-        notes.append("not plotted (a value missing or infinite): " + ", ".join(left_out))
+        notes.append("not plotted: " + "; ".join(left_out))
     return "\n".join(parts) + "".join(f'\n<p class="note">{escape(n)}</p>' for n in notes)
 
 
