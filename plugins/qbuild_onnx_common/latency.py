@@ -37,7 +37,8 @@ def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
     """Per session name: the ``summary`` of its ``run`` wall times on ``feed``, all
     sessions timed in turn for ``warmup + runs`` rounds (the first ``warmup`` untimed).
     With ``reference`` (a session name), each summary also has ``ratio_to_reference``:
-    the median of its per-round ratio to the reference's time in the same round."""
+    the median of its per-round ratio to the reference's time in the same round, and
+    that ratio's quartiles (``ratio_q1``, ``ratio_q3``)."""
     names = list(sessions)
     times: dict[str, list[float]] = {n: [] for n in names}
     cpu: dict[str, list[float]] = {n: [] for n in names}
@@ -55,8 +56,8 @@ def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
     out = {n: {**summary(times[n]), "cpu": summary(cpu[n])} for n in names}
     if reference is not None:
         for n in names:
-            out[n]["ratio_to_reference"] = _median_ratio(times[n], times[reference])
-            out[n]["cpu"]["ratio_to_reference"] = _median_ratio(cpu[n], cpu[reference])
+            out[n].update(_ratio_summary(times[n], times[reference]))
+            out[n]["cpu"].update(_ratio_summary(cpu[n], cpu[reference]))
     return out
 
 
@@ -71,8 +72,14 @@ def slower_verdict(model: Mapping[str, Any], reference: Mapping[str, Any]) -> di
             "ms": m["median_ms"], "reference_ms": r["median_ms"]}
 
 
-def _median_ratio(times: list[float], ref: list[float]) -> float | None:
+def _ratio_summary(times: list[float], ref: list[float]) -> dict[str, float | None]:
+    """The median of the per-round ratios to the reference (``ratio_to_reference``) and
+    their quartiles (``ratio_q1``, ``ratio_q3``: the spread a report shows)."""
     # a burst of load hits both sessions of a round alike, so the median per-round ratio
     # is steadier than the ratio of the medians
     ratios = [a / b for a, b in zip(times, ref) if b > 0]
-    return round(statistics.median(ratios), 4) if ratios else None
+    if not ratios:
+        return {"ratio_to_reference": None}
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    return {"ratio_to_reference": round(statistics.median(ratios), 4),
+            "ratio_q1": round(q[0], 4), "ratio_q3": round(q[2], 4)}

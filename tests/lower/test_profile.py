@@ -141,7 +141,7 @@ def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  #
 
     report.update(reference="//ref", samples=1, task="sqnr")
     q.update(outputs={}, bytes=1)
-    note = "slower than the reference" if slower else "faster (CPU time)"
+    note = "slower than the reference" if slower else "speed vs reference (CPU time"
     assert note in evaluate_html(report)
 
 

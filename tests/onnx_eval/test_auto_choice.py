@@ -99,7 +99,7 @@ def test_three_cold_builds_choose_the_same_model(tmp_path):
     _check_same_choice(builds)
     html = (tmp_path / "cold0" / "ws").glob("qbuild-out/m/@auto/report.html")
     page = next(iter(html)).read_text()
-    assert "time / float (± noise)" in page and " ± " in page
+    assert "speed vs float (CPU time, 1 thread)" in page and " ± " in page
 
 
 @pytest.fixture

@@ -141,6 +141,7 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
     out = {"objective": objective, "bar": dict(bar), "chosen": chosen["name"], "note": note,
            "min_speedup": min_speedup if objective == "latency" else None,
            "float": float_row, "trials": rows}
+    out.update(_float_counts(float_row, rows, measured, timing))
     if failed:
         out["failures"] = failures
     if choice is not None:
@@ -165,7 +166,7 @@ def _row(name: str, order: int, entry: Mapping[str, Any], rep: Mapping[str, Any]
                                   else lat.get("spread") or 0.0), 4)
     if timed.get("ratio") is not None:
         rel, noise, basis = timed["ratio"], timed["noise"], "cpu, one run"
-    row = {"name": name, "order": order, "latency_ms": entry.get("latency_ms"),
+    row: dict[str, Any] = {"name": name, "order": order, "latency_ms": entry.get("latency_ms"),
            "relative_latency": rel, "latency_noise": noise, "latency_basis": basis,
            "speedup": round(1.0 / rel, 3) if rel else None,
            "latency_spread": lat.get("spread"), "noisy": lat.get("noisy"),
@@ -173,11 +174,48 @@ def _row(name: str, order: int, entry: Mapping[str, Any], rep: Mapping[str, Any]
            "score": (entry.get("task") or {}).get("score"),
            "worst_sqnr_db": measure(entry, "min_sqnr_db"),
            "status": "meets the bar" if not miss else "misses the bar"}
+    if timed.get("ratio") is not None:  # the same run's CPU time, for the page
+        row["cpu_ms"] = timed.get("median_ms")
+    detected = detections(entry)
+    if detected is not None:
+        row["detections"] = detected
     if "quantized" in entry and entry["quantized"] is None:
         row.update(passes=False, status="quantizes nothing", excluded=NOTHING)
     for key in bar:
         row[key] = measure(entry, key)
     return row
+
+
+def detections(entry: Mapping[str, Any]) -> dict[str, int] | None:
+    """A detection task's counts against the float model's own detections: reference,
+    candidate, matched, missed (reference detections not found) and extra (found, not
+    by the reference); None for other tasks."""
+    task = entry.get("task") or {}
+    if "reference_detections" not in task:
+        return None
+    ref, cand, hit = (int(task[k]) for k in ("reference_detections",
+                                             "candidate_detections", "matched"))
+    return {"reference": ref, "candidate": cand, "matched": hit, "missed": ref - hit,
+            "extra": cand - hit}
+
+
+def _float_counts(float_row: dict[str, Any], rows: Sequence[Mapping[str, Any]],
+                  measured: Sequence[Mapping[str, Any]],
+                  timing: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What the page says the figures rest on: the float row's detections (all its own)
+    and time in the search's timing run, and the result's ``samples`` and ``timing``."""
+    ref = next((r["detections"]["reference"] for r in rows if r.get("detections")), None)
+    if ref is not None:
+        float_row["detections"] = {"reference": ref, "candidate": ref, "matched": ref,
+                                   "missed": 0, "extra": 0}
+    out: dict[str, Any] = {"samples": next((r["samples"] for r in measured
+                                            if "samples" in r), None)}
+    if timing:
+        float_row["cpu_ms"] = timing.get("float_median_ms")
+        out["timing"] = {k: timing.get(k) for k in ("basis", "threads", "rounds", "warmup",
+                                                    "noise_floor", "coverage",
+                                                    "float_median_ms")}
+    return out
 
 
 def _by_cost(passing: list[dict[str, Any]], float_row: dict[str, Any], cost_key: str,

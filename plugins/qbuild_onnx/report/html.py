@@ -1,6 +1,13 @@
-"""Static HTML reports (``report.html``) for ``evaluate`` and ``auto_quantize``: a table of
-every variant (size, latency, accuracy), an accuracy-vs-cost chart with the Pareto front
-and, when known, a per-site sensitivity chart and what was excluded or promoted and why.
+"""Static HTML reports (``report.html``) for ``evaluate`` and ``auto_quantize``: a warnings
+box (every warning the report carries), how many samples and reference detections the
+figures rest on, a table of every variant, an accuracy-vs-speed (or size) chart with the
+Pareto front and a label on every point, and for a search the sensitivity ranking and
+why each trial was or was not chosen.
+
+Speed has one column: the ratio to the float model (the reference) from one interleaved
+timing run, with its spread ("1.23× ± 0.02"); absolute times are secondary and always of
+one kind (CPU time of the one timing thread, or wall time when CPU time was not
+recorded), never mixed in a row. Numbers are formatted by ``report.fmt`` only.
 
 Plain HTML with inline SVG and inline CSS: no script, no network, a few kilobytes. The
 output depends only on the report dictionaries, so it is as deterministic as they are.
@@ -9,126 +16,85 @@ output depends only on the report dictionaries, so it is as deterministic as the
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from html import escape
 from typing import Any
 
+from ..auto.select import detections
+from . import fmt
+from .chart import bars_svg, pareto, scatter_svg
+
+__all__ = ["auto_html", "bars_svg", "evaluate_html", "page", "pareto", "scatter_svg",
+           "speed", "speed_text"]
+
 _CSS = """body{font-family:sans-serif;margin:1.5em;color:#222}
 table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #bbb;padding:3px 8px;
-text-align:right}td:first-child,th:first-child{text-align:left}tr.chosen{background:#dfd}
-tr.fail td{color:#a00}svg{border:1px solid #ccc;background:#fff}.note{color:#555}
-.warn{color:#a00}"""
+text-align:right}td{white-space:nowrap}td:first-child,th:first-child{text-align:left}tr.chosen{background:#dfd}
+tr.fail td{color:#a00}th.secondary,td.secondary{color:#666;font-size:90%}
+td.text,th.text{text-align:left}svg{border:1px solid #ccc;background:#fff}
+.note{color:#555}.warn{color:#a00}
+.warnings{border:2px solid #c60;background:#fff4e5;padding:.2em 1em;margin:1em 0}
+.warnings h2{font-size:110%;margin:.4em 0;color:#a40}
+svg text.point-label{font-size:11px;fill:#222}"""
+
+Row = Mapping[str, Any]
+#: a table column: header, the cell's text (or text and a tooltip), the cells' CSS class
+Column = tuple[str, Callable[[Row], "str | tuple[str, str]"], str]
+
+# bar keys: (column title, formatter, higher is better)
+_BAR_COLUMNS: dict[str, tuple[str, Callable[[Any], str], bool]] = {
+    "min_f1": ("F1", fmt.score, True),
+    "min_f1_lower": ("F1 lower bound", fmt.score, True),
+    "min_ap50": ("AP50", fmt.score, True),
+    "max_top1_drop": ("top-1 drop", fmt.percent, False),
+    "min_top1_agreement": ("top-1 agreement", fmt.percent, True),
+    "min_sqnr_db": ("worst SQNR", fmt.db, True),
+    "min_psnr_db": ("PSNR", fmt.db, True),
+    "min_score": ("score", fmt.plain, True),
+}
+# an evaluate task result: (key, column title, formatter), in the order shown
+_TASK_COLUMNS = (("f1", "F1", fmt.score), ("f1_lower", "F1 lower bound", fmt.score),
+                 ("ap50", "AP50", fmt.score), ("top1_agreement", "top-1 agreement",
+                                              fmt.percent),
+                 ("top5_agreement", "top-5 agreement", fmt.percent))
 
 
-def _num(v: Any) -> float | None:
-    if v is None or isinstance(v, bool):
+def speed(rel: Any, noise: Any = None) -> tuple[float, float | None] | None:
+    """(speed, its ± half-width) from a time ratio to float and that ratio's noise: the
+    speed is float's time over the model's (1.23: 23 % faster), the half-width that of
+    the interval [1 / (ratio + noise), 1 / (ratio - noise)]."""
+    r, n = fmt.number(rel), fmt.number(noise)
+    if r is None or not math.isfinite(r) or r <= 0:
         return None
-    if v in ("inf", "-inf", "nan"):
-        return float(v)
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return None
+    if n is None or not math.isfinite(n):
+        return 1.0 / r, None
+    half = (1.0 / (r - n) - 1.0 / (r + n)) / 2.0 if r > n else math.inf
+    return 1.0 / r, half
 
 
-def _fmt(v: Any, digits: int = 4) -> str:
-    x = _num(v)
-    if x is None:
-        return "–" if v is None else escape(str(v))
-    if math.isinf(x) or math.isnan(x):
-        return str(x)
-    return f"{x:.{digits}g}" if abs(x) < 1e5 else f"{x:.0f}"
+def speed_text(rel: Any, noise: Any = None) -> str:
+    """A time ratio and its noise as the speed the pages show: "1.23× ± 0.02"."""
+    s = speed(rel, noise)
+    return fmt.MISSING if s is None else fmt.ratio_pm(s[0], s[1])
 
 
-def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
-    """Indices of the points no other point beats (lower cost, higher accuracy)."""
-    front = []
-    for i, (c, a) in enumerate(points):
-        if not any((c2 <= c and a2 >= a) and (c2 < c or a2 > a)
-                   for j, (c2, a2) in enumerate(points) if j != i):
-            front.append(i)
-    return sorted(front, key=lambda i: points[i][0])
+def _inside_noise(rel: Any, noise: Any) -> bool:
+    s = speed(rel, noise)
+    return s is not None and s[1] is not None and abs(s[0] - 1.0) <= s[1]
 
 
-def scatter_svg(rows: Sequence[Mapping[str, Any]], x_key: str, y_key: str, x_label: str,
-                y_label: str, chosen: str | None = None) -> str:
-    """An accuracy (y) vs cost (x) chart of the rows that have both, front joined."""
-    measured = [(str(r["name"]), _num(r.get(x_key)), _num(r.get(y_key))) for r in rows]
-    pts = [(n, x, y) for n, x, y in measured if x is not None and y is not None
-           and math.isfinite(x) and math.isfinite(y)]
-    w, h, m = 560, 320, 50
-    if not pts:
-        return f'<p class="note">No variant has both {escape(x_label)} and {escape(y_label)}.</p>'
-    xs, ys = [p[1] for p in pts], [p[2] for p in pts]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    x1, y1 = (x1 + 1, y1 + 1) if x1 == x0 and y1 == y0 else (x1, y1)
-    x1 = x1 if x1 > x0 else x0 + 1
-    y1 = y1 if y1 > y0 else y0 + 1
-
-    def sx(x: float) -> float:
-        return m + (x - x0) / (x1 - x0) * (w - 2 * m)
-
-    def sy(y: float) -> float:
-        return h - m - (y - y0) / (y1 - y0) * (h - 2 * m)
-
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" '
-             f'role="img" aria-label="{escape(y_label)} vs {escape(x_label)}">',
-             f'<line x1="{m}" y1="{h - m}" x2="{w - m}" y2="{h - m}" stroke="#333"/>',
-             f'<line x1="{m}" y1="{m}" x2="{m}" y2="{h - m}" stroke="#333"/>',
-             f'<text x="{w / 2}" y="{h - 12}" text-anchor="middle">{escape(x_label)}</text>',
-             f'<text x="14" y="{h / 2}" transform="rotate(-90 14 {h / 2})" '
-             f'text-anchor="middle">{escape(y_label)}</text>',
-             f'<text x="{m}" y="{h - m + 16}" font-size="11">{_fmt(x0)}</text>',
-             f'<text x="{w - m}" y="{h - m + 16}" font-size="11" text-anchor="end">'
-             f'{_fmt(x1)}</text>',
-             f'<text x="{m - 4}" y="{h - m}" font-size="11" text-anchor="end">{_fmt(y0)}</text>',
-             f'<text x="{m - 4}" y="{m + 4}" font-size="11" text-anchor="end">{_fmt(y1)}</text>']
-    front = pareto([(p[1], p[2]) for p in pts])
-    if len(front) > 1:
-        path = " ".join(f"{sx(pts[i][1]):.1f},{sy(pts[i][2]):.1f}" for i in front)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="#393" '
-                     f'stroke-dasharray="4 3"/>')
-    for i, (name, x, y) in enumerate(pts):
-        colour = "#1a7f1a" if name == chosen else ("#2a5db0" if i in front else "#888")
-        parts.append(f'<circle class="variant" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="5" '
-                     f'fill="{colour}"><title>{escape(name)}: {_fmt(y)} at {_fmt(x)}</title>'
-                     f'</circle>')
-    parts.append("</svg>")
-    return "\n".join(parts)
+def _cell(value: str | tuple[str, str], cls: str) -> str:
+    text, tip = value if isinstance(value, tuple) else (value, "")
+    title = f' title="{escape(tip)}"' if tip else ""
+    return f'<td class="{cls}"{title}>{escape(text)}</td>'
 
 
-def bars_svg(items: Sequence[tuple[str, float]], label: str) -> str:
-    """A horizontal bar chart (sensitivity of the first sites)."""
-    items = [(n, v) for n, v in items if math.isfinite(v)][:30]
-    if not items:
-        return ""
-    w, row = 560, 16
-    h = row * len(items) + 30
-    lo = min(0.0, min(v for _, v in items))
-    hi = max(v for _, v in items)
-    hi = hi if hi > lo else lo + 1
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" '
-             f'aria-label="{escape(label)}">',
-             f'<text x="4" y="14" font-size="12">{escape(label)}</text>']
-    for i, (name, v) in enumerate(items):
-        y = 22 + i * row
-        bw = (v - lo) / (hi - lo) * (w - 260)
-        parts.append(f'<text x="4" y="{y + 11}" font-size="11">{escape(name[:36])}</text>')
-        parts.append(f'<rect x="250" y="{y}" width="{max(bw, 1):.1f}" height="{row - 3}" '
-                     f'fill="#c66"><title>{escape(name)}: {_fmt(v)}</title></rect>')
-    parts.append("</svg>")
-    return "\n".join(parts)
-
-
-def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]],
-           chosen: str | None) -> str:
-    head = "".join(f"<th>{escape(t)}</th>" for _, t in columns)
+def _table(rows: Sequence[Row], columns: Sequence[Column], chosen: str | None) -> str:
+    head = "".join(f'<th class="{c}">{escape(t)}</th>' for t, _, c in columns)
     body = []
     for r in rows:
         cls = "chosen" if r["name"] == chosen else ("fail" if r.get("passes") is False else "")
-        cells = "".join(f"<td>{escape(str(r.get(k, '')))}</td>" if k in ("name", "passes",
-                        "note", "status") else f"<td>{_fmt(r.get(k))}</td>" for k, _ in columns)
+        cells = "".join(_cell(get(r), c) for _, get, c in columns)
         body.append(f'<tr class="{cls}">{cells}</tr>')
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"
 
@@ -136,73 +102,430 @@ def _table(rows: Sequence[Mapping[str, Any]], columns: Sequence[tuple[str, str]]
 def page(title: str, sections: Sequence[str]) -> str:
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{escape(title)}</title><style>{_CSS}</style></head><body>"
-            f"<h1>{escape(title)}</h1>\n" + "\n".join(sections) + "\n</body></html>\n")
+            f"<h1>{escape(title)}</h1>\n" + "\n".join(s for s in sections if s)
+            + "\n</body></html>\n")
+
+
+def warnings_box(items: Sequence[tuple[str, str]]) -> str:
+    """The box every page opens with when it has warnings: (element id, HTML) items."""
+    if not items:
+        return ""
+    listed = "".join(f'<li id="{escape(i)}">{h}</li>' if i else f"<li>{h}</li>"
+                     for i, h in items)
+    return (f'<div class="warnings" id="warnings" role="alert"><h2>Warnings '
+            f'({len(items)})</h2><ul>{listed}</ul></div>')
+
+
+_OWN_WARNINGS = ("bar_warning",)
+
+
+def report_warnings(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Warnings a report carries that no page section knows by name: every entry of its
+    ``warnings`` list (a string, or a mapping with ``message``) and every other top-level
+    ``*_warning`` string or ``*_warnings`` list, so that a warning added to a report is
+    never missing from its page."""
+    found: list[Any] = list(report.get("warnings") or [])
+    for key in sorted(report):
+        if key in _OWN_WARNINGS or key == "warnings":
+            continue
+        if key.endswith("_warning") and report[key]:
+            found.append(report[key])
+        elif key.endswith("_warnings") and isinstance(report[key], list):
+            found += report[key]
+    items = []
+    for w in found:
+        text = w.get("message", w) if isinstance(w, Mapping) else w
+        items.append(("", escape(str(text))))
+    return items
+
+
+def _detection_columns(key: Callable[[Row], Mapping[str, Any] | None]) -> list[Column]:
+    def part(name: str) -> Callable[[Row], str]:
+        return lambda r: fmt.count((key(r) or {}).get(name))
+    return [("detections matched", part("matched"), ""), ("missed", part("missed"), ""),
+            ("extra", part("extra"), "")]
+
+
+def _task_cell(key: str, f: Callable[[Any], str]) -> Callable[[Row], str]:
+    """A column's cell: a task result's ``key`` formatted (none on the reference row)."""
+    return lambda r: fmt.MISSING if r.get("reference_row") else f(r["task"].get(key))
+
+
+def _value_cell(key: str, f: Callable[[Any], str]) -> Callable[[Row], str]:
+    return lambda r: f(r.get(key))
+
+
+def _first_task(report: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    for e in report["models"].values():
+        task: Mapping[str, Any] | None = e.get("task")
+        return task
+    return None
+
+
+def set_summaries(report: Mapping[str, Any]) -> tuple[list[str], list[tuple[str, str]]]:
+    """The lines describing the datasets a report was measured on (every top-level
+    ``*_set`` summary with a ``text``: ``evaluation_set``, ``selection_set``) and their
+    warnings when a set is too small to decide."""
+    lines: list[str] = []
+    warnings: list[tuple[str, str]] = []
+    for key in sorted(report):
+        summary = report[key]
+        if not (key.endswith("_set") and isinstance(summary, Mapping) and "text" in summary):
+            continue
+        role = key[:-len("_set")]
+        lines.append(f'<p id="{escape(role)}-set">{escape(role.capitalize())} set: '
+                     f"{escape(str(summary['text']))}.</p>")
+        if summary.get("warning"):
+            wid = "set-warning" if not warnings else f"{role}-set-warning"
+            warnings.append((wid, f"<b>Too small to decide:</b> "
+                                  f"{escape(str(summary['warning']))}"))
+    return lines, warnings
+
+
+def _chart_label(name: str, names: Sequence[str]) -> str:
+    """A point's label: the target name without the package shared by every point."""
+    packages = {n.rsplit(":", 1)[0] for n in names if n.startswith("//") and ":" in n}
+    return name.rsplit(":", 1)[1] if len(packages) == 1 and name.startswith("//") and \
+        ":" in name else name
+
+
+# ---- evaluate -------------------------------------------------------------------------
+
+def _eval_basis(report: Mapping[str, Any]) -> str | None:
+    """'cpu' when every timing has CPU time, 'wall' when some lacks it, None: untimed."""
+    lat = report.get("latency")
+    if not lat:
+        return None
+    timed = [e.get("latency") or {} for e in report["models"].values()]
+    return "cpu" if lat["reference"].get("cpu") and all(t.get("cpu") for t in timed) \
+        else "wall"
+
+
+def _eval_timing(lat: Mapping[str, Any] | None, basis: str | None
+                 ) -> tuple[float | None, float | None, float | None]:
+    """(time ratio to the reference, its spread, the median ms) of one model's timing on
+    the page's basis; the spread is half the interquartile range of the per-round
+    ratios."""
+    if not lat or basis is None:
+        return None, None, None
+    m = lat["cpu"] if basis == "cpu" else lat
+    q1, q3 = fmt.number(m.get("ratio_q1")), fmt.number(m.get("ratio_q3"))
+    spread = round((q3 - q1) / 2.0, 4) if q1 is not None and q3 is not None else None
+    return fmt.number(m.get("ratio_to_reference")), spread, fmt.number(m.get("median_ms"))
+
+
+def _eval_rows(report: Mapping[str, Any], basis: str | None) -> list[dict[str, Any]]:
+    lat = report.get("latency") or {}
+    ref_ms = _eval_timing(lat.get("reference"), basis)[2]
+    ref_det = detections({"task": _first_task(report)})
+    rows: list[dict[str, Any]] = [{
+        "name": report["reference"], "role": "reference", "form": "float (reference)",
+        "bytes": report.get("reference_bytes"), "ms": ref_ms, "rel": 1.0 if basis else None,
+        "sqnr": math.inf, "task": {}, "reference_row": True,
+        "detections": ref_det and {"matched": ref_det["reference"], "missed": 0,
+                                   "extra": 0}}]
+    for label, e in report["models"].items():
+        rel, spread, ms = _eval_timing(e.get("latency"), basis)
+        sq = [x for m in e["outputs"].values() if (x := fmt.number(m["sqnr_db"])) is not None]
+        form = (e["quantized"] or "float (nothing quantized)") if "quantized" in e else ""
+        rows.append({"name": label, "form": form, "bytes": e.get("bytes"), "ms": ms,
+                     "rel": rel, "noise": spread, "sqnr": min(sq) if sq else None,
+                     "task": e.get("task") or {}, "detections": detections(e),
+                     "role": "baseline" if e.get("gated") is False else "candidate",
+                     "slower": (e.get("latency") or {}).get("slower_than_reference")})
+    return rows
+
+
+def _eval_speed(r: Row) -> str | tuple[str, str]:
+    if r.get("reference_row"):
+        return "1.00× (reference)" if r.get("rel") else fmt.MISSING
+    text = speed_text(r.get("rel"), r.get("noise"))
+    if r.get("rel") is None:
+        return text
+    if _inside_noise(r.get("rel"), r.get("noise")):
+        return text + " (inside the noise)", "the spread includes the reference's speed"
+    if r.get("slower"):
+        return text + " slower", "slower than the reference"
+    return text
+
+
+def _eval_columns(report: Mapping[str, Any], rows: Sequence[Row], basis: str | None
+                  ) -> list[Column]:
+    cols: list[Column] = [("model", lambda r: str(r["name"]), "text"),
+                          ("quantized as", lambda r: str(r["form"]), "text")]
+    if any(r["role"] == "baseline" for r in rows):
+        cols.append(("role", lambda r: str(r["role"]), "text"))
+    if basis:
+        kind = "CPU" if basis == "cpu" else "wall"
+        cols += [(f"speed vs reference ({kind} time, 1 thread)", _eval_speed, ""),
+                 (f"{kind} time per run", lambda r: fmt.ms(r.get("ms")), "secondary")]
+    cols += [("size", lambda r: fmt.size(r.get("bytes")), ""),
+             ("worst SQNR", lambda r: fmt.db(r.get("sqnr")), "")]
+    task = str(report.get("task", "sqnr"))
+    shown = [(k, t, f) for k, t, f in _TASK_COLUMNS
+             if any(k in r["task"] for r in rows)]
+    cols += [(t, _task_cell(k, f), "") for k, t, f in shown]
+    if task == "psnr":
+        cols.append(("PSNR", _task_cell("score", fmt.db), ""))
+    elif not shown and task != "sqnr":
+        cols.append((f"{task} score", _task_cell("score", fmt.plain), ""))
+    if any(r.get("detections") for r in rows):
+        cols += _detection_columns(lambda r: r.get("detections"))
+    return cols
+
+
+def _eval_warnings(report: Mapping[str, Any], rows: Sequence[Row],
+                   basis: str | None) -> list[tuple[str, str]]:
+    items = []
+    lat = report.get("latency") or {}
+    kind = "CPU" if basis == "cpu" else "wall"
+    for r in rows:
+        if r.get("slower"):
+            items.append(("", f"<b>{escape(str(r['name']))}</b> is slower than the "
+                              f"reference: it runs at "
+                              f"{escape(speed_text(r.get('rel'), r.get('noise')))} the "
+                              f"reference's speed ({kind} time, 1 thread)"))
+    if lat.get("noisy"):
+        items.append(("latency-noisy", "The timing is noisy: the interquartile range of "
+                      "some model's times is above 10 % of its median (other load on the "
+                      "machine?)."))
+    return items + set_summaries(report)[1] + report_warnings(report)
+
+
+def _counts_line(samples: Any, det: Mapping[str, Any] | None, who: str) -> str:
+    line = f"Measured on <b>{fmt.count(samples)}</b> sample(s)"
+    if det is not None:
+        line += (f"; {escape(who)} detects <b>{fmt.count(det['reference'])}</b> object(s) "
+                 "on them: each model's detections are matched against those "
+                 "(missed: not found; extra: found but not by the reference)")
+    return line + "."
 
 
 def evaluate_html(report: Mapping[str, Any]) -> str:
     """report.html of an ``evaluate`` report."""
-    rows = [{"name": report["reference"] + " (reference)", "bytes": report.get("reference_bytes"),
-             "latency_ms": report.get("reference_latency_ms"), "score": None,
-             "sqnr": "inf"}]
-    for label, e in report["models"].items():
-        sq = [x for m in e["outputs"].values() if (x := _num(m["sqnr_db"])) is not None]
-        form = e["quantized"] or "float (nothing quantized)" if "quantized" in e else ""
-        rows.append({"name": label, "bytes": e.get("bytes"), "latency_ms": e.get("latency_ms"),
-                     "score": (e.get("task") or {}).get("score"),
-                     "sqnr": min(sq) if sq else None, "note": _speed_note(report, e),
-                     "status": form})
-    y_key = "score" if report.get("task", "sqnr") != "sqnr" else "sqnr"
-    x_key = "latency_ms" if any(r.get("latency_ms") is not None for r in rows) else "bytes"
-    cols = [("name", "model"), ("status", "quantized as"), ("bytes", "size (bytes)"),
-            ("latency_ms", "latency (ms)"),
-            ("sqnr", "worst SQNR (dB)"), ("score", f"{report.get('task', 'sqnr')} score")]
-    if any(r.get("note") for r in rows):
-        cols.append(("note", "speed vs reference"))
-    return page(f"evaluate: {len(report['models'])} model(s) vs {report['reference']}", [
-        f"<p>{report['samples']} sample(s), task <b>{escape(str(report.get('task', 'sqnr')))}"
-        "</b>.</p>",
-        _table(rows, cols, None),
-        scatter_svg(rows, x_key, y_key, x_key, y_key),
-    ])
+    basis = _eval_basis(report)
+    rows = _eval_rows(report, basis)
+    ref_det = detections({"task": _first_task(report)})
+    sections = [warnings_box(_eval_warnings(report, rows, basis)),
+                f"<p>{_counts_line(report.get('samples'), ref_det, 'the reference')} "
+                f"Task <b>{escape(str(report.get('task', 'sqnr')))}</b>.</p>",
+                *set_summaries(report)[0],
+                _table(rows, _eval_columns(report, rows, basis), None)]
+    if basis:
+        lat = report["latency"]
+        sections.append(
+            f'<p class="note" id="speed-basis">Speed: the reference\'s '
+            f'{"CPU" if basis == "cpu" else "wall"} time over the model\'s, median of '
+            f"the per-round ratios of {fmt.count(lat.get('runs'))} rounds timing every model "
+            "interleaved in one process (1 thread, after warm-up rounds); ± half their "
+            "interquartile range. Above 1.00× is faster.</p>")
+    sections.append(_eval_chart(report, rows, basis))
+    return page(f"evaluate: {len(report['models'])} model(s) vs {report['reference']}",
+                sections)
 
 
-def _speed_note(report: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
-    """'1.21x faster' / '0.85x: slower than the reference', on the basis the evaluation
-    decided it (CPU time with one thread)."""
-    lat, ref = entry.get("latency"), (report.get("latency") or {}).get("reference")
-    if not lat or not ref:
-        return ""
-    cpu = lat.get("slower_basis") == "cpu" and lat.get("cpu") and ref.get("cpu")
-    m, r = (lat["cpu"], ref["cpu"]) if cpu else (lat, ref)
-    if not m.get("median_ms"):
-        return ""
-    x = r["median_ms"] / m["median_ms"]
-    basis = "CPU" if cpu else "wall"
-    if lat.get("slower_than_reference"):
-        return f"{x:.2f}x ({basis} time): slower than the reference"
-    return f"{x:.2f}x faster ({basis} time)"
+def _eval_chart(report: Mapping[str, Any], rows: Sequence[Row], basis: str | None) -> str:
+    task = str(report.get("task", "sqnr"))
+    y_title, y_key, y_fmt = "worst SQNR", "", fmt.db
+    shown = [(k, t, f) for k, t, f in _TASK_COLUMNS if any(k in r["task"] for r in rows)]
+    if shown:
+        y_key, y_title, y_fmt = shown[0]
+    elif task != "sqnr":
+        y_key, y_title, y_fmt = "score", ("PSNR" if task == "psnr" else f"{task} score"), (
+            fmt.db if task == "psnr" else fmt.plain)
+
+    def y_get(r: Row) -> Any:
+        return r["task"].get(y_key) if y_key else r.get("sqnr")
+
+    models = [r for r in rows if not r.get("reference_row")]
+    names = [str(r["name"]) for r in models]
+    if basis:
+        pts = [(str(r["name"]), _speed_value(r.get("rel")), fmt.number(y_get(r)))
+               for r in models]
+        x = ("speed vs reference (×, right is faster)", fmt.ratio, True)
+    else:
+        pts = [(str(r["name"]), fmt.number(r.get("bytes")), fmt.number(y_get(r)))
+               for r in models]
+        x = ("size", fmt.size, False)
+    return "<h2>Accuracy vs " + ("speed" if basis else "size") + "</h2>\n" + scatter_svg(
+        pts, x[0], y_title, x[1], y_fmt, higher_x_better=x[2],
+        x_mark=1.0 if basis else None, labels={n: _chart_label(n, names) for n in names})
 
 
-def _auto_warnings(result: Mapping[str, Any]) -> list[str]:
-    """The lines that open an auto_quantize page: most trials failed, a task-blind bar on
-    a detector, a latency margin inside the noise."""
-    warnings: list[str] = []
+def _speed_value(rel: Any) -> float | None:
+    s = speed(rel)
+    return None if s is None else s[0]
+
+
+# ---- auto_quantize --------------------------------------------------------------------
+
+def _latency_warning(result: Mapping[str, Any]) -> tuple[str, str] | None:
+    choice = result.get("latency_choice") or {}
+    if not choice.get("inside_noise"):
+        return None
+    if choice.get("tied"):
+        return ("latency-tie", (
+            f"The winner's speed margin is <b>inside the timing noise</b>: "
+            f"{escape(', '.join(choice['tied']))} are tied on speed, so "
+            f"{escape(str(result['chosen']))} was chosen by "
+            f"<b>{escape(choice['decided_by'])}</b>, not by speed."))
+    return ("latency-tie", (
+        "The fastest trial's margin over float is <b>inside the timing noise</b>: "
+        "no trial is clearly faster, so the float model (the most accurate) is kept."))
+
+
+def _auto_warnings(result: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The warnings box of a search: most trials failed, a task-blind bar on a detector, a
+    speed margin inside the noise, and every other warning the result carries."""
+    items: list[tuple[str, str]] = []
     failures = result.get("failures") or {}
     if failures.get("most"):
         listed = "".join(f"<li>{r['count']}× {escape(r['reason'])} "
-                        f"({escape(', '.join(r['trials']))})</li>"
-                        for r in failures["reasons"])
-        warnings.append(f"<p class=\"warn\" id=\"failures\"><b>Most trials failed: "
-                        f"{failures['failed']} of {failures['trials']}.</b></p><ul>{listed}</ul>")
+                         f"({escape(', '.join(r['trials']))})</li>"
+                         for r in failures["reasons"])
+        items.append(("failures", f"<b>Most trials failed: {failures['failed']} of "
+                                  f"{failures['trials']}.</b><ul>{listed}</ul>"))
     if result.get("bar_warning"):
-        warnings.append(f"<p class=\"warn\" id=\"bar-warning\"><b>Warning:</b> "
-                        f"{escape(result['bar_warning'])}</p>")
-    choice = result.get("latency_choice") or {}
-    if choice.get("inside_noise") and choice.get("tied"):
-        warnings.append(f"<p id=\"latency-tie\">The winner's latency margin was inside "
-                        f"the timing noise (tied: {escape(', '.join(choice['tied']))}); "
-                        f"chosen by {escape(choice['decided_by'])}.</p>")
-    return warnings
+        items.append(("bar-warning", f"<b>Task-blind bar:</b> "
+                                     f"{escape(result['bar_warning'])}"))
+    items += set_summaries(result)[1]
+    tie = _latency_warning(result)
+    if tie:
+        items.append(tie)
+    return items + report_warnings(result)
+
+
+def _bar_text(bar: Mapping[str, Any]) -> str:
+    parts = []
+    for k, v in bar.items():
+        title, f, higher = _BAR_COLUMNS.get(k, (k, fmt.plain, True))
+        parts.append(f"{title} {'≥' if higher else '≤'} {f(v)} ({k})")
+    return ", ".join(parts)
+
+
+def _auto_speed(r: Row) -> str | tuple[str, str]:
+    if r.get("status") == "float":
+        return "1.00× (baseline)" if r.get("relative_latency") is not None else fmt.MISSING
+    s = speed(r.get("relative_latency"), r.get("latency_noise"))
+    if s is None:
+        return fmt.MISSING
+    text = fmt.ratio_pm(s[0], s[1])
+    tip = ""
+    if s[1] is not None:
+        tip = (f"from {fmt.ratio(s[0] - s[1])} to {fmt.ratio(s[0] + s[1])}"
+               + (" (includes float's speed)" if abs(s[0] - 1.0) <= s[1] else ""))
+    return text, tip
+
+
+def _auto_columns(result: Mapping[str, Any], rows: Sequence[Row]) -> list[Column]:
+    cols: list[Column] = [("trial", lambda r: str(r["name"]), "text")]
+    if any(r.get("relative_latency") is not None for r in rows):
+        cols.append(("speed vs float (CPU time, 1 thread)", _auto_speed, ""))
+    if any(r.get("cpu_ms") is not None for r in rows):
+        cols.append(("CPU time per run", lambda r: fmt.ms(r.get("cpu_ms")), "secondary"))
+    cols.append(("size", lambda r: fmt.size(r.get("bytes")), ""))
+    for k in result["bar"]:
+        title, f, _ = _BAR_COLUMNS.get(k, (k, fmt.plain, True))
+        cols.append((title, _value_cell(k, f), ""))
+    if "min_sqnr_db" not in result["bar"]:
+        cols.append(("worst SQNR", lambda r: fmt.db(r.get("worst_sqnr_db")), ""))
+    if any(r.get("detections") for r in rows):
+        cols += _detection_columns(lambda r: r.get("detections"))
+    cols += [("float / promoted nodes", lambda r: fmt.count(r.get("float_nodes")), ""),
+             ("meets bar", _meets, "text"),
+             ("status", lambda r: str(r.get("status", "")), "text")]
+    return cols
+
+
+def _meets(r: Row) -> str:
+    passes = r.get("passes")
+    return fmt.MISSING if passes is None else "yes" if passes else "no"
+
+
+def _timing_note(result: Mapping[str, Any]) -> str:
+    timing = result.get("timing")
+    if not timing:
+        return ""
+    floor = speed(1.0, timing.get("noise_floor"))
+    floor_text = f"± {fmt.fixed(floor[1] if floor else None, 2)}"
+    need = result.get("min_speedup")
+    return (f'<p class="note" id="speed-basis">Speed: float\'s CPU time over the trial\'s, '
+            f"median of the per-round ratios of one run timing float and every trial "
+            f"interleaved ({fmt.count(timing.get('rounds'))} rounds, 1 thread, after "
+            f"warm-up rounds); ± half its {fmt.percent(timing.get('coverage'), 0)} "
+            f"interval, at least the noise floor {escape(floor_text)} "
+            f"(how far a second session of the float model strays from 1.00×). Above "
+            f"1.00× is faster"
+            + (f"; a trial replaces float only at {escape(fmt.ratio(need))} or more at the "
+               "slow end of its interval" if need else "") + ".</p>")
+
+
+def _summary(result: Mapping[str, Any]) -> str:
+    det = (result["float"].get("detections") or None)
+    counts = _counts_line(result.get("samples"), det, "the float model") \
+        if result.get("samples") is not None else ""
+    return (f"<p>{counts} Objective: <b>{escape(result['objective'])}</b>; bar: "
+            f"{escape(_bar_text(result['bar']))}.</p>" + "".join(set_summaries(result)[0]) +
+            f"<p>Chosen: <b id=\"chosen\">{escape(result['chosen'])}</b> — "
+            f"{escape(result['note'])}</p>")
+
+
+def _misses(r: Row, bar: Mapping[str, Any]) -> list[str]:
+    out = []
+    for k, limit in bar.items():
+        title, f, higher = _BAR_COLUMNS.get(k, (k, fmt.plain, True))
+        v = fmt.number(r.get(k))
+        if v is None:
+            out.append(f"{title}: not measured by this task")
+        elif (v < limit) if higher else (v > limit):
+            out.append(f"{title} {f(v)} {'below' if higher else 'above'} {f(limit)}")
+    return out
+
+
+def _verdict(r: Row, min_speedup: Any) -> str:
+    verdict = str(r["latency_verdict"])
+    if verdict.startswith("not clearly"):
+        return (f"not clearly {fmt.ratio(min_speedup)} faster than float (speed "
+                f"{speed_text(r.get('relative_latency'), r.get('latency_noise'))})")
+    return verdict
+
+
+def _why(result: Mapping[str, Any]) -> list[str]:
+    notes = []
+    if result.get("sensitivity_failed"):
+        notes.append(f"<li>the sensitivity ranking failed: "
+                     f"{escape(result['sensitivity_failed'])}</li>")
+    for r in result["trials"]:
+        name = escape(r["name"])
+        if r.get("failed"):
+            notes.append(f"<li>{name}: <b>failed</b>, left out: {escape(r['failed'])}</li>")
+        if r.get("excluded"):
+            notes.append(f"<li>{name}: left out: {escape(r['excluded'])}</li>")
+        if r.get("misses"):
+            notes.append(f"<li>{name}: misses "
+                         f"{escape('; '.join(_misses(r, result['bar']) or r['misses']))}</li>")
+        if r.get("latency_verdict"):
+            notes.append(f"<li>{name}: speed: "
+                         f"{escape(_verdict(r, result.get('min_speedup')))}</li>")
+        if r.get("float_joins"):
+            notes.append(f"<li>{name}: joins kept float (very different input ranges): "
+                         f"{escape(', '.join(r['float_joins']))}</li>")
+    return ["<h2>Why</h2>", "<ul>" + "".join(notes) + "</ul>"] if notes else []
+
+
+def _auto_chart(result: Mapping[str, Any], rows: Sequence[Row]) -> str:
+    bar_keys = list(result["bar"])
+    key = bar_keys[0] if bar_keys else "worst_sqnr_db"
+    y_title, y_fmt, _ = _BAR_COLUMNS.get(key, (key, fmt.plain, True))
+    by_speed = result["objective"] == "latency"
+    pts = [(str(r["name"]),
+            _speed_value(r.get("relative_latency")) if by_speed else fmt.number(r.get("bytes")),
+            fmt.number(r.get(key))) for r in rows]
+    chart = scatter_svg(pts, "speed vs float (×, right is faster)" if by_speed else "size",
+                        y_title, fmt.ratio if by_speed else fmt.size, y_fmt,
+                        chosen=str(result["chosen"]), higher_x_better=by_speed,
+                        x_mark=1.0 if by_speed else None)
+    return f"<h2>{escape(y_title)} vs {'speed' if by_speed else 'size'}</h2>\n{chart}"
 
 
 def auto_html(label: str, result: Mapping[str, Any],
@@ -210,54 +533,16 @@ def auto_html(label: str, result: Mapping[str, Any],
     """report.html of an ``auto_quantize`` selection: every trial, the chart, the
     sensitivity ranking and what was kept float or promoted."""
     rows = [dict(result["float"]), *[dict(r) for r in result["trials"]]]
-    for r in rows:
-        if r.get("relative_latency") is not None and r.get("latency_noise") is not None:
-            r["ratio_to_float"] = f"{r['relative_latency']} ± {r['latency_noise']}"
-    bar_keys = list(result["bar"])
-    cost_key = "latency_ms" if result["objective"] == "latency" else "bytes"
-    acc_key = bar_keys[0] if bar_keys else "score"
-    cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
-            ("ratio_to_float", "time / float (± noise)"),
-            *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
-            ("float_nodes", "float/promoted"), ("passes", "meets bar"), ("status", "status")]
-    warnings = _auto_warnings(result)
-    sections = [
-        *warnings,
-        f"<p>Objective: <b>{escape(result['objective'])}</b>; bar: "
-        f"{escape(', '.join(f'{k} = {v}' for k, v in result['bar'].items()))}.</p>",
-        f"<p>Chosen: <b id=\"chosen\">{escape(result['chosen'])}</b> — "
-        f"{escape(result['note'])}</p>",
-        _table(rows, cols, result["chosen"]),
-        "<h2>Accuracy vs cost</h2>",
-        scatter_svg(rows, cost_key, acc_key, cost_key, acc_key, result["chosen"]),
-    ]
-    notes = []
-    if result.get("sensitivity_failed"):
-        notes.append(f"<li>the sensitivity ranking failed: "
-                     f"{escape(result['sensitivity_failed'])}</li>")
-    for r in result["trials"]:
-        if r.get("failed"):
-            notes.append(f"<li>{escape(r['name'])}: <b>failed</b>, left out: "
-                         f"{escape(r['failed'])}</li>")
-        if r.get("excluded"):
-            notes.append(f"<li>{escape(r['name'])}: left out: {escape(r['excluded'])}</li>")
-        if r.get("misses"):
-            notes.append(f"<li>{escape(r['name'])}: misses {escape('; '.join(r['misses']))}"
-                         "</li>")
-        if r.get("latency_verdict"):
-            notes.append(f"<li>{escape(r['name'])}: latency: "
-                         f"{escape(r['latency_verdict'])}</li>")
-        if r.get("float_joins"):
-            notes.append(f"<li>{escape(r['name'])}: joins kept float (very different input "
-                         f"ranges): {escape(', '.join(r['float_joins']))}</li>")
-    if notes:
-        sections += ["<h2>Why</h2>", "<ul>" + "".join(notes) + "</ul>"]
+    sections = [warnings_box(_auto_warnings(result)), _summary(result),
+                _table(rows, _auto_columns(result, rows), result["chosen"]),
+                _timing_note(result), _auto_chart(result, rows), *_why(result)]
     if sensitivity and sensitivity.get("ranking"):
         items = []
         for r in sensitivity["ranking"][:30]:
-            v = _num(r.get("score"))
+            v = fmt.number(r.get("score"))
             if v is not None:
                 items.append((r["site"], v))
         sections += ["<h2>Sensitivity (score with only this site quantized; low = "
-                     "sensitive)</h2>", bars_svg(items, f"task: {sensitivity.get('task', '')}")]
+                     "sensitive)</h2>", bars_svg(items, f"task: {sensitivity.get('task', '')}",
+                                                   fmt.plain)]
     return page(f"auto_quantize {label}", sections)
