@@ -106,11 +106,12 @@ class ActionResult:
                 origin: Literal["local", "remote"], providers: Mapping[str, Any],
                 log: OutputEntry | None, sources: Mapping[str, str]) -> ActionResult:
         """A result from fields the store's gate has checked, each of its final type
-        (set as the generated ``__init__`` would, without its per-field calls)."""
+        and its own (freshly parsed tables: not copied again), set as the generated
+        ``__init__`` would, without its per-field calls."""
         made = _new(cls)
-        made.__dict__.update(outputs=outputs, declared=declared, info=dict(info),
-                             warnings=warnings, origin=origin, providers=dict(providers),
-                             log=log, sources=dict(sources), failed=None)
+        made.__dict__.update(outputs=outputs, declared=declared, info=info,
+                             warnings=warnings, origin=origin, providers=providers,
+                             log=log, sources=sources, failed=None)
         return made
 
     @classmethod

@@ -28,6 +28,7 @@ _depth = 0
 # Threads asking a rule for facts now: only their reads count (an action running in
 # another thread meanwhile may list the environment; that is not a key fact).
 _watching: dict[int, int] = {}
+_wrapper: _Watched | None = None  # (one for every call: made once)
 
 
 def _noted(name: str, value: str | None) -> None:
@@ -41,9 +42,24 @@ class _Watched(MutableMapping[str, str]):
     def __init__(self, real: MutableMapping[str, str]) -> None:
         self.real = real
 
+    # Each read is one lookup in the real environment (its keys and values are encoded
+    # and decoded on every lookup): every target's facts read PATH at least.
     def __getitem__(self, name: str) -> str:
-        _noted(name, self.real.get(name))
-        return self.real[name]
+        value = self.real.get(name)
+        _noted(name, value)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        value = self.real.get(name)
+        _noted(name, value)
+        return default if value is None else value
+
+    def __contains__(self, name: object) -> bool:
+        value = self.real.get(name) if isinstance(name, str) else None
+        _noted(str(name), value)
+        return value is not None
 
     def __setitem__(self, name: str, value: str) -> None:
         self.real[name] = value
@@ -67,13 +83,15 @@ class _Watched(MutableMapping[str, str]):
 
 def watched(call: Callable[[], T]) -> T:
     """``call()`` with every environment variable it reads noted (see ``reads``)."""
-    global _depth
+    global _depth, _wrapper
     me = _thread.get_ident()
     with _lock:
         _watching[me] = _watching.get(me, 0) + 1
         if _depth == 0:
             # Swapped, not changed: the same variables, reads noted (os.getenv too).
-            os.environ = _Watched(os.environ)  # type: ignore[assignment]  # noqa: B003
+            if _wrapper is None or _wrapper.real is not os.environ:
+                _wrapper = _Watched(os.environ)
+            os.environ = _wrapper  # type: ignore[assignment]  # noqa: B003
         _depth += 1
         try:
             return call()

@@ -159,8 +159,10 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     says where it came from ("remote" for a remote cache's). Raises ``Refused``.
 
     Every build reads an entry per target, so the checks build the result's records
-    directly (no checked copy of the entry to convert again) and skip the walks an
-    empty table or a single output cannot need."""
+    directly (no checked copy of the entry to convert again; the parsed tables are
+    the result's own) and skip what cannot fail: the walk of an empty table, a second
+    path check of an output named as declared, the cross-check of one declared file
+    that is present."""
     if not isinstance(record, dict):
         raise Refused("the entry is not a JSON object")
     if "failed" in record:
@@ -168,9 +170,11 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     outputs, declared = record.get("outputs"), record.get("declared")
     if not isinstance(outputs, list):
         raise Refused("the entry lists no outputs")
-    _str_list(declared, "the declared outputs")
-    assert isinstance(declared, list)
+    if not isinstance(declared, list):
+        raise Refused("the declared outputs is not a list of strings")
     for name in declared:
+        if not isinstance(name, str):
+            raise Refused("the declared outputs is not a list of strings")
         if not safe_path(name.removesuffix("/")):
             raise Refused(f"declared output {name[:80]!r} is not a relative path inside "
                           "the output folder")
@@ -178,40 +182,47 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
     providers = record.get("providers") or {}
     if not isinstance(info, dict) or not isinstance(providers, dict):
         raise Refused("the info or providers are not tables")
-    _str_list(warnings, "the warnings")
+    if warnings:
+        _str_list(warnings, "the warnings")
+    elif not isinstance(warnings, list):
+        raise Refused("the warnings is not a list of strings")
     if (info and _depth(info) > MAX_DEPTH) or (providers and _depth(providers) > MAX_DEPTH):
         raise Refused(f"info nested deeper than {MAX_DEPTH}")
-    entries = [_output(entry) for entry in outputs]
-    paths = [entry.path for entry in entries]
-    if len(paths) != 1 or paths != declared:  # one declared file, present: nothing to see
-        _check_paths(paths, declared)
+    entries = tuple([_output(entry, declared) for entry in outputs])
+    if len(entries) != 1 or entries[0].path != declared[0] or len(declared) != 1:
+        _check_paths([entry.path for entry in entries], declared)
     log = record.get("log")  # never worth refusing a result for: dropped if malformed
-    if not (isinstance(log, dict) and is_digest(log.get("digest")) and
+    if log is not None and not (
+            isinstance(log, dict) and is_digest(log.get("digest")) and
             isinstance(log.get("path"), str) and _is_size(log.get("size", 0))):
         log = None
     sources = record.get("sources") or {}  # names for messages only: dropped if malformed
-    if not (isinstance(sources, dict) and all(
+    if sources and not (isinstance(sources, dict) and all(
             isinstance(k, str) and safe_path(v) for k, v in sources.items())):
         sources = {}
     return ActionResult.checked(
-        outputs=tuple(entries), declared=tuple(declared), info=info, warnings=tuple(warnings),
+        outputs=entries, declared=tuple(declared), info=info, warnings=tuple(warnings),
         origin="remote" if origin == "remote" else "local", providers=providers,
-        log=None if log is None else OutputEntry.from_json(log), sources=sources)
+        log=None if log is None else OutputEntry.from_json(log),
+        sources=sources if isinstance(sources, dict) else {})
 
 
-def _output(entry: Any) -> OutputEntry:
-    """One checked output of an entry."""
+def _output(entry: Any, declared: list[str]) -> OutputEntry:
+    """One checked output of an entry whose ``declared`` names are checked already."""
     if not isinstance(entry, dict):
         raise Refused("an output is not a JSON object")
     path, digest = entry.get("path"), entry.get("digest")
-    if not safe_path(path):
+    # A declared file's name is checked already (a declared folder's "name/" is not
+    # a file's path).
+    if not (isinstance(path, str) and path in declared and path[-1] != "/") \
+            and not safe_path(path):
         raise Refused(f"output path {str(path)[:80]!r} is not a relative path inside "
                       "the output folder")
     assert isinstance(path, str)
     if not is_digest(digest):
         raise Refused(f"output {path} has no SHA-256 digest")
     executable = entry.get("x", False)
-    if not isinstance(executable, bool):
+    if executable is not False and executable is not True:
         raise Refused(f"output {path} has a malformed executable bit")
     size = entry.get("size", 0)
     if type(size) is not int or not 0 <= size <= MAX_BLOB_BYTES:
