@@ -141,21 +141,27 @@ def page(title: str, sections: Sequence[str]) -> str:
 
 def evaluate_html(report: Mapping[str, Any]) -> str:
     """report.html of an ``evaluate`` report."""
+    # labelled metrics (ground truth), with each model's drop from the reference
+    labelled = [k for k in ("map", "map50", "top1", "top5")
+                if k in (report.get("reference_labelled") or {})]
     rows = [{"name": report["reference"] + " (reference)", "bytes": report.get("reference_bytes"),
              "latency_ms": report.get("reference_latency_ms"), "score": None,
-             "sqnr": "inf"}]
+             "sqnr": "inf", **{k: report["reference_labelled"][k] for k in labelled}}]
     for label, e in report["models"].items():
         sq = [x for m in e["outputs"].values() if (x := _num(m["sqnr_db"])) is not None]
         form = e["quantized"] or "float (nothing quantized)" if "quantized" in e else ""
+        found = e.get("labelled") or {}
         rows.append({"name": label, "bytes": e.get("bytes"), "latency_ms": e.get("latency_ms"),
                      "score": (e.get("task") or {}).get("score"),
                      "sqnr": min(sq) if sq else None, "note": _speed_note(report, e),
-                     "status": form})
+                     "status": form, **{k: found.get(k) for k in labelled},
+                     **{f"{k}_drop": (found.get("drop") or {}).get(k) for k in labelled}})
     y_key = "score" if report.get("task", "sqnr") != "sqnr" else "sqnr"
     x_key = "latency_ms" if any(r.get("latency_ms") is not None for r in rows) else "bytes"
     cols = [("name", "model"), ("status", "quantized as"), ("bytes", "size (bytes)"),
             ("latency_ms", "latency (ms)"),
-            ("sqnr", "worst SQNR (dB)"), ("score", f"{report.get('task', 'sqnr')} score")]
+            ("sqnr", "worst SQNR (dB)"), ("score", f"{report.get('task', 'sqnr')} score"),
+            *[c for k in labelled for c in ((k, f"{k} (labels)"), (f"{k}_drop", f"{k} drop"))]]
     if any(r.get("note") for r in rows):
         cols.append(("note", "speed vs reference"))
     return page(f"evaluate: {len(report['models'])} model(s) vs {report['reference']}", [
@@ -213,18 +219,22 @@ def auto_html(label: str, result: Mapping[str, Any],
     for r in rows:
         if r.get("relative_latency") is not None and r.get("latency_noise") is not None:
             r["ratio_to_float"] = f"{r['relative_latency']} ± {r['latency_noise']}"
-    bar_keys = list(result["bar"])
+    drop_keys = list(result.get("max_drop") or {})
+    bar_keys = [*result["bar"], *drop_keys]
     cost_key = "latency_ms" if result["objective"] == "latency" else "bytes"
     acc_key = bar_keys[0] if bar_keys else "score"
     cols = [("name", "trial"), ("bytes", "size (bytes)"), ("latency_ms", "latency (ms)"),
             ("ratio_to_float", "time / float (± noise)"),
-            *[(k, k) for k in bar_keys], ("worst_sqnr_db", "worst SQNR (dB)"),
+            *[(k, k) for k in bar_keys], *[(f"{k}_drop", f"{k} drop") for k in drop_keys],
+            ("worst_sqnr_db", "worst SQNR (dB)"),
             ("float_nodes", "float/promoted"), ("passes", "meets bar"), ("status", "status")]
     warnings = _auto_warnings(result)
+    drops = [f"max_drop {k} = {v}" for k, v in (result.get("max_drop") or {}).items()]
     sections = [
         *warnings,
         f"<p>Objective: <b>{escape(result['objective'])}</b>; bar: "
-        f"{escape(', '.join(f'{k} = {v}' for k, v in result['bar'].items()))}.</p>",
+        f"{escape(', '.join([*(f'{k} = {v}' for k, v in result['bar'].items()), *drops]))}."
+        "</p>",
         f"<p>Chosen: <b id=\"chosen\">{escape(result['chosen'])}</b> — "
         f"{escape(result['note'])}</p>",
         _table(rows, cols, result["chosen"]),
