@@ -265,8 +265,9 @@ max_drop = {{ {drop} }}
 def test_top1_against_labels_by_file_name(tmp_path):
     import onnx
     import onnxruntime as ort
-    from qbuild.testing import Workspace
     from qbuild_onnx.source.datasets import open_dataset
+
+    from qbuild.testing import Workspace
 
     ws = Workspace(tmp_path / "ws", tmp_path / "cache")
     for plugin in (rules_source, rules_accuracy):
@@ -307,7 +308,8 @@ def test_top1_against_labels_by_file_name(tmp_path):
     assert r.ok, r.error
     rep = _report(r, "//c:ev")
     ref, cand = rep["reference_labelled"], rep["models"]["//c:biased"]["labelled"]
-    assert ref["top1"] == pytest.approx(4 / len(names), abs=1e-6) and ref["labelled_samples"] == len(names)
+    assert ref["top1"] == pytest.approx(4 / len(names), abs=1e-6)
+    assert ref["labelled_samples"] == len(names)
     assert ref["top5"] == pytest.approx(want_top5, abs=1e-6)
     assert cand["top1"] == pytest.approx(labels.count(3) / len(names), abs=1e-6)
     assert cand["drop"]["top1"] == pytest.approx(ref["top1"] - cand["top1"])

@@ -69,9 +69,9 @@ class _Category:
     ignored: list[Any] = field(default_factory=list)
 
 
-def _overlaps(dets: Sequence[Box], gts: Sequence[Box], crowd: Sequence[bool]
-              ) -> Float64Array:
-    """D x G: IoU, or intersection over the detection's area for a crowd box."""
+def _overlaps(dets: Sequence[Box], gts: Sequence[Box], crowd: Any) -> Float64Array:
+    """D x G: IoU, or intersection over the detection's area where ``crowd`` (G bools)
+    marks a crowd box."""
     import numpy as np
 
     d = np.asarray(dets, np.float64).reshape(-1, 4)

@@ -135,8 +135,8 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
         "score": None, "worst_sqnr_db": math.inf, "model": reference}
     for key in bar:  # the float model measured against itself
         float_row[key] = _PERFECT.get(key, math.inf)
-    labelled = next((r["reference_labelled"] for r in measured if "reference_labelled" in r),
-                    {})
+    labelled: Mapping[str, Any] = next(
+        (r["reference_labelled"] for r in measured if "reference_labelled" in r), {})
     for key in max_drop:
         float_row[key], float_row[f"{key}_drop"] = labelled.get(key), 0.0
 
