@@ -331,3 +331,27 @@ def test_top1_against_labels_by_file_name(tmp_path):
     ws.write("c/labels.csv", "".join(f"{n},1\n" for n in names[1:]))
     missing = ws.build("//c:ev")
     assert not missing.ok and f"no label for image '{names[0]}'" in missing.error
+
+
+@pytest.mark.parametrize("resize, align", [("stretch", "center"), ("letterbox", "center"),
+                                           ("letterbox", "topleft"), ("crop", "center")])
+def test_boxes_map_back_through_the_datasets_geometry(tmp_path, resize, align):
+    # a white 40 x 20 box in an 80 x 60 image goes through image_dataset's own pixel
+    # pipeline; the box found in the model input, mapped back, is the box in the image
+    from qbuild_onnx.accuracy.labelled import to_image
+    from qbuild_onnx.source.images import ImageOptions, image_to_sample
+
+    _png(tmp_path / "i.png", 80, 60, [(20, 16, 60, 36, 0), (20, 16, 60, 36, 1),
+                                      (20, 16, 60, 36, 2)])
+    opts = ImageOptions(height=32, width=48, resize=resize, align=align, pad_value=0.0,
+                        interpolation="nearest")
+    x = image_to_sample(tmp_path / "i.png", opts)[0]  # one channel, 32 x 48
+    ys, xs = np.nonzero(x > 0.5)
+    found = np.asarray([[xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]], np.float64)
+    geometry = {"size": [32, 48], "resize": resize, "align": align}
+    back = to_image(found, "pixels", geometry, (60, 80))[0]
+    # nearest resampling moves an edge by at most one input pixel (here 80/48 image px)
+    assert back == pytest.approx([20, 16, 60, 36], abs=80 / 48 + 1e-6)
+    # the same box given as fractions of the input
+    norm = found / np.asarray([48, 32, 48, 32])
+    assert to_image(norm, "normalized", geometry, (60, 80))[0] == pytest.approx(back)
