@@ -9,7 +9,8 @@ below, made from the repository's small models: a YOLOv8-style detector generate
 ``image_dataset`` asks for, 64×64 otherwise), Silero VAD from ``testdata/models`` and
 images from ``testdata/images``. Source files it names are made real the same way: a
 ``.onnx`` file is that detector (with external data when the snippet lists ``data``),
-image folders and globs get two test images, a ``.wav`` file a generated tone.
+image folders and globs get two test images, a ``.wav`` file a generated tone, a
+``ground_truth`` COCO annotations (or labels) of those two images.
 
 A block that configures the workspace (``[settings]`` or ``[toolchain]``) is loaded as a
 ``qbuild.toml``. Only a block marked ``<!-- docs-test: toml: <reason> -->`` is merely
@@ -237,6 +238,24 @@ def _sources(pkg: Path, tables: dict, make_detector) -> None:
                 {"format": FORMAT, "version": VERSION, "method": "minmax", "tensors": {}}))
         elif rule == "precision_overrides":
             (pkg / table["src"]).write_text('{"nodes_to_exclude": []}')
+        if "ground_truth" in table:
+            _ground_truth(pkg / table["ground_truth"])
+
+
+def _ground_truth(path: Path) -> None:
+    """Ground truth for the fixture images (``_images``): COCO annotations with the 80
+    COCO categories for a .json file, else a labels CSV."""
+    from qbuild_onnx.accuracy.labels import COCO80
+
+    names = ("dog.jpg", "wolves.jpg")
+    if path.suffix == ".json":
+        doc = {"images": [{"id": i, "file_name": n} for i, n in enumerate(names)],
+               "categories": [{"id": c, "name": str(c)} for c in COCO80],
+               "annotations": [{"id": i, "image_id": i, "category_id": 18,
+                                "bbox": [4, 4, 40, 30]} for i in range(len(names))]}
+        path.write_text(json.dumps(doc))
+    else:
+        path.write_text("".join(f"{n},{i}\n" for i, n in enumerate(names)))
 
 
 def _doc_plugins(tmp: Path) -> list[str]:

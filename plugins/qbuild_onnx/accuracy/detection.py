@@ -4,18 +4,25 @@ model against the reference model's own detections.
 
 A decoder is ``decoder(outputs: dict[name, array], options) -> (boxes N×4 xyxy, scores
 N×C)`` for one image (a leading batch axis of 1 is removed). Boxes may be in any unit
-(pixels or normalised): IoU does not depend on it. Built-in decoders:
+(pixels or normalised): IoU does not depend on it (labelled metrics map them to the
+image: ``BOX_UNITS`` gives each decoder's unit). Built-in decoders:
 
 * ``yolox``: one N×A×(5+C) output, (cx, cy, w, h) in grid units, objectness, C class
-  scores; decoded with grids and strides (see ``accuracy_yolo``).
+  scores; decoded with grids and strides (see ``accuracy_yolo``). With ``layout`` set to
+  a decoded layout (``decode_in_inference`` exports) it is read as ``decoded``.
 * ``yolov8``: one [1, 4+C, A] output (Ultralytics YOLOv5u/v8/v11 exports): (cx, cy, w, h)
-  in input pixels then C class probabilities, no objectness. A [1, A, 4+C] layout is
-  recognised too (the axis of size 4+C is the smaller one).
+  in input pixels then C class probabilities, no objectness: the decoded layout
+  ``xywh_cls``. A [1, A, 4+C] layout is recognised too (the axis of size 4+C is the
+  smaller one); ``layout`` declares another.
+* ``decoded``: one already decoded [1, boxes, fields] (or [1, fields, boxes]) output,
+  with ``layout`` (``accuracy.decoded``: xywh_obj_cls, xyxy_obj_cls, xywh_cls, xyxy_cls,
+  or auto from ``num_classes``); YOLOv5/v7 exports are ``xywh_obj_cls``.
 * ``ssd``: two outputs, boxes [1, A, 4] (xyxy) and scores [1, A, C]; with
   ``background_class = true`` column 0 is dropped.
 * ``fastestdet``: one [1, 5+C, H, W] head: objectness, 4 box regressions, C class
   probabilities per cell; centre = (tanh(r) + cell) / grid, size = sigmoid(r), score =
-  obj^0.6 · cls^0.4 (the FastestDet convention).
+  obj^0.6 · cls^0.4 (the FastestDet convention). A decoded [1, H·W, 5+C] export is read
+  as ``decoded`` with layout ``xywh_obj_cls`` unless ``layout`` says otherwise.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from qbuild_onnx_common.arrays import Float32Array, FloatArray
 from qbuild_onnx_common.errors import OnnxError
 
+from . import decoded
 from .yolo import Detection, box_of
 
 if TYPE_CHECKING:
@@ -55,11 +63,26 @@ def _single_output(outputs: Mapping[str, Any], options: Mapping[str, Any], decod
     return _one(outputs[sorted(outputs)[0]] if len(outputs) > 1 else next(iter(outputs.values())))
 
 
+def _num_classes(options: Mapping[str, Any]) -> int | None:
+    n = options.get("num_classes")
+    return int(n) if n else None
+
+
+def decode_decoded(outputs: Mapping[str, Any], options: Mapping[str, Any]
+                   ) -> tuple[FloatArray, FloatArray]:
+    raw = _single_output(outputs, options, "decoded")
+    return decoded.decode(raw, str(options.get("layout", decoded.AUTO)),
+                          _num_classes(options), "decoded decoder")
+
+
 def decode_yolox(outputs: Mapping[str, Any], options: Mapping[str, Any]
                  ) -> tuple[FloatArray, FloatArray]:
     from .yolo import DEFAULT_STRIDES, decode
 
     raw = _single_output(outputs, options, "yolox")
+    layout = str(options.get("layout", "raw"))
+    if layout != "raw":  # a decode_in_inference export
+        return decoded.decode(raw, layout, _num_classes(options), "yolox decoder")
     return decode(raw, int(options.get("input_size", 416)),
                   tuple(options.get("strides", DEFAULT_STRIDES)))
 
@@ -73,13 +96,8 @@ def _xywh_to_xyxy(b: FloatArray) -> FloatArray:
 def decode_yolov8(outputs: Mapping[str, Any], options: Mapping[str, Any]
                   ) -> tuple[FloatArray, FloatArray]:
     raw = _single_output(outputs, options, "yolov8")
-    if raw.ndim != 2 or min(raw.shape) < 5:
-        raise OnnxError(f"yolov8 decoder: expected a [1, 4+C, A] output, got shape "
-                            f"{tuple(raw.shape)}")
-    if raw.shape[0] > raw.shape[1]:
-        raw = raw.T  # [A, 4+C] layout
-    raw = raw.T  # A × (4+C)
-    return _xywh_to_xyxy(raw[:, :4]), raw[:, 4:]
+    return decoded.decode(raw, str(options.get("layout", "xywh_cls")),
+                          _num_classes(options), "yolov8 decoder")
 
 
 def decode_ssd(outputs: Mapping[str, Any], options: Mapping[str, Any]
@@ -106,9 +124,12 @@ def decode_fastestdet(outputs: Mapping[str, Any], options: Mapping[str, Any]
     import numpy as np
 
     raw = _single_output(outputs, options, "fastestdet")
+    layout = str(options.get("layout", "raw" if raw.ndim == 3 else "xywh_obj_cls"))
+    if layout != "raw":  # decoded in the graph: [1, H·W, 5+C] rows
+        return decoded.decode(raw, layout, _num_classes(options), "fastestdet decoder")
     if raw.ndim != 3 or raw.shape[0] < 6:
-        raise OnnxError(f"fastestdet decoder: expected a [1, 5+C, H, W] output, got "
-                            f"{tuple(raw.shape)}")
+        raise OnnxError(f"fastestdet decoder: layout raw needs a [1, 5+C, H, W] head, got "
+                        f"[{', '.join(str(d) for d in raw.shape)}]")
     _, h, w = raw.shape
     cells = raw.reshape(raw.shape[0], -1).T.astype(np.float64)  # (H·W) × (5+C)
     gy, gx = np.divmod(np.arange(h * w), w)
@@ -126,9 +147,39 @@ def decode_fastestdet(outputs: Mapping[str, Any], options: Mapping[str, Any]
 DECODERS: dict[str, Decoder] = {
     "yolox": decode_yolox,
     "yolov8": decode_yolov8,
+    "decoded": decode_decoded,
     "ssd": decode_ssd,
     "fastestdet": decode_fastestdet,
 }
+
+# The unit of each decoder's boxes (``box_units`` overrides): input pixels, or
+# fractions of the input's width and height.
+BOX_UNITS = {"yolox": "pixels", "yolov8": "pixels", "decoded": "pixels",
+             "ssd": "normalized", "fastestdet": "normalized"}
+
+
+def decoder_of(options: Mapping[str, Any]) -> tuple[str, Decoder]:
+    """The ``decoder`` option's name and function (default yolox)."""
+    name = str(options.get("decoder", "yolox"))
+    found = DECODERS.get(name)
+    if found is None:
+        raise OnnxError(f"unknown detection decoder '{name}' (known: "
+                        f"{', '.join(sorted(DECODERS))})")
+    return name, found
+
+
+def layout_of(name: str, sample: Mapping[str, Any], options: Mapping[str, Any]) -> str:
+    """The layout the decoder ``name`` reads ``sample``'s output as (for reports)."""
+    if name == "ssd":
+        return "boxes+scores"
+    raw = _single_output(sample, options, name)
+    default = {"yolox": "raw", "yolov8": "xywh_cls", "decoded": decoded.AUTO,
+               "fastestdet": "raw" if raw.ndim == 3 else "xywh_obj_cls"}[name]
+    layout = str(options.get("layout", default))
+    if layout == "raw":
+        return layout
+    return decoded.resolve(tuple(int(d) for d in raw.shape), layout,
+                           _num_classes(options), f"{name} decoder")[0]
 
 
 # As in common YOLO post-processing: at most this many candidates enter NMS and this many
@@ -256,11 +307,7 @@ def detection_metrics(ref_outputs: Sequence[Mapping[str, Any]],
     """F1 (and its bootstrap lower bound ``f1_lower``), precision, recall and AP50 of the
     candidate's detections against the reference's, pooled over samples. ``options``:
     decoder, score_threshold, nms_threshold, iou_threshold and the decoder's own options."""
-    name = options.get("decoder", "yolox")
-    decoder = DECODERS.get(name)
-    if decoder is None:
-        raise OnnxError(f"unknown detection decoder '{name}' (known: "
-                            f"{', '.join(sorted(DECODERS))})")
+    name, decoder = decoder_of(options)
     thr = float(options.get("score_threshold", 0.3))
     nms_thr = float(options.get("nms_threshold", 0.45))
     iou_thr = float(options.get("iou_threshold", 0.5))
@@ -286,4 +333,5 @@ def detection_metrics(ref_outputs: Sequence[Mapping[str, Any]],
         "candidate_detections": n_cand,
         "matched": tp,
         "decoder": name,
+        "layout": layout_of(name, ref_outputs[0], options) if ref_outputs else None,
     }

@@ -11,7 +11,7 @@ rankings use) and may hold anything JSON-ready besides. Built-in tasks:
   predicted class (argmax over the last axis of ``output``, default the first output);
   score = top-1 agreement; ``top1_drop`` = 1 − top-1 agreement.
 * ``detection`` (alias ``yolo`` = decoder ``yolox``): F1 / AP50 against the reference's
-  detections, with the decoders of ``eval_detection``; score = F1.
+  detections, with the decoders of ``detection``; score = F1.
 * ``psnr``: per-output PSNR with the peak = the reference's value range; score = worst.
 * ``custom``: ``options["metric"] = "module:function"``, the function taking the same
   arguments as a task (the rule loads it from its ``metric_srcs`` files so that its code is
@@ -59,7 +59,8 @@ def task_sqnr(ref: Samples, cand: Samples, options: Mapping[str, Any]) -> dict[s
             {k: json_float(v) for k, v in per.items()}}
 
 
-def _logits(sample: Mapping[str, Any], output: str) -> Float64Array:
+def logits(sample: Mapping[str, Any], output: str) -> Float64Array:
+    """One sample's scores of ``output`` (default the first output) as rows × classes."""
     import numpy as np
 
     if output and output not in sample:
@@ -77,7 +78,7 @@ def task_classification(ref: Samples, cand: Samples, options: Mapping[str, Any]
     output = options.get("output", "")
     top1 = top5 = n = 0
     for r, c in zip(ref, cand):
-        lr, lc = _logits(r, output), _logits(c, output)
+        lr, lc = logits(r, output), logits(c, output)
         want = lr.argmax(axis=1)
         k = min(5, lc.shape[1])
         best = np.argsort(-lc, axis=1, kind="stable")[:, :k]
@@ -206,6 +207,13 @@ OPTION_TYPES: dict[str, str] = {
     "boxes_output": "string", "scores_output": "string", "metric": "string",
     "input_size": "int", "strides": "int list", "score_threshold": "number",
     "nms_threshold": "number", "iou_threshold": "number", "peak": "number",
+    "layout": "string", "num_classes": "int", "box_units": "string",
+    "map_score_threshold": "number", "category_ids": "ids",
+}
+# options whose value is one of a few words
+OPTION_VALUES: dict[str, tuple[str, ...]] = {
+    "layout": ("raw", "auto", "xywh_obj_cls", "xyxy_obj_cls", "xywh_cls", "xyxy_cls"),
+    "box_units": ("pixels", "normalized"),
 }
 
 
@@ -218,11 +226,14 @@ def _has_type(value: Any, kind: str) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if kind == "number":
         return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "ids":
+        return value == "coco80" or _has_type(value, "int list")
     return isinstance(value, list) and all(_has_type(v, "int") for v in value)
 
 
 _TYPE_WORDS = {"bool": "true or false", "string": "a string", "int": "an integer",
-               "number": "a number", "int list": "a list of integers"}
+               "number": "a number", "int list": "a list of integers",
+               "ids": 'a list of integers (one category id per class) or "coco80"'}
 
 
 def option_problem(options: Mapping[str, Any]) -> str | None:
@@ -235,6 +246,10 @@ def option_problem(options: Mapping[str, Any]) -> str | None:
                     if kind == "bool" and isinstance(value, int) else "")
             return (f"task_options.{key}: expected {_TYPE_WORDS[kind]}, got "
                     f"{value!r}{hint}")
+    for key, allowed in OPTION_VALUES.items():
+        if key in options and options[key] not in allowed:
+            return (f"task_options.{key}: '{options[key]}' is not one of "
+                    f"{', '.join(allowed)}")
     return None
 
 

@@ -272,6 +272,8 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     # with one console line (auto_select), not one warning per trial
     eval_attrs = {**task_attrs, "latency_runs": raw.get("latency_runs", 20),
                   "latency_warnings": False}
+    if "ground_truth" in raw:  # labelled metrics; the selection checks max_drop
+        eval_attrs["ground_truth"] = raw["ground_truth"]
     for trial in trials:
         plan.add(f"ev_{trial}", {"rule": "evaluate", "models": [f"{me}.{trial}"],
                                  "reference": plan.model,

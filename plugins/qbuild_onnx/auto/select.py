@@ -71,6 +71,20 @@ def misses(entry: Mapping[str, Any], bar: Mapping[str, float]) -> list[str]:
     return out
 
 
+def drop_misses(entry: Mapping[str, Any], max_drop: Mapping[str, float]) -> list[str]:
+    """The ``max_drop`` bars an evaluate entry misses: its labelled metric's drop from
+    the float model on the same labelled samples above the limit."""
+    found = entry.get("labelled") or {}
+    out = []
+    for key, limit in max_drop.items():
+        drop = (found.get("drop") or {}).get(key)
+        if drop is None:
+            out.append(f"max_drop {key}: not measured (no ground truth for this task)")
+        elif _f(drop) > limit:
+            out.append(f"max_drop {key}: drops {_f(drop):.4g} > {limit}")
+    return out
+
+
 def _relative_latency(entry: Mapping[str, Any], lat: Mapping[str, Any],
                       ref_ms: float | None) -> tuple[float | None, str | None]:
     """Trial time / float time and what it was measured on: the per-round ratio of CPU
@@ -93,13 +107,15 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
            reports: Sequence[Mapping[str, Any] | None], bar: Mapping[str, float],
            objective: str, reference: str, min_speedup: float = 1.0,
            failed: Mapping[str, str] | None = None,
-           timing: Mapping[str, Any] | None = None) -> dict[str, Any]:
+           timing: Mapping[str, Any] | None = None,
+           max_drop: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The selection report: one row per trial (and the float model), and ``chosen``.
+    ``max_drop``: labelled metric -> the largest drop from float a trial may have.
     ``failed``: trial name -> why it failed (its entry and report are then None).
     ``timing``: the search's own interleaved timing of every candidate (``auto.timing``,
     latency.json); without it each trial's ratio comes from its evaluate run and its
     noise from that run's spread."""
-    failed = failed or {}
+    failed, max_drop = failed or {}, max_drop or {}
     rows: list[dict[str, Any]] = []
     for order, (name, entry, rep) in enumerate(zip(names, entries, reports, strict=True)):
         if name in failed or entry is None or rep is None:
@@ -107,7 +123,7 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
                          "misses": [], "failed": failed.get(name, "not evaluated")})
             continue
         timed = (timing or {}).get("candidates", {}).get(name) or {}
-        rows.append(_row(name, order, entry, rep, bar, timed))
+        rows.append(_row(name, order, entry, rep, bar, timed, max_drop))
     measured = [r for r in reports if r is not None]
     float_latency = [r["reference_latency_ms"] for r in measured if "reference_latency_ms" in r]
     float_row: dict[str, Any] = {
@@ -119,6 +135,10 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
         "score": None, "worst_sqnr_db": math.inf, "model": reference}
     for key in bar:  # the float model measured against itself
         float_row[key] = _PERFECT.get(key, math.inf)
+    labelled: Mapping[str, Any] = next(
+        (r["reference_labelled"] for r in measured if "reference_labelled" in r), {})
+    for key in max_drop:
+        float_row[key], float_row[f"{key}_drop"] = labelled.get(key), 0.0
 
     passing = [r for r in rows if r["passes"]]
     choice: dict[str, Any] | None = None
@@ -138,7 +158,8 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
         note += f"; {len(failed)} trial(s) failed and were left out: see their rows"
     if chosen is not float_row:
         chosen["status"] = "chosen"
-    out = {"objective": objective, "bar": dict(bar), "chosen": chosen["name"], "note": note,
+    out = {"objective": objective, "bar": dict(bar), "max_drop": dict(max_drop),
+           "chosen": chosen["name"], "note": note,
            "min_speedup": min_speedup if objective == "latency" else None,
            "float": float_row, "trials": rows}
     out.update(_float_counts(float_row, rows, measured, timing))
@@ -153,10 +174,12 @@ _WHERE = re.compile(r"^(?:[^,\n]*, )?target //\S+?: ")
 
 
 def _row(name: str, order: int, entry: Mapping[str, Any], rep: Mapping[str, Any],
-         bar: Mapping[str, float], timed: Mapping[str, Any]) -> dict[str, Any]:
-    """A trial's row: bar measures, size, and its speed ratio to float with its noise
-    (from the search's timing run ``timed`` when it has one, else from its evaluate)."""
-    miss = misses(entry, bar)
+         bar: Mapping[str, float], timed: Mapping[str, Any],
+         max_drop: Mapping[str, float]) -> dict[str, Any]:
+    """A trial's row: bar measures, labelled metrics and their drops, size, and its
+    speed ratio to float with its noise (from the search's timing run ``timed`` when it
+    has one, else from its evaluate)."""
+    miss = [*misses(entry, bar), *drop_misses(entry, max_drop)]
     lat = entry.get("latency") or {}
     rel, basis = _relative_latency(entry, lat, rep.get("reference_latency_ms"))
     noise = None
@@ -183,6 +206,9 @@ def _row(name: str, order: int, entry: Mapping[str, Any], rep: Mapping[str, Any]
         row.update(passes=False, status="quantizes nothing", excluded=NOTHING)
     for key in bar:
         row[key] = measure(entry, key)
+    found = entry.get("labelled") or {}
+    for key in max_drop:
+        row[key], row[f"{key}_drop"] = found.get(key), (found.get("drop") or {}).get(key)
     return row
 
 
@@ -346,11 +372,14 @@ def _detection_shaped(shape: Sequence[Any]) -> bool:
 
 
 def detector_warning(bar: Mapping[str, Any], task: str, task_options: Mapping[str, Any],
-                     outputs: Sequence[Mapping[str, Any]]) -> str | None:
+                     outputs: Sequence[Mapping[str, Any]],
+                     max_drop: Mapping[str, Any] | None = None) -> str | None:
     """A warning when ``min_sqnr_db`` (task-blind) is the only kind of bar on a model that
     looks like a detector: a detection task or decoder configured, or an output shaped
-    like detections. SQNR can stay high while every detection is lost."""
-    if "min_sqnr_db" not in bar or any(k in bar for k in _DETECTION_BARS):
+    like detections. SQNR can stay high while every detection is lost. A ``max_drop``
+    on mAP measures detections."""
+    if "min_sqnr_db" not in bar or any(k in bar for k in _DETECTION_BARS) or any(
+            k.startswith("map") for k in max_drop or {}):
         return None
     why = None
     if task in _DETECTION_TASKS or "decoder" in task_options:

@@ -222,6 +222,7 @@ def _eval_rows(report: Mapping[str, Any], basis: str | None) -> list[dict[str, A
         "name": report["reference"], "role": "reference", "form": "float (reference)",
         "bytes": report.get("reference_bytes"), "ms": ref_ms, "rel": 1.0 if basis else None,
         "sqnr": math.inf, "task": {}, "reference_row": True,
+        "labelled": dict(report.get("reference_labelled") or {}),
         "detections": ref_det and {"matched": ref_det["reference"], "missed": 0,
                                    "extra": 0}}]
     for label, e in report["models"].items():
@@ -231,6 +232,7 @@ def _eval_rows(report: Mapping[str, Any], basis: str | None) -> list[dict[str, A
         rows.append({"name": label, "form": form, "bytes": e.get("bytes"), "ms": ms,
                      "rel": rel, "noise": spread, "sqnr": min(sq) if sq else None,
                      "task": e.get("task") or {}, "detections": detections(e),
+                     "labelled": dict(e.get("labelled") or {}),
                      "role": "baseline" if e.get("gated") is False else "candidate",
                      "slower": (e.get("latency") or {}).get("slower_than_reference")})
     return rows
@@ -269,9 +271,25 @@ def _eval_columns(report: Mapping[str, Any], rows: Sequence[Row], basis: str | N
         cols.append(("PSNR", _task_cell("score", fmt.db), ""))
     elif not shown and task != "sqnr":
         cols.append((f"{task} score", _task_cell("score", fmt.plain), ""))
+    # labelled metrics (ground truth), with each model's drop from the reference
+    for k in _LABELLED:
+        if k in (report.get("reference_labelled") or {}):
+            cols += [(f"{k} (labels)", _labelled_cell(k), ""),
+                     (f"{k} drop", _labelled_cell(k, drop=True), "")]
     if any(r.get("detections") for r in rows):
         cols += _detection_columns(lambda r: r.get("detections"))
     return cols
+
+
+_LABELLED = ("map", "map50", "map75", "top1", "top5")
+
+
+def _labelled_cell(key: str, drop: bool = False) -> Callable[[Row], str]:
+    def cell(r: Row) -> str:
+        found = r.get("labelled") or {}
+        value = (found.get("drop") or {}).get(key) if drop else found.get(key)
+        return fmt.score(value)
+    return cell
 
 
 def _eval_warnings(report: Mapping[str, Any], rows: Sequence[Row],
@@ -395,11 +413,12 @@ def _auto_warnings(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     return items + report_warnings(result)
 
 
-def _bar_text(bar: Mapping[str, Any]) -> str:
+def _bar_text(bar: Mapping[str, Any], max_drop: Mapping[str, Any] | None = None) -> str:
     parts = []
     for k, v in bar.items():
         title, f, higher = _BAR_COLUMNS.get(k, (k, fmt.plain, True))
         parts.append(f"{title} {'≥' if higher else '≤'} {f(v)} ({k})")
+    parts += [f"max_drop {k} = {v}" for k, v in (max_drop or {}).items()]
     return ", ".join(parts)
 
 
@@ -427,6 +446,9 @@ def _auto_columns(result: Mapping[str, Any], rows: Sequence[Row]) -> list[Column
     for k in result["bar"]:
         title, f, _ = _BAR_COLUMNS.get(k, (k, fmt.plain, True))
         cols.append((title, _value_cell(k, f), ""))
+    for k in result.get("max_drop") or {}:
+        cols += [(f"{k} (labels)", _value_cell(k, fmt.score), ""),
+                 (f"{k} drop", _value_cell(f"{k}_drop", fmt.score), "")]
     if "min_sqnr_db" not in result["bar"]:
         cols.append(("worst SQNR", lambda r: fmt.db(r.get("worst_sqnr_db")), ""))
     if any(r.get("detections") for r in rows):
@@ -465,7 +487,8 @@ def _summary(result: Mapping[str, Any]) -> str:
     counts = _counts_line(result.get("samples"), det, "the float model") \
         if result.get("samples") is not None else ""
     return (f"<p>{counts} Objective: <b>{escape(result['objective'])}</b>; bar: "
-            f"{escape(_bar_text(result['bar']))}.</p>" + "".join(set_summaries(result)[0]) +
+            f"{escape(_bar_text(result['bar'], result.get('max_drop')))}.</p>" +
+            "".join(set_summaries(result)[0]) +
             f"<p>Chosen: <b id=\"chosen\">{escape(result['chosen'])}</b> — "
             f"{escape(result['note'])}</p>")
 
@@ -514,7 +537,7 @@ def _why(result: Mapping[str, Any]) -> list[str]:
 
 
 def _auto_chart(result: Mapping[str, Any], rows: Sequence[Row]) -> str:
-    bar_keys = list(result["bar"])
+    bar_keys = [*result["bar"], *(result.get("max_drop") or {})]
     key = bar_keys[0] if bar_keys else "worst_sqnr_db"
     y_title, y_fmt, _ = _BAR_COLUMNS.get(key, (key, fmt.plain, True))
     by_speed = result["objective"] == "latency"

@@ -1,5 +1,6 @@
 """Accuracy rules: ``evaluate`` (candidate models vs a reference on a dataset: SQNR, max abs
-error, cosine, optional YOLO detection F1 and latency; can fail below a threshold),
+error, cosine, a task's agreement metric, labelled metrics against ground truth and
+latency; can fail below a threshold or past a ``max_drop``),
 ``sensitivity`` (per-tensor ranking of a QDQ model), ``mixed_precision`` (precision
 overrides for the most sensitive tensors), ``select_best`` (the cheapest of several
 evaluated candidates that meets a target) and ``bias_correction`` (a QDQ model with
@@ -31,12 +32,14 @@ from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, Dep, Rule, RunContext, attr, hookimpl
 
+from ..accuracy.labelled import check_attrs as check_labelled
 from ..accuracy.tasks import check_task_options
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
 if TYPE_CHECKING:
     from onnxruntime import InferenceSession
 
+    from ..accuracy.labelled import LabelledSet
     from ..accuracy.sensitivity import Outputs
     from ..accuracy.tasks import Task
 
@@ -86,6 +89,19 @@ _TASK_ATTRS = {
 }
 
 
+_LABELLED_ATTRS = {
+    "ground_truth": attr.file(doc="Ground truth of the dataset's images: COCO annotations "
+                              "(task detection: mAP@[.5:.95], mAP@.5) or a labels file "
+                              "(task classification: top-1, top-5), scored for the "
+                              "reference and every model (docs/accuracy-tools.md, "
+                              "*Labelled metrics*)."),
+    "max_drop": attr.mapping(default={}, doc="Largest absolute drop from the float "
+                             "reference allowed on a labelled metric, e.g. { map = 0.01 } "
+                             "or { top1 = 0.005 } (map, map50, map75, top1, top5); needs "
+                             "ground_truth."),
+}
+
+
 _BUILTIN_TASKS = ("sqnr", "classification", "detection", "yolo", "psnr", "custom")
 
 
@@ -118,7 +134,7 @@ def _write_json(path: Path, doc: Any) -> None:
 class Evaluate(OnnxRule):
     kind = "evaluate"
     machine_dependent = True  # runs the model: results follow the CPU kernels
-    version = 3
+    version = 4
     heavy = True
     def code(self, attrs: Mapping[str, Any]) -> list[str]:
         return [*super().code(attrs), *_task_code(attrs)]
@@ -126,12 +142,14 @@ class Evaluate(OnnxRule):
     doc = ("Compares candidate models with a reference model on a dataset and writes "
            "report.json and report.html: per output SQNR (dB), max abs error and cosine, and "
            "the `task` result (classification agreement, detection F1/AP50 against the "
-           "reference's own detections, PSNR, a custom metric...); with latency_runs > 0 the "
+           "reference's own detections, PSNR, a custom metric...); with `ground_truth` "
+           "the labelled metrics (COCO mAP, or top-1/top-5 against labels) of the reference "
+           "and every model; with latency_runs > 0 the "
            "1-thread latency of every model, timed interleaved in one process after warm-ups "
            "(median, quartiles, spread; noisy runs and models slower than the reference are "
            "flagged; timings make the report not byte-reproducible). Fails if a candidate in "
            "`models` misses a bar (min_f1, min_sqnr_db, max_top1_drop, min_psnr_db, "
-           "min_score); `baselines` are reported but never fail the build.")
+           "min_score, max_drop); `baselines` are reported but never fail the build.")
     attrs = {
         "models": attr.label_list(doc="Candidate model targets.", required=True,
                                   providers=[OnnxModelInfo]),
@@ -150,6 +168,7 @@ class Evaluate(OnnxRule):
         "max_top1_drop": attr.float(default=1.0, doc="Fail if 1 - top-1 agreement is above."),
         "min_psnr_db": attr.float(default=-1000.0, doc="Fail if the PSNR is below."),
         "min_score": attr.float(default=-1e30, doc="Fail if the task score is below."),
+        **_LABELLED_ATTRS,
         "latency_runs": attr.int(default=0, doc="Timed runs per model (0: no latency)."),
         "latency_warnings": attr.bool(default=True, doc="Warn when a model is slower than "
                                       "the reference or the timing is noisy (an "
@@ -164,18 +183,19 @@ class Evaluate(OnnxRule):
 
     def validate(self, attrs: Mapping[str, Any]) -> None:
         check_task_options(attrs)
+        check_labelled(attrs)
 
     def analyze(self, ctx: AnalysisContext) -> None:
         deps = ("models", "reference", "baselines", "dataset")
-        params = _params(ctx, deps, ("metric_srcs", *_BARS))
-        ctx.action(evaluate, inputs=[*deps, "metric_srcs"],
+        params = _params(ctx, deps, ("metric_srcs", "ground_truth", *_BARS))
+        ctx.action(evaluate, inputs=[*deps, "metric_srcs", "ground_truth"],
                    outputs=["report.json", "report.html"], params=params, mnemonic="Evaluate")
         ctx.action(check_bars, inputs=["report.json"], outputs=[], mnemonic="CheckBars",
                    heavy=False, params={"task": ctx.attrs["task"], "gated": ctx.attrs["models"],
                                         **{k: ctx.attrs[k] for k in _BARS}})
 
 
-_BARS = ("min_f1", "min_sqnr_db", "max_top1_drop", "min_psnr_db", "min_score")
+_BARS = ("min_f1", "min_sqnr_db", "max_top1_drop", "min_psnr_db", "min_score", "max_drop")
 
 
 def evaluate(ctx: RunContext) -> EvaluationInfo:
@@ -192,11 +212,18 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
     feeds = _feeds(ctx, deps["dataset"], labels["dataset"], "dataset", ref_path)
     task, options = _task(ctx, {"input_size": a["input_size"],
                                 "score_threshold": a["score_threshold"]})
+    truth = _ground_truth(ctx, options)
+    if truth is not None and options.get("category_ids") and "num_classes" not in options:
+        # declared ids name every model class: layout auto may count on them (the
+        # annotations' own categories may not be the model's classes)
+        options = {**options, "num_classes": len(truth.category_ids)}
     try:
         ref_sess = session(ref_path)
         ref = run_model(ref_sess, feeds)
         report: dict[str, Any] = {"reference": labels["reference"], "samples": len(feeds),
                                   "task": a["task"], "models": {}}
+        if truth is not None:
+            report["reference_labelled"] = _labelled(ctx, truth, ref, options, None)
         report["reference_bytes"] = ref_path.stat().st_size
         timed = {labels["reference"]: ref_sess}
         gated = set(labels["models"])
@@ -215,6 +242,9 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
                 entry["task"] = run_task(task, ref, outs, options)
                 if "f1" in entry["task"]:
                     entry["detection"] = entry["task"]  # select_best's metric = "f1"
+            if truth is not None:
+                entry["labelled"] = _labelled(ctx, truth, outs, options,
+                                              report["reference_labelled"])
             timed.setdefault(label, sess)
             report["models"][label] = entry
             ctx.progress(len(report["models"]), len(timed_order))
@@ -238,6 +268,40 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
     return EvaluationInfo(report=ctx.output("report.json"))
 
 
+def _ground_truth(ctx: RunContext, options: Mapping[str, Any]) -> LabelledSet | None:
+    """The labelled samples of the dataset, when ``ground_truth`` is given; an error
+    in the file names it (as the user knows it) and the attribute."""
+    from ..accuracy.labelled import prepare
+
+    path = ctx.inputs["ground_truth"]
+    if path is None:
+        return None
+    try:
+        return prepare(ctx.params["task"], path, ctx.inputs["dataset"][DatasetInfo].path,
+                       options)
+    except OnnxError as e:
+        if e.file is not None:
+            e.file = ctx.workspace_path(e.file)
+        raise e.located(attr="ground_truth") from None
+
+
+def _labelled(ctx: RunContext, truth: LabelledSet, outputs: list[dict[str, Any]],
+              options: Mapping[str, Any], reference: dict[str, Any] | None
+              ) -> dict[str, Any]:
+    """One model's labelled metrics (with its drop from ``reference``'s, if given)."""
+    from ..accuracy.labelled import drops, measure
+    from ..accuracy.metrics import json_float
+
+    try:
+        found = measure(truth, outputs, options, reference=reference is None)
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr=e.attr or "ground_truth") from None
+    found = {k: json_float(v) if isinstance(v, float) else v for k, v in found.items()}
+    if reference is not None:
+        found["drop"] = drops(reference, found)
+    return found
+
+
 def _quantized(path: Path) -> str | None:
     """How the model is quantized ('QDQ', 'QOperator', 'dynamic'), or None for a float
     model (a trial that kept everything float is the float model, not a candidate)."""
@@ -255,8 +319,10 @@ def check_bars(ctx: RunContext) -> None:
     report = json.loads(ctx.inputs["report.json"].read_text())
     failures: list[tuple[str, str]] = []
     for label in ctx.params["gated"]:
+        entry = report["models"][label]
         failures += [(m, f"{label}: {m}")
-                     for m in _bar_failures(ctx.params, report["models"][label])]
+                     for m in [*_bar_failures(ctx.params, entry),
+                               *_drop_failures(ctx.params["max_drop"], entry)]]
     if failures:
         raise ctx.fail("; ".join(f for _, f in failures), attr=failures[0][0].split(":")[0])
 
@@ -305,6 +371,20 @@ def _bar_failures(a: dict[str, Any], entry: dict[str, Any]) -> list[str]:
         if (v < a[bar]) if higher else (v > a[bar]):
             what = "F1" if key == "f1" else key
             out.append(f"{bar}: {what} {v:.4f} {'<' if higher else '>'} {a[bar]}")
+    return out
+
+
+def _drop_failures(max_drop: Mapping[str, float], entry: dict[str, Any]) -> list[str]:
+    """The ``max_drop`` bars an entry misses, each as 'max_drop: detail'."""
+    out = []
+    found = entry.get("labelled") or {}
+    for key, limit in max_drop.items():
+        drop = (found.get("drop") or {}).get(key)
+        if drop is None:
+            out.append(f"max_drop: {key} was not measured")
+        elif drop > limit:
+            out.append(f"max_drop: {key} drops by {drop:.4f} from the float model "
+                       f"(to {found[key]}) > {limit}")
     return out
 
 

@@ -20,6 +20,7 @@ from qbuild_onnx_common.rule import OnnxRule
 
 from qbuild import AnalysisContext, ConfigError, RunContext, attr
 
+from ..accuracy.labelled import check_attrs as check_labelled
 from ..accuracy.tasks import check_task_options
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
@@ -89,20 +90,19 @@ def sensitive_region(ctx: RunContext) -> OverridesInfo:
 
 class AutoQuantize(OnnxRule):
     kind = "auto_quantize"
-    version = 2
+    version = 3
     heavy = False
     doc = ("Automatic quantization search, as a macro: expands to calibrate / quantize / "
            "bias_correction / sensitivity / mixed_precision / sensitive_region trials, each "
            "with an evaluate target (named <name>.<trial>, <name>.ev_<trial>), all ordinary "
            "cached targets; this target picks the cheapest trial (objective: measured "
-           "latency or size) that meets every `bar`, or keeps the float model when none is "
-           "cheaper; latency differences inside the measured noise (every candidate timed "
-           "interleaved in one run) never decide: such ties go to accuracy, then size, then "
-           "name. Writes {name}.onnx, report.json and report.html (and trials.json, "
-           "latency.json, chosen.json between its four actions). Changing the bar or "
-           "objective reruns "
-           "only the selection, which reads JSON only (and the copy of the chosen model "
-           "when the choice changes).")
+           "latency or size) that meets every `bar` and `max_drop`, or keeps the float "
+           "model when none is cheaper; latency differences inside the measured noise "
+           "(every candidate timed interleaved in one run) never decide: such ties go to "
+           "accuracy, then size, then name. Writes {name}.onnx, report.json and "
+           "report.html (and trials.json, latency.json, chosen.json between its four "
+           "actions). Changing the bar or objective reruns only the selection, which "
+           "reads JSON only (and the copy of the chosen model when the choice changes).")
     attrs = {
         "model": attr.label(doc="The float model (pre-processed).", required=True,
                             providers=[OnnxModelInfo]),
@@ -113,9 +113,15 @@ class AutoQuantize(OnnxRule):
         "task": attr.string(default="sqnr", doc="Evaluation task (see evaluate)."),
         "task_options": attr.mapping(default={}, doc="Options of the task."),
         "metric_srcs": attr.files(doc="Files of a custom metric."),
-        "bar": attr.mapping(required=True, doc="What a trial must meet: min_f1, min_ap50, "
+        "bar": attr.mapping(default={}, doc="What a trial must meet: min_f1, min_ap50, "
                             "max_top1_drop, min_top1_agreement, min_sqnr_db, min_psnr_db, "
-                            "min_score."),
+                            "min_score (this and/or max_drop)."),
+        "ground_truth": attr.file(doc="Ground truth of the evaluation images (COCO "
+                                  "annotations or a labels file, see evaluate): every "
+                                  "trial's evaluate scores it."),
+        "max_drop": attr.mapping(default={}, doc="Largest absolute drop from the float "
+                                 "model on a labelled metric a trial may have, e.g. "
+                                 "{ map = 0.01 } or { top1 = 0.005 }; needs ground_truth."),
         "objective": attr.enum(["latency", "size"], default="latency",
                                doc="Cost of a trial: its measured 1-thread latency or its "
                                    "size in bytes."),
@@ -177,12 +183,13 @@ class AutoQuantize(OnnxRule):
         from ..auto.select import check_bar
 
         check_task_options(attrs)
+        check_labelled(attrs)
         problems = check_bar(attrs["bar"] or {})
         if problems:
             raise ConfigError(problems[0], attr="bar")
-        if not attrs["bar"]:
-            raise ConfigError("give at least one bar, e.g. bar = { min_sqnr_db = 30 }",
-                              attr="bar")
+        if not attrs["bar"] and not attrs["max_drop"]:
+            raise ConfigError("give at least one bar, e.g. bar = { min_sqnr_db = 30 } or "
+                              "max_drop = { map = 0.01 }", attr="bar")
 
     def analyze(self, ctx: AnalysisContext) -> None:
         # Four actions, so that a bar or objective change reruns only JSON work: Trials
@@ -202,8 +209,8 @@ class AutoQuantize(OnnxRule):
                                         "trials.json"],
                    outputs=["latency.json"], mnemonic="Time", heavy=True,
                    params={"trial_names": a["trial_names"], "rounds": a["latency_runs"]})
-        params = {k: a[k] for k in ("trial_names", "bar", "objective", "min_speedup",
-                                    "task", "task_options")}
+        params = {k: a[k] for k in ("trial_names", "bar", "max_drop", "objective",
+                                    "min_speedup", "task", "task_options")}
         ctx.action(auto_select, inputs=["reports", "sensitivity", "trials.json",
                                         "latency.json"],
                    outputs=["report.json", "report.html", "chosen.json"], mnemonic="Select",
@@ -295,7 +302,7 @@ def auto_select(ctx: RunContext) -> None:
     timing = json.loads(ctx.inputs["latency.json"].read_text())
     result = select(a["trial_names"], entries, reports, a["bar"], a["objective"],
                     labels["model"], a["min_speedup"], failed,
-                    timing if timing.get("rounds") else None)
+                    timing if timing.get("rounds") else None, a["max_drop"])
     for row, label in zip(result["trials"], labels["candidates"], strict=True):
         row["model"] = label
         if row["name"] in slower:
@@ -306,7 +313,7 @@ def auto_select(ctx: RunContext) -> None:
         if trials[row["name"]]["float_joins"]:
             row["float_joins"] = trials[row["name"]]["float_joins"]
     blind = detector_warning(a["bar"], a["task"], a["task_options"],
-                             trial_doc["model_outputs"])
+                             trial_doc["model_outputs"], a["max_drop"])
     if blind:
         result["bar_warning"] = blind
     result = _clean(result)

@@ -281,7 +281,11 @@ def build_image_dataset(out_dir: str | Path, sources: Iterable[str | Path], inpu
     w = DatasetWriter(out_dir, {input_name: (np.dtype(opts.dtype), opts.sample_shape())},
                       batch_size=batch_size,
                       meta={"kind": "images", "images": [f.name for f in files],
-                            "count": count})
+                            "count": count,
+                            # what labelled metrics need to map boxes to the images
+                            "geometry": {"size": [opts.height, opts.width],
+                                         "resize": opts.resize, "align": opts.align}})
+    sizes: list[list[int]] = []
     # Augmented samples revisit every image in turn; keep decoded images while they fit.
     cache: dict[int, Any] = {}
     cached_bytes = 0
@@ -290,10 +294,13 @@ def build_image_dataset(out_dir: str | Path, sources: Iterable[str | Path], inpu
         arr = cache.get(i)
         if arr is None:
             arr = decode_image(files[i], opts.background)
+            if k < len(files):
+                sizes.append([int(arr.shape[0]), int(arr.shape[1])])
             if count > len(files) and cached_bytes + arr.nbytes <= _CACHE_BYTES:
                 cache[i] = arr
                 cached_bytes += arr.nbytes
         if k >= len(files):
             arr = _augment(arr, np.random.default_rng([opts.seed, k]), opts)
         w.add({input_name: _finish(_geometry(arr, opts), opts)})
+    w.meta["sizes"] = sizes  # decoded [h, w] of each image, in sample order
     return w.close()
