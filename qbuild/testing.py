@@ -40,7 +40,7 @@ from .core.errors import QbuildError
 if TYPE_CHECKING:
     import concurrent.futures
 
-    from .core.records import Action, Outcome
+    from .core.records import Outcome, TargetActions
 
 __all__ = ["BuildOutcome", "CliOutcome", "FakeExecutor", "Workspace", "qbuild_workspace"]
 
@@ -75,12 +75,19 @@ class BuildOutcome:
     log: str = ""
     bytes_hashed: int = 0
     explanations: dict[str, list[str]] = field(default_factory=dict)
-    steps: dict[str, dict[str, str]] = field(default_factory=dict)
-    """v2 targets whose target key missed: each declared action's "ran" or "cached"."""
+    actions: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Targets whose target key missed: each of their declared actions (by mnemonic),
+    "ran" or "cached"."""
     _outputs: dict[str, list[Path]] = field(default_factory=dict)
     _infos: dict[str, dict[str, Any]] = field(default_factory=dict)
     _providers: dict[str, dict[str, Any]] = field(default_factory=dict)
     _output_dir: Path | None = None
+
+    @property
+    def steps(self) -> dict[str, dict[str, str]]:
+        """The name of ``actions`` before 0.2 (the engine called a target's actions its
+        steps); kept for tests written then."""
+        return self.actions
 
     def outputs(self, label: str) -> list[Path]:
         """Paths of a requested target's outputs under the workspace's qbuild-out."""
@@ -241,7 +248,7 @@ class Workspace:
                                                         for label, paths in result.outputs.items()},
             _infos=result.infos,
             remote_execution=result.remote_execution,
-            steps=result.steps, _providers=result.providers,
+            actions=result.actions, _providers=result.providers,
             _output_dir=output_dir,
         )
 
@@ -286,10 +293,11 @@ class FakeExecutor:
         self.now = 0.0
         self.started: list[tuple[float, str]] = []
         self.finished: list[tuple[float, str]] = []
-        self.actions: dict[str, Action] = {}
-        self._pending: dict[concurrent.futures.Future[Outcome], tuple[float, int, Action]] = {}
+        self.actions: dict[str, TargetActions] = {}
+        self._pending: dict[concurrent.futures.Future[Outcome],
+                            tuple[float, int, TargetActions]] = {}
 
-    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+    def submit(self, action: TargetActions) -> concurrent.futures.Future[Outcome]:
         import concurrent.futures
 
         future: concurrent.futures.Future[Outcome] = concurrent.futures.Future()

@@ -3,7 +3,7 @@
 Which plugins implement a hook is decided once, in the main process during analysis
 (``Registry.hook_plugins``: the plugins registered there, entry points and
 ``qbuild.testing.Workspace.register`` alike, minus blocked ones), and that list is both
-part of the action key and carried by the ``Action`` record. Whatever process runs
+part of the action key and carried by the ``TargetActions`` record. Whatever process runs
 the action calls exactly those implementations: it imports their modules and
 registers them in a plugin manager of its own (pluggy, so hook options such as
 ``tryfirst`` and opt-in arguments behave as in the main process).

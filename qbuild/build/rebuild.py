@@ -24,7 +24,7 @@ from ..analysis.graph import Graph, Target
 from ..core.errors import QbuildError
 from ..core.labels import Label
 from ..core.protocols import Executor, HeldLock, Origin, Store
-from ..core.records import Action, ActionResult, KeyParts, Outcome
+from ..core.records import ActionResult, KeyParts, Outcome, TargetActions
 from ..execution.failures import ActionFailed, MissingBlob
 from ..keys.keyer import Keyer
 from .state import WorkspaceState
@@ -60,7 +60,7 @@ class Rebuilder:
         self.started = started
         self.message = message
         self.results: dict[Label, ActionResult] = {}
-        self.actions: dict[Label, Action] = {}
+        self.actions: dict[Label, TargetActions] = {}
         self.parts: dict[Label, KeyParts] = {}
         # sources of every keyed or reused target, as digested: {rel: (digest, stat)}
         self.sources: dict[Label, Mapping[str, tuple[str, str]]] = {}
@@ -77,7 +77,7 @@ class Rebuilder:
         self.ran: Callable[[Label, ActionResult], None] = lambda _label, _result: None
 
     # -- key, hit or miss --------------------------------------------------------------
-    def lookup(self, target: Target) -> tuple[Action, ActionResult | None, Origin]:
+    def lookup(self, target: Target) -> tuple[TargetActions, ActionResult | None, Origin]:
         """Key ``target`` from its dependencies' results and look the key up."""
         parts, key, action = self.keyer.keyed(target, self.results, with_parts=False)
         self.actions[target.label] = action
@@ -102,7 +102,7 @@ class Rebuilder:
             self.keyer.digests.vouch(self.root / rel, digest, stat)
         self.hit(label, key, result)
 
-    def _action(self, label: Label) -> Action:
+    def _action(self, label: Label) -> TargetActions:
         action = self.actions.get(label)
         if action is None:  # a reused target: key it now
             parts, _key, action = self.keyer.key_for(self.graph.targets[label],
@@ -111,7 +111,7 @@ class Rebuilder:
         return action
 
     # -- running misses (the scheduler's executor) --------------------------------------
-    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+    def submit(self, action: TargetActions) -> concurrent.futures.Future[Outcome]:
         if self._pool is None:  # created on the first miss: no-op builds skip it
             self._pool = concurrent.futures.ThreadPoolExecutor(self.jobs)
         return self._pool.submit(self.run, action)
@@ -133,7 +133,7 @@ class Rebuilder:
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
-    def run(self, action: Action) -> Outcome:
+    def run(self, action: TargetActions) -> Outcome:
         """Run one miss: the boundary where anything the rule, the store or a worker
         raises becomes this label's ``ActionFailed``."""
         self.started(action.label)
@@ -147,7 +147,7 @@ class Rebuilder:
             raise ActionFailed(f"internal error: {one_line(exc)} (rerun with --verbose "
                                "and report it)") from None
 
-    def _run(self, action: Action) -> Outcome:
+    def _run(self, action: TargetActions) -> Outcome:
         label = action.label
         # One process runs a key at a time: a second one waits, then takes the hit.
         with contextlib.ExitStack() as stack:
@@ -177,7 +177,7 @@ class Rebuilder:
             self.ran(label, outcome.result)
         return outcome
 
-    def _run_locked(self, action: Action) -> tuple[Outcome | None, Action | None]:
+    def _run_locked(self, action: TargetActions) -> tuple[Outcome | None, TargetActions | None]:
         """(the outcome, None), or (None, the action keyed again) when a rebuilt
         dependency gave new bytes."""
         label = action.label
@@ -266,7 +266,7 @@ class Rebuilder:
             return changed
 
 
-def _granted(fresh: Action, old: Action) -> Action:
+def _granted(fresh: TargetActions, old: TargetActions) -> TargetActions:
     """``fresh`` with the resources the scheduler granted ``old``."""
     from dataclasses import replace
 

@@ -26,7 +26,7 @@ from ..core.files import SourceDigests
 from ..core.generation import new_fact_generation
 from ..core.labels import Label
 from ..core.protocols import Executor, Origin, Store
-from ..core.records import Action, ActionResult, KeyParts, Outcome
+from ..core.records import ActionResult, KeyParts, Outcome, TargetActions
 from ..events import ActionEvent, BuildSummary, Failure
 from ..execution.failures import ActionFailed
 from ..execution.local import LocalExecutor
@@ -86,7 +86,7 @@ class BuildResult:
     outputs: dict[str, list[str]] = field(default_factory=dict)  # absolute paths
     infos: dict[str, dict[str, Any]] = field(default_factory=dict)
     providers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    steps: dict[str, dict[str, str]] = field(default_factory=dict)  # v2: action -> ran/cached
+    actions: dict[str, dict[str, str]] = field(default_factory=dict)  # action -> ran/cached
     explanations: dict[str, list[str]] = field(default_factory=dict)
     bytes_hashed: int = 0
     seconds: float = 0.0
@@ -218,7 +218,7 @@ class Build:
         return self.rebuilder.results
 
     @property
-    def actions(self) -> dict[Label, Action]:
+    def actions(self) -> dict[Label, TargetActions]:
         return self.rebuilder.actions
 
     def run(self, roots: list[Label]) -> BuildResult:
@@ -340,7 +340,7 @@ class Build:
     def queued(self, label: Label) -> None:
         self.reporter.action_queued(str(label))
 
-    def prepare(self, label: Label) -> Action | bool:
+    def prepare(self, label: Label) -> TargetActions | bool:
         """Key a ready target and look it up: True for a hit, False when it cannot even
         be keyed (a source vanished), else the action to run with its grant."""
         target = self.graph.targets[label]
@@ -391,8 +391,8 @@ class Build:
             self._cached(label, self.rebuilder.actions[label].key, outcome.result, "local")
             return True
         self.result.ran.append(str(label))
-        if outcome.steps:
-            self.result.steps[str(label)] = {name: status for name, _, status in outcome.steps}
+        if outcome.actions:
+            self.result.actions[str(label)] = {name: status for name, _, status in outcome.actions}
         self._event(ActionEvent(str(label), "ran", outcome.seconds,
                                 key=self.rebuilder.actions[label].key, origin="ran",
                                 rule=self.graph.targets[label].kind,

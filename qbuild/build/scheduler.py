@@ -20,7 +20,7 @@ from typing import Protocol
 
 from ..core.labels import Label
 from ..core.protocols import Executor
-from ..core.records import Action, Outcome
+from ..core.records import Outcome, TargetActions
 from .plan import Plan
 
 Futures = set[concurrent.futures.Future[Outcome]]
@@ -43,9 +43,9 @@ class Targets(Protocol):
     def is_group(self, label: Label) -> bool:
         """Is ``label`` a group (no action of its own: done once its dependencies are)?"""
 
-    def prepare(self, label: Label) -> Action | bool:
+    def prepare(self, label: Label) -> TargetActions | bool:
         """Key a ready target and look it up: True (done: a hit), False (failed before
-        running) or the ``Action`` to run (``threads`` and ``memory_mib`` set: its
+        running) or the ``TargetActions`` to run (``threads`` and ``memory_mib`` set: its
         grant)."""
 
     def queued(self, label: Label) -> None:
@@ -73,7 +73,7 @@ class Scheduler:
         self.keep_going = keep_going
         self.wait: Wait = wait or getattr(executor, "wait", None) or _wait
 
-    def _resolve_ready(self, queue: list[tuple[Label, Action]],
+    def _resolve_ready(self, queue: list[tuple[Label, TargetActions]],
                        enough: Callable[[], bool] = lambda: False) -> None:
         """Prepare ready targets until none is left or ``enough()`` (asked before each)."""
         plan, targets = self.plan, self.targets
@@ -101,8 +101,8 @@ class Scheduler:
 
     def run(self) -> None:
         plan = self.plan
-        queue: list[tuple[Label, Action]] = []  # misses waiting for a slot
-        running: dict[concurrent.futures.Future[Outcome], tuple[int, Label, Action]] = {}
+        queue: list[tuple[Label, TargetActions]] = []  # misses waiting for a slot
+        running: dict[concurrent.futures.Future[Outcome], tuple[int, Label, TargetActions]] = {}
         free_cpu, free_memory = self.cpu, self.memory
         started = 0
 

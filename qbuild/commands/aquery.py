@@ -31,7 +31,7 @@ def _inputs(target: Target, names: list[str]) -> list[dict[str, Any]]:
 
 def actions(session: Any, roots: list[Label]) -> list[dict[str, Any]]:
     """Records of the actions of ``roots`` (keys over their dependency closure)."""
-    from ..execution.actions import plan_steps
+    from ..execution.actions import plan_actions
 
     graph = session.graph
     order = graph.analyze(roots)
@@ -60,9 +60,9 @@ def actions(session: Any, roots: list[Label]) -> list[dict[str, Any]]:
         base = {"target": str(label), "rule": target.kind, "target_key": key,
                 "target_cached": label in results}
         folder = output_folder(label)
-        steps = plan_steps(session.store, action) if action is not None else [
+        planned = plan_actions(session.store, action) if action is not None else [
             {"spec": spec, "key": None, "cached": False} for spec in target.actions]
-        for step in steps:
+        for step in planned:
             spec = step["spec"]
             records.append({**base, "mnemonic": spec.mnemonic,
                             "function": spec.function, "heavy": spec.heavy,

@@ -4,7 +4,7 @@ and ``Executor`` (where actions run).
 Implementations: ``store.local.LocalStore`` and ``store.remote.LayeredStore`` (a local
 store in front of a Bazel HTTP cache); ``execution.local.LocalExecutor`` (this machine)
 and ``qbuild.testing.FakeExecutor`` (a virtual clock for exact scheduling tests). A
-distributed executor implements ``Executor``: take an ``Action``, return a future of
+distributed executor implements ``Executor``: take an ``TargetActions``, return a future of
 its ``Outcome``; everything it needs is in the action and the store's blobs.
 
 ``Store`` names every capability the engine uses, and the engine calls them plainly:
@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import Literal, Protocol
 
-from .records import Action, ActionResult, KeyParts, Outcome
+from .records import ActionResult, KeyParts, Outcome, TargetActions
 
 Origin = Literal["local", "remote"]
 
@@ -140,6 +140,6 @@ class Executor(Protocol):
     ``Outcome``, or it raises ``ActionFailed`` (the action failed) or ``MissingBlob`` (a
     dependency's output is gone from the store and must be rebuilt first)."""
 
-    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]: ...
+    def submit(self, action: TargetActions) -> concurrent.futures.Future[Outcome]: ...
     def close(self) -> None: ...
     def kill(self) -> None: ...

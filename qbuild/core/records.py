@@ -2,7 +2,7 @@
 it produced (as the cache stores it) and the outcome of running it.
 
 They are frozen dataclasses with no absolute paths, picklable, so a distributed
-executor takes the same ``Action`` and returns the same ``Outcome``. Only the store
+executor takes the same ``TargetActions`` and returns the same ``Outcome``. Only the store
 turns results into JSON (``to_json``/``from_json``); nothing else handles them as dicts.
 """
 
@@ -141,8 +141,9 @@ def _log_entry(entry: Any) -> OutputEntry | None:
 
 
 @dataclass(frozen=True)
-class Action:
-    """Everything needed to run one target's action, with no absolute paths.
+class TargetActions:
+    """Everything needed to run one target's actions (Bazel's words: a target has
+    actions; the executor runs a target's actions as one unit), with no absolute paths.
 
     ``deps`` maps each dependency's label text (as the attributes name it) to its
     result; ``sources`` maps workspace-relative paths to (digest, stat key)."""
@@ -166,13 +167,13 @@ class Action:
     hooks: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """Plugin hooks the rule calls, resolved in the main process: hook name -> the
     importable modules implementing it (see ``_hooks``)."""
-    # v2 rules: the declared actions (``_actions.ActionSpec``, each cached on its own
-    # key, see ``_steps``), the key parts they share and each one's code digests.
-    steps: tuple[Any, ...] = ()
-    step_base: Mapping[str, Any] = field(default_factory=dict)
-    step_code: tuple[Mapping[str, str], ...] = ()
+    # The declared actions (``api.actions.ActionSpec``, each cached on its own key, see
+    # ``execution.actions``), the key parts they share and each one's code digests.
+    actions: tuple[Any, ...] = ()
+    action_base: Mapping[str, Any] = field(default_factory=dict)
+    action_code: tuple[Mapping[str, str], ...] = ()
     executable: tuple[str, ...] = ()  # executable sources
-    keyed_by_step: bool = False  # one action: ``key`` is that action's own key
+    keyed_by_action: bool = False  # one action: ``key`` is that action's own key
 
 
 @dataclass(frozen=True)
@@ -184,5 +185,5 @@ class Outcome:
     seconds: float = 0.0
     status: Literal["ran", "cached"] = "ran"
     worker: str = ""  # the remote worker that ran it (empty: this machine)
-    steps: tuple[tuple[str, str, str], ...] = ()
+    actions: tuple[tuple[str, str, str], ...] = ()
     """v2 targets: (mnemonic, key, "ran" | "cached") of each declared action."""

@@ -31,8 +31,8 @@ from ..core import live
 from ..core.errors import QbuildError, RuleError
 from ..core.files import hash_file, stat_key
 from ..core.labels import OUT_PREFIX, output_folder, parse_label
-from ..core.records import Action, ActionResult, Outcome, OutputEntry
-from ..keys.action_keys import Made, package_path, step_components, step_key
+from ..core.records import ActionResult, Outcome, OutputEntry, TargetActions
+from ..keys.action_keys import Made, declared_action_key, declared_action_parts, package_path
 from ..store.gate import safe_path
 from .failures import ActionFailed, MissingBlob, log_tail
 from .linked import Linked, release, stage_link
@@ -47,16 +47,16 @@ def _entries_of(name: str, entries: tuple[OutputEntry, ...]) -> list[OutputEntry
     return [e for e in entries if e.path == name]
 
 
-def plan_steps(store: Any, action: Action) -> list[dict[str, Any]]:
+def plan_actions(store: Any, action: TargetActions) -> list[dict[str, Any]]:
     """Each declared action's key as far as it can be known without running anything
     (an action after one that is not cached has no key yet), and whether it is cached."""
     made: Made = {}
     out = []
-    for index, spec in enumerate(action.steps):
+    for index, spec in enumerate(action.actions):
         if any(name not in action.attr_types and name not in made for name in spec.inputs):
             out.append({"spec": spec, "key": None, "cached": False})
             continue
-        key = step_key(step_components(action, index, made))
+        key = declared_action_key(declared_action_parts(action, index, made))
         cached = store.get_action(key)
         if cached is not None:
             for name in spec.outputs:
@@ -89,7 +89,7 @@ def _invoke_step(rule_ref: str, function: str, ctx: RunContext, out_root: Path
     return info or {}, providers, ctx.warnings
 
 
-def workspace_name(action: Action, rel: str) -> str:
+def workspace_name(action: TargetActions, rel: str) -> str:
     """A path inside an action's sandbox as the user knows it: a dependency's output
     under ``qbuild-out/``, a source by its workspace path, an earlier action's output
     under the target's own folder (``rel`` as it is when it is none of these)."""
@@ -152,7 +152,7 @@ def _stage_dep(sandboxes: Sandboxes, label: str, dep: ActionResult, base: Path,
                dep.failed)
 
 
-def _stage_item(sandboxes: Sandboxes, action: Action, item: str, base: Path, index: int,
+def _stage_item(sandboxes: Sandboxes, action: TargetActions, item: str, base: Path, index: int,
                 staged: dict[Path, tuple[str, str]], origins: list[tuple[int, str]],
                 at: Path | None = None, linked: list[Linked] | None = None,
                 dirs: SandboxFolders | None = None) -> list[Path]:
@@ -178,7 +178,7 @@ def _stage_item(sandboxes: Sandboxes, action: Action, item: str, base: Path, ind
     return [dest]
 
 
-def _stage(sandboxes: Sandboxes, action: Action, spec: ActionSpec, sandbox: Path,
+def _stage(sandboxes: Sandboxes, action: TargetActions, spec: ActionSpec, sandbox: Path,
            made: Made, log_path: Path, linked: list[Linked], dirs: SandboxFolders
            ) -> tuple[RunContext, dict[Path, tuple[str, str]]]:
     links = linked if spec.link_inputs else None
@@ -240,7 +240,7 @@ def _stage(sandboxes: Sandboxes, action: Action, spec: ActionSpec, sandbox: Path
     return ctx, staged
 
 
-def _dep_targets(action: Action, spec: ActionSpec) -> dict[str, tuple[str, str]]:
+def _dep_targets(action: TargetActions, spec: ActionSpec) -> dict[str, tuple[str, str]]:
     """For each ``label`` input of the action: the label and BUILD file of the target
     it names (where ``RunContext.fail_at`` locates an error that target causes)."""
     out = {}
@@ -252,7 +252,7 @@ def _dep_targets(action: Action, spec: ActionSpec) -> dict[str, tuple[str, str]]
     return out
 
 
-def _forwardable(action: Action, spec: ActionSpec) -> list[tuple[str, str]] | None:
+def _forwardable(action: TargetActions, spec: ActionSpec) -> list[tuple[str, str]] | None:
     """(source, output name) pairs if ``forward_files`` can run without a sandbox: every
     input a source file of this target (no dependency, no layout, no earlier action's
     output), each named once, one plain output per input."""
@@ -273,7 +273,7 @@ def _forwardable(action: Action, spec: ActionSpec) -> list[tuple[str, str]] | No
     return list(zip(items, outputs))
 
 
-def _forward(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
+def _forward(sandboxes: Sandboxes, action: TargetActions, spec: ActionSpec,
              pairs: list[tuple[str, str]]) -> ActionResult:
     """Run ``forward_files`` over source files without a sandbox or a call: each source
     is copied (read-only, checked against the stat its digest was taken with, before
@@ -298,7 +298,7 @@ def _forward(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
                         sources={name: item for item, name in pairs})
 
 
-def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
+def _run_step(sandboxes: Sandboxes, action: TargetActions, spec: ActionSpec,
               made: Made) -> ActionResult:
     if spec.function == FORWARD_FILES:
         pairs = _forwardable(action, spec)
@@ -324,7 +324,7 @@ def _run_step(sandboxes: Sandboxes, action: Action, spec: ActionSpec,
                                                    out_root)
         except QbuildError as exc:
             located = exc.located(file=action.build_file, target=str(action.label))
-            if len(action.steps) > 1:  # say which one
+            if len(action.actions) > 1:  # say which one
                 located.message = f"action {spec.mnemonic}: {located.message}"
             failed = ActionFailed(located, log_tail(log_path))
         finally:
@@ -371,26 +371,26 @@ class _MadeMissing(Exception):
     """An earlier action's cached output could not be restored (its blob is gone)."""
 
 
-def execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
+def execute_actions(sandboxes: Sandboxes, action: TargetActions) -> Outcome:
     """Run a v2 target: each declared action in order, served from the cache when its
     own key hits (with every blob present), run otherwise, in sandboxes of
     ``sandboxes``."""
     started = time.monotonic()
     # A blob found missing while staging is dropped from the store's index, so going
     # through the actions again runs the one that made it.
-    for _attempt in range(len(action.steps)):
+    for _attempt in range(len(action.actions)):
         try:
-            outcome = _execute_steps(sandboxes, action)
+            outcome = _execute_each(sandboxes, action)
             break
         except _MadeMissing:
             continue
     else:
         raise ActionFailed(RuleError("the outputs of its earlier actions could not be "
                                      "restored from the cache", target=str(action.label)))
-    return Outcome(outcome.result, time.monotonic() - started, steps=outcome.steps)
+    return Outcome(outcome.result, time.monotonic() - started, actions=outcome.actions)
 
 
-def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
+def _execute_each(sandboxes: Sandboxes, action: TargetActions) -> Outcome:
     store = sandboxes.store
     made: Made = {}
     providers: dict[str, Any] = {}
@@ -398,15 +398,15 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
     sources: dict[str, str] = {}  # outputs forwarded from sources (a filegroup's)
     warnings: list[str] = []
     steps: list[tuple[str, str, str]] = []
-    for index, spec in enumerate(action.steps):
-        if action.keyed_by_step:
+    for index, spec in enumerate(action.actions):
+        if action.keyed_by_action:
             # The target's key is this action's: the caller looked it up (a miss) and
             # stores the result under it.
             key, status = action.key, "ran"
             result = _run_step(sandboxes, action, spec, made)
         else:
-            parts = step_components(action, index, made)
-            key, status = step_key(parts), "cached"
+            parts = declared_action_parts(action, index, made)
+            key, status = declared_action_key(parts), "cached"
             hit = store.get_action(key)
             # A hit counts if its blobs can be had: here, or on the remote cache (which
             # answered it only after checking they are there).
@@ -431,14 +431,14 @@ def _execute_steps(sandboxes: Sandboxes, action: Action) -> Outcome:
         info.update(result.info)
         sources.update(result.sources)
         steps.append((spec.mnemonic, key, status))
-    missing = [n for n in action.step_base.get("provides", []) if n not in providers]
+    missing = [n for n in action.action_base.get("provides", []) if n not in providers]
     if missing:
         raise ActionFailed(RuleError(f"no action returned the declared provider(s) "
                                      f"{', '.join(n.rsplit('.', 1)[-1] for n in missing)}",
                                      file=action.build_file, target=str(action.label)))
     outputs = tuple(e for name in action.outputs for e in made[name])
     # keyed by its one action: the target's entry is that action's, log included
-    log = result.log if action.keyed_by_step else None
+    log = result.log if action.keyed_by_action else None
     return Outcome(ActionResult(outputs, action.outputs, info, tuple(warnings),
                                 providers=providers, log=log, sources=sources),
-                   steps=tuple(steps))
+                   actions=tuple(steps))

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core.errors import ConfigError, RuleError, UsageError
 from ..core.labels import Label
-from ..core.records import Action, ActionResult, KeyParts, Outcome, OutputEntry
+from ..core.records import ActionResult, KeyParts, Outcome, OutputEntry, TargetActions
 from ..core.toml import load_toml
 from .failures import ActionFailed, MissingBlob
 from .local import LocalExecutor
@@ -232,7 +232,7 @@ class DaskExecutor:
         except TypeError:
             return dict(self.client.scheduler_info())
 
-    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+    def submit(self, action: TargetActions) -> concurrent.futures.Future[Outcome]:
         """Run ``action`` on the cluster or here, from a thread of this executor's (one
         per action in flight: each waits on the scheduler or on this machine's cores)."""
         with self._lock:
@@ -271,7 +271,7 @@ class DaskExecutor:
                 "refused": dict(self.refused), "fallback": self.fell_back}
 
     # -- one action -----------------------------------------------------------------------
-    def execute(self, action: Action) -> Outcome:
+    def execute(self, action: TargetActions) -> Outcome:
         parts = self.parts.get(action.label)
         if parts is None or self.client is None:
             return self._here(action)
@@ -311,7 +311,7 @@ class DaskExecutor:
                                      "install the same lock on the workers",
                                      target=str(action.label)))
 
-    def _here(self, action: Action) -> Outcome:
+    def _here(self, action: TargetActions) -> Outcome:
         taken = self.slots.take(action.threads)
         try:
             outcome = self.local.execute(
@@ -329,7 +329,7 @@ class DaskExecutor:
             return []
         return [w for w in workers if w not in excluded]
 
-    def _placement(self, action: Action) -> tuple[Action, dict[str, float]]:
+    def _placement(self, action: TargetActions) -> tuple[TargetActions, dict[str, float]]:
         """Dask resources for the action's declared cores and memory, for the resource
         names the cluster's workers advertise (none: Dask's one task per thread), plus
         its accelerators (``{"GPU": 1}``, which some worker must offer), and the action
@@ -361,7 +361,7 @@ class DaskExecutor:
             out[name] = float(amount)
         return action, out
 
-    def _ensure_inputs(self, action: Action) -> None:
+    def _ensure_inputs(self, action: TargetActions) -> None:
         """Every input blob on the cache server before the action is sent: sources from
         the workspace (copied and hashed first: only bytes matching the key's digest are
         sent), dependency outputs from the local cache when the server lacks them."""
@@ -390,7 +390,7 @@ class DaskExecutor:
             with self._lock:
                 self._present.add(digest)
 
-    def _upload_source(self, action: Action, rel: str, digest: str) -> None:
+    def _upload_source(self, action: TargetActions, rel: str, digest: str) -> None:
         from ..core.files import copy_hashing
 
         temp = self.store.tmp / f"{os.getpid()}-src-{uuid.uuid4().hex[:12]}"
@@ -402,7 +402,7 @@ class DaskExecutor:
         finally:
             temp.unlink(missing_ok=True)
 
-    def _request(self, action: Action, parts: KeyParts) -> dict[str, Any]:
+    def _request(self, action: TargetActions, parts: KeyParts) -> dict[str, Any]:
         from .dask_worker import PROTOCOL
 
         config = self.store.remote_config
@@ -411,7 +411,7 @@ class DaskExecutor:
                 "remote": {"url": config.url, "timeout": config.timeout,
                            "headers": dict(config.headers), "upload": config.upload}}
 
-    def _submit(self, action: Action, parts: KeyParts, resources: dict[str, float],
+    def _submit(self, action: TargetActions, parts: KeyParts, resources: dict[str, float],
                 excluded: set[str]) -> dict[str, Any] | None:
         from distributed import KilledWorker
 
@@ -508,7 +508,7 @@ class DaskExecutor:
                 return True
         return False
 
-    def _accept(self, action: Action, parts: KeyParts, reply: dict[str, Any]) -> Outcome:
+    def _accept(self, action: TargetActions, parts: KeyParts, reply: dict[str, Any]) -> Outcome:
         status = reply["status"]
         if status == "missing":
             raise MissingBlob(reply["dep"])
@@ -532,9 +532,9 @@ class DaskExecutor:
                               providers=dict(reply.get("providers") or {}),
                               log=OutputEntry.from_json(reply["log"]) if reply.get("log")
                               else None)
-        steps = tuple((str(a), str(b), str(c)) for a, b, c in reply.get("steps") or ())
+        steps = tuple((str(a), str(b), str(c)) for a, b, c in reply.get("actions") or ())
         return Outcome(result, float(reply["seconds"]), worker=str(reply["worker"]),
-                       steps=steps)
+                       actions=steps)
 
 
 def _client_within(client_class: Any, address: str, timeout: float) -> Any:

@@ -28,7 +28,7 @@ from typing import Any
 from ..core.errors import QbuildError, RuleError
 from ..core.files import SourceDigests, stat_key
 from ..core.generation import new_fact_generation
-from ..core.records import Action
+from ..core.records import TargetActions
 from ..core.versions import __version__, dist_version
 from ..keys.code import CodeDigests
 from ..store.http import RemoteConfig, RemoteError
@@ -56,7 +56,7 @@ class WorkerSandboxes(Sandboxes):
         super().__init__(store, Path(store.tmp), _Unchanging(), jobs)  # type: ignore[arg-type]
         self.executable: dict[str, set[str]] = {}  # action key -> executable sources
 
-    def stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
+    def stage_source(self, action: TargetActions, rel: str, key: str, dest: Path) -> str:
         digest = action.sources[rel][0]
         executable = rel in self.executable.get(action.key, ())
         if not self.store.restore_blob(digest, dest, executable):
@@ -66,7 +66,7 @@ class WorkerSandboxes(Sandboxes):
                                          target=str(action.label)))
         return stat_key(os.lstat(dest))
 
-    def run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+    def run_in_worker(self, action: TargetActions, log_path: Path, function: Any, *args: Any
                       ) -> Any:
         # A Dask worker is itself the process that isolates actions (its nanny restarts
         # it, the scheduler reschedules what it ran) and, being daemonic, cannot start
@@ -205,7 +205,7 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
     new_fact_generation()  # no memo the identity check rests on outlives one request
     worker, threads = _worker_name()
     reply: dict[str, Any] = {"worker": worker, "pid": os.getpid()}
-    action: Action = request["action"]
+    action: TargetActions = request["action"]
     config = RemoteConfig(url=request["remote"]["url"], upload=True,
                           timeout=request["remote"]["timeout"],
                           headers=dict(request["remote"]["headers"]), environ=os.environ)
@@ -243,7 +243,7 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
                          f"{exc}"}
     return {**reply, "status": "ok", "outputs": [e.to_json() for e in result.outputs],
             "info": dict(result.info), "warnings": list(result.warnings),
-            "providers": dict(result.providers), "steps": list(outcome.steps),
+            "providers": dict(result.providers), "actions": list(outcome.actions),
             "log": result.log.to_json() if result.log is not None else None,
             "seconds": outcome.seconds,
             "code": request["parts"]["code"],

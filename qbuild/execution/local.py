@@ -3,12 +3,12 @@ call the rule (in a worker process when the rule is heavy), check and store its 
 outputs.
 
 ``LocalExecutor`` implements the ``core.protocols.Executor`` seam: ``submit`` takes an
-``Action`` record (plain and picklable: rule reference, attributes, input digests) and
+``TargetActions`` record (plain and picklable: rule reference, attributes, input digests) and
 returns a future of its ``Outcome``. A distributed executor takes the same record: it
 needs only the store's blobs and the rule's importable module.
 
 Owns: the threads actions run in. A target's declared actions (a rule's ``run`` is one
-of them) are ``actions.execute_steps``'s; sandbox folders, worker processes, and moving
+of them) are ``actions.execute_actions``'s; sandbox folders, worker processes, and moving
 files between a sandbox and the store are ``sandbox.Sandboxes``'s.
 """
 
@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from ..core.files import SourceDigests
 from ..core.labels import output_folder
 from ..core.protocols import Store
-from ..core.records import Action, Outcome
-from .actions import execute_steps
+from ..core.records import Outcome, TargetActions
+from .actions import execute_actions
 from .sandbox import Sandboxes
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class LocalExecutor:
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()
 
-    def submit(self, action: Action) -> concurrent.futures.Future[Outcome]:
+    def submit(self, action: TargetActions) -> concurrent.futures.Future[Outcome]:
         """Run ``action`` in one of ``jobs`` threads (heavy rules then in a worker process)."""
         if self.inline:
             import concurrent.futures
@@ -85,9 +85,9 @@ class LocalExecutor:
         if threads is not None:
             threads.shutdown(wait=False, cancel_futures=True)
 
-    def execute(self, action: Action) -> Outcome:
+    def execute(self, action: TargetActions) -> Outcome:
         """Run ``action`` (its declared actions, each cached on its own key); raises
         ActionFailed or MissingBlob. Nothing partial is stored."""
-        return execute_steps(self.sandboxes, action)
+        return execute_actions(self.sandboxes, action)
 
 

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..core.errors import RuleError
 from ..core.files import SourceDigests, copy_new, copy_new_hashing, hash_file, stat_key
 from ..core.protocols import Store
-from ..core.records import Action, OutputEntry
+from ..core.records import OutputEntry, TargetActions
 from ..store.keylock import flock_fd
 from .failures import ActionFailed, log_tail
 from .linked import Linked, modified
@@ -273,7 +273,7 @@ class Sandboxes:
                 self._forward = (path, lock, lock_file)
             return self._forward[0]
 
-    def run_in_worker(self, action: Action, log_path: Path, function: Any, *args: Any
+    def run_in_worker(self, action: TargetActions, log_path: Path, function: Any, *args: Any
                       ) -> Any:
         """``function(*args)`` in a worker process of the pool (started on first use);
         ``action`` and its log at ``log_path`` are named if the worker dies."""
@@ -303,13 +303,13 @@ class Sandboxes:
         finally:
             alone.shutdown(wait=False, cancel_futures=True)
 
-    def stage_source(self, action: Action, rel: str, key: str, dest: Path) -> str:
+    def stage_source(self, action: TargetActions, rel: str, key: str, dest: Path) -> str:
         """Copy the source file ``rel`` of ``action`` to ``dest`` in a sandbox, read-only,
         checking that it is still the file whose digest the key holds (stat key ``key``
         before and after the copy); returns the copy's stat key."""
         return stat_key(self.copy_source(action, rel, key, dest))
 
-    def copy_source(self, action: Action, rel: str, key: str, dest: Path) -> os.stat_result:
+    def copy_source(self, action: TargetActions, rel: str, key: str, dest: Path) -> os.stat_result:
         """``stage_source``, returning the copy's stat. A digest this process did not
         hash itself (taken from the stat memo or the workspace's record of digests,
         which a damaged or tampered cache can have wrong) is checked on the way: the
@@ -338,7 +338,7 @@ class Sandboxes:
                 "cached nothing. Run the build again.", target=str(action.label)))
         return copied
 
-    def check_linked_inputs(self, action: Action, sandbox: Path, linked: list[Linked]
+    def check_linked_inputs(self, action: TargetActions, sandbox: Path, linked: list[Linked]
                             ) -> None:
         """Fail an action that wrote to an input linked to a cache blob (``linked``);
         the blob is discarded, so neither this nor any other build is served it."""
@@ -355,7 +355,7 @@ class Sandboxes:
                 f"was not cached{dropped}. Inputs are read-only: write outputs instead",
                 target=str(action.label)))
 
-    def check_staged_inputs(self, action: Action, sandbox: Path,
+    def check_staged_inputs(self, action: TargetActions, sandbox: Path,
                             staged: dict[Path, tuple[str, str]],
                             shown: Callable[[str], str] = str) -> None:
         """Fail an action whose rule wrote into one of its (read-only) inputs, staged as
@@ -373,7 +373,7 @@ class Sandboxes:
                     "inputs are read-only: write outputs instead",
                     target=str(action.label)))
 
-    def check_sources(self, action: Action) -> None:
+    def check_sources(self, action: TargetActions) -> None:
         """Fail an action whose source files in the workspace changed while it ran."""
         for path, (digest, key) in action.sources.items():
             if not self.digests.still(self.root / path, digest, key):
@@ -381,7 +381,7 @@ class Sandboxes:
                     f"input {path} changed while the action ran; its result was not "
                     "cached. Run the build again.", target=str(action.label)))
 
-    def collect_outputs(self, action: Action, out_root: Path, log_path: Path,
+    def collect_outputs(self, action: TargetActions, out_root: Path, log_path: Path,
                         names: tuple[str, ...] | None = None,
                         forwarded: dict[Path, tuple[str, str]] | None = None
                         ) -> list[OutputEntry]:

@@ -1,11 +1,11 @@
 """The key of one declared action of a v2 target.
 
 Each declared action is keyed from its own parts only: the target's shared parts
-(``Action.step_base``), the action's mnemonic, function and code digest, its params,
+(``TargetActions.action_base``), the action's mnemonic, function and code digest, its params,
 output names and layout, and the content of its inputs (a dependency's outputs, a
 source file's digest by its path in the package, an earlier action's outputs), never
-the target's label. ``step_components`` gives those parts and ``step_key`` hashes them;
-running the actions is ``execution.actions``'s.
+the target's label. ``declared_action_parts`` gives those parts and
+``declared_action_key`` hashes them; running the actions is ``execution.actions``'s.
 """
 
 from __future__ import annotations
@@ -14,28 +14,28 @@ import hashlib
 from typing import Any
 
 from ..api.actions import ActionSpec
-from ..core.records import Action, OutputEntry
+from ..core.records import OutputEntry, TargetActions
 from .parts import canonical_json, dep_part
 
 Made = dict[str, list[OutputEntry]]
 """Outputs of a target's earlier actions, by output name."""
 
 
-def package_path(action: Action, rel: str) -> str:
+def package_path(action: TargetActions, rel: str) -> str:
     """The workspace path ``rel`` of a source of ``action``'s target, relative to its
     package (how keys and sandboxes name it: a package moved keeps its keys)."""
     package = action.label.package
     return rel[len(package) + 1:] if package else rel
 
 
-def _item_part(action: Action, item: str) -> dict[str, Any]:
+def _item_part(action: TargetActions, item: str) -> dict[str, Any]:
     if item.startswith("//"):
         return {"dep": dep_part(action.deps[item])}
     return {"src": package_path(action, item), "digest": action.sources[item][0],
             "x": item in action.executable}
 
 
-def _input_part(action: Action, name: str, made: Made) -> Any:
+def _input_part(action: TargetActions, name: str, made: Made) -> Any:
     kind = action.attr_types.get(name)
     if kind is None:
         entries = made[name]
@@ -53,11 +53,11 @@ def _input_part(action: Action, name: str, made: Made) -> Any:
     return [_item_part(action, item) for item in value]
 
 
-def step_components(action: Action, index: int, made: Made) -> dict[str, Any]:
+def declared_action_parts(action: TargetActions, index: int, made: Made) -> dict[str, Any]:
     """The key parts of declared action ``index`` (``made``: outputs of earlier ones)."""
-    spec: ActionSpec = action.steps[index]
-    parts = {**action.step_base, "action": spec.mnemonic, "function": spec.function,
-             "code": action.step_code[index], "params": spec.params,
+    spec: ActionSpec = action.actions[index]
+    parts = {**action.action_base, "action": spec.mnemonic, "function": spec.function,
+             "code": action.action_code[index], "params": spec.params,
              "outputs": list(spec.outputs),
              "inputs": {name: _input_part(action, name, made) for name in spec.inputs}}
     if spec.layout:  # only actions declaring one have the part (other keys stay)
@@ -65,6 +65,6 @@ def step_components(action: Action, index: int, made: Made) -> dict[str, Any]:
     return parts
 
 
-def step_key(parts: dict[str, Any]) -> str:
+def declared_action_key(parts: dict[str, Any]) -> str:
     """The key of a declared action with the key parts ``parts``."""
     return hashlib.sha256(canonical_json(parts).encode("utf-8")).hexdigest()

@@ -51,7 +51,7 @@ class _Watched(MutableMapping[str, str]):
             raise KeyError(name)
         return value
 
-    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+    def get(self, name: str, default: Any = None) -> Any:
         value = self.real.get(name)
         _noted(name, value)
         return default if value is None else value

@@ -4,7 +4,7 @@ A target's key is made from its attributes, the content digests and executable b
 its inputs, its dependencies' results, the digests of the code that runs it (the rule,
 its providers, its action functions, the hook plugins it calls), and the environment
 facts the rule declares (machine and toolchain facts included: ``parts``). The keyer
-also makes the ``Action`` record the executor runs, and keeps the code records
+also makes the ``TargetActions`` record the executor runs, and keeps the code records
 ``qbuild explain`` names changed files from. The build, the commands that show keys
 (``explain``, ``aquery``) and the shortcuts all key through one ``Keyer``.
 """
@@ -26,10 +26,10 @@ from ..core import versions
 from ..core.files import SourceDigests
 from ..core.labels import Label
 from ..core.protocols import Store
-from ..core.records import Action, ActionResult, KeyParts
-from .action_keys import step_components, step_key
+from ..core.records import ActionResult, KeyParts, TargetActions
+from .action_keys import declared_action_key, declared_action_parts
 from .code import CodeDigests
-from .parts import action_key, components, target_env
+from .parts import components, target_env, target_key
 
 
 class Keyer:
@@ -70,7 +70,7 @@ class Keyer:
         refs += [spec.function for spec in target.actions]
         return self._code_digests(type(target.rule), refs)
 
-    def step_code(self, target: Target, function: str) -> dict[str, str]:
+    def action_code(self, target: Target, function: str) -> dict[str, str]:
         """Code units of one declared action: the engine, its function's package, the
         providers involved and what the rule's ``code()`` names, not the rule class."""
         assert target.rule is not None
@@ -99,14 +99,14 @@ class Keyer:
             self._store().put_code(digest, files)
 
     def key_for(self, target: Target, results: Mapping[Label, ActionResult]
-                ) -> tuple[KeyParts, str, Action]:
+                ) -> tuple[KeyParts, str, TargetActions]:
         """Key components, key and runnable action of ``target`` given its deps' results."""
         parts, key, action = self.keyed(target, results)
         assert parts is not None
         return parts, key, action
 
     def keyed(self, target: Target, results: Mapping[Label, ActionResult],
-              with_parts: bool = True) -> tuple[KeyParts | None, str, Action]:
+              with_parts: bool = True) -> tuple[KeyParts | None, str, TargetActions]:
         """``key_for``; without ``with_parts``, the components are left out (None) when
         the key does not need them (a target whose one action makes every output is
         keyed by that action's own parts): a lookup that hits never needs them."""
@@ -124,14 +124,14 @@ class Keyer:
             parts = components(target, {rel: d for rel, (d, _) in sources.items()}, deps,
                                self.code_parts(target), executable, hooks)
         # (A single action's own key replaces the target's below: no need to hash it.)
-        key = "" if single or parts is None else action_key(parts)
+        key = "" if single or parts is None else target_key(parts)
         entry, rule = target.entry, target.rule
         assert entry is not None and rule is not None
         constant = self._rule_constants(entry, rule)
-        # The record's fields, set as Action's generated __init__ would (a frozen class
+        # The record's fields, set as TargetActions's generated __init__ would (a frozen class
         # sets each through object.__setattr__: 25 calls per target): every field, the
         # defaults first. The record is ours alone until it is returned.
-        fields: dict[str, Any] = {**_ACTION_DEFAULTS, "accelerators": {}, "step_base": {}}
+        fields: dict[str, Any] = {**_ACTION_DEFAULTS, "accelerators": {}, "action_base": {}}
         fields.update(
             label=target.label, build_file=target.build_file, rule_ref=constant["ref"],
             heavy=constant["heavy"], attrs=target.attrs, attr_types=constant["attr_types"],
@@ -141,22 +141,22 @@ class Keyer:
                    for name, found in hooks.items()} if hooks else {})
         if actions:
             env = parts["env"] if parts is not None else target_env(target)
-            step_base = dict(constant["step_base"])
-            step_base["env"] = env
-            step_base["hooks"] = {name: [list(item) for item in found]
+            action_base = dict(constant["action_base"])
+            action_base["env"] = env
+            action_base["hooks"] = {name: [list(item) for item in found]
                                   for name, found in hooks.items()} if hooks else {}
             fields.update(
-                steps=tuple(actions), executable=tuple(executable), step_base=step_base,
-                step_code=tuple([self.step_code(target, spec.function) for spec in actions]))
-        action: Action = _new_action(Action)
+                actions=tuple(actions), executable=tuple(executable), action_base=action_base,
+                action_code=tuple([self.action_code(target, spec.function) for spec in actions]))
+        action: TargetActions = _new_action(TargetActions)
         action.__dict__.update(fields)
         if single:
             # One action making every output: the target's key is the action's own
             # (label-free) key, so it costs one lookup and one entry, as a v1 target.
             # (Its parts read the record's fields only: the key is set in it once made.)
-            step_parts = step_components(action, 0, {})
-            key = step_key(step_parts)
-            action.__dict__.update(key=key, keyed_by_step=True)
+            step_parts = declared_action_parts(action, 0, {})
+            key = declared_action_key(step_parts)
+            action.__dict__.update(key=key, keyed_by_action=True)
             if parts is not None:
                 # What the key is made of, kept beside the target's parts (which
                 # ``qbuild explain`` diffs): a store checks an entry against them.
@@ -172,7 +172,7 @@ class Keyer:
             return known[3]
         constant = {
             "ref": entry.ref, "heavy": bool(rule.heavy), "attr_types": self._attr_types(rule),
-            "step_base": {
+            "action_base": {
                 "rule": entry.kind, "rule_version": entry.cls.version, "plugin": entry.dist,
                 "plugin_version": entry.dist_version, "qbuild_version": versions.__version__,
                 "provides": sorted(provider_name(p) for p in rule.provides)}}
@@ -180,13 +180,13 @@ class Keyer:
                                        constant)
         return constant
 
-    def parts_of(self, target: Target, action: Action) -> KeyParts:
+    def parts_of(self, target: Target, action: TargetActions) -> KeyParts:
         """The components of a target keyed by ``keyed(..., with_parts=False)``."""
         parts = components(target, {rel: d for rel, (d, _) in action.sources.items()},
                            action.deps, self.code_parts(target), list(action.executable),
                            self.registry.hook_plugins(target))
-        if action.keyed_by_step:
-            parts["key_parts"] = step_components(action, 0, {})
+        if action.keyed_by_action:
+            parts["key_parts"] = declared_action_parts(action, 0, {})
         return parts
 
     def _attr_types(self, rule: Any) -> dict[str, str]:
@@ -199,10 +199,10 @@ class Keyer:
 
 
 _new_action = object.__new__
-# Every field of an Action with its default (the record is made field by field).
+# Every field of a TargetActions with its default (the record is made field by field).
 _ACTION_DEFAULTS: dict[str, Any] = {
     f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-    for f in dataclasses.fields(Action)
+    for f in dataclasses.fields(TargetActions)
     if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING}
 
 # rule class -> (its provides, its attrs, the modules of their providers)

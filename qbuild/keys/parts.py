@@ -125,7 +125,7 @@ sorted_json = json.JSONEncoder(sort_keys=True).encode
 """``json.dumps(value, sort_keys=True)``"""
 
 
-def action_key(parts: dict[str, Any]) -> str:
+def target_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(canonical_json(parts).encode("utf-8")).hexdigest()
 
 

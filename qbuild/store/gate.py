@@ -57,7 +57,7 @@ class Refused(ValueError):
 
 def key_of(parts: Any) -> str:
     """The action key of ``parts``: SHA-256 of their canonical JSON (what
-    ``keys.parts.action_key`` and ``keys.action_keys.step_key`` compute)."""
+    ``keys.parts.target_key`` and ``keys.action_keys.declared_action_key`` compute)."""
     return hashlib.sha256(_canonical(parts).encode("utf-8")).hexdigest()
 
 

@@ -261,4 +261,4 @@ def test_v2_providers_and_per_action_results_round_trip(server, tmp_path):
     assert second.output("//p:all").read_text() == first.output("//p:all").read_text()
     third = v2("c", "other").build("//p:w", remote_cache=server.url)
     assert third.ok, third.error
-    assert third.steps["//p:w"] == {"Transform": "cached", "Report": "ran"}
+    assert third.actions["//p:w"] == {"Transform": "cached", "Report": "ran"}

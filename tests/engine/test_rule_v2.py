@@ -39,19 +39,19 @@ def test_report_only_param_reruns_only_the_report(ws):
     setup(ws)
     first = ws.build("//p:words")
     assert first.ok, first.error
-    assert first.steps["//p:words"] == {"Transform": "ran", "Report": "ran"}
+    assert first.actions["//p:words"] == {"Transform": "ran", "Report": "ran"}
     assert ws.build("//p:words").ran == []
     setup(ws, title="second")
     second = ws.build("//p:words")
     assert second.ok, second.error
     assert second.ran == ["//p:words"]
-    assert second.steps["//p:words"] == {"Transform": "cached", "Report": "ran"}
+    assert second.actions["//p:words"] == {"Transform": "cached", "Report": "ran"}
     report = second.provider("//p:words", ReportInfo)
     assert report.title == "second"
     assert report.report.read_text() == "second: 2 lines\n"
     setup(ws, title="second", upper="true")
     third = ws.build("//p:words")
-    assert third.steps["//p:words"] == {"Transform": "ran", "Report": "ran"}
+    assert third.actions["//p:words"] == {"Transform": "ran", "Report": "ran"}
     assert third.provider("//p:words", TextInfo).text.read_text() == "ONE TWO\nTHREE\n"
     setup(ws)  # back to the first settings: the target's result is still cached
     assert ws.build("//p:words").ran == []
@@ -115,7 +115,7 @@ def test_same_action_in_another_package_is_shared(ws):
     other = ws.build("//r:words")
     assert other.ok, other.error
     assert other.ran == ["//r:words"]  # its own target key (label) missed...
-    assert other.steps["//r:words"] == {"Transform": "cached", "Report": "cached"}
+    assert other.actions["//r:words"] == {"Transform": "cached", "Report": "cached"}
 
 
 def test_failing_action_names_target_and_action(ws):
@@ -177,7 +177,7 @@ def test_an_action_whose_cached_blobs_are_gone_runs_again(ws):
     setup(ws, title="again")
     second = ws.build("//p:words")
     assert second.ok, second.error
-    assert second.steps["//p:words"] == {"Transform": "ran", "Report": "ran"}
+    assert second.actions["//p:words"] == {"Transform": "ran", "Report": "ran"}
     assert second.outputs("//p:words")[0].read_bytes() == text
 
 

@@ -86,18 +86,18 @@ def test_each_action_is_keyed_by_its_own_code(ws, plugin):
     ws.write("p/BUILD.toml", '[t]\nrule = "two_modules"\nsrcs = ["a.txt"]\n')
     first = ws.build("//p:t")
     assert first.ok, first.error
-    assert first.steps["//p:t"] == {"First": "ran", "Second": "ran"}
+    assert first.actions["//p:t"] == {"First": "ran", "Second": "ran"}
 
     def edit(name):
         with open(folder / f"{name}.py", "a") as handle:
             handle.write("# edited\n")
 
     edit("rv2k_b")  # the second action's module: only it runs again
-    assert ws.build("//p:t").steps["//p:t"] == {"First": "cached", "Second": "ran"}
+    assert ws.build("//p:t").actions["//p:t"] == {"First": "cached", "Second": "ran"}
     edit("rv2k_a")  # the first action's module: it runs; same bytes, so the second hits
-    assert ws.build("//p:t").steps["//p:t"] == {"First": "ran", "Second": "cached"}
+    assert ws.build("//p:t").actions["//p:t"] == {"First": "ran", "Second": "cached"}
     edit("rv2k_prov")  # the provider's code is in every action of a rule giving it
-    assert ws.build("//p:t").steps["//p:t"] == {"First": "ran", "Second": "ran"}
+    assert ws.build("//p:t").actions["//p:t"] == {"First": "ran", "Second": "ran"}
     edit("rv2k_rules")  # the rule class alone (analysis): params decide, nothing reruns
     again = ws.build("//p:t")
-    assert again.ok and again.steps["//p:t"] == {"First": "cached", "Second": "cached"}
+    assert again.ok and again.actions["//p:t"] == {"First": "cached", "Second": "cached"}

@@ -98,7 +98,7 @@ def test_a_target_keyed_by_its_one_action_has_that_action_s_own_key(fan):
     """The key is computed before the action record is made (once): it is the key the
     record itself gives, and the one the last build stored its result under."""
     from qbuild.build.session import Session
-    from qbuild.keys.action_keys import step_components, step_key
+    from qbuild.keys.action_keys import declared_action_key, declared_action_parts
 
     session, _ = Session.open(fan.root)
     try:
@@ -107,8 +107,8 @@ def test_a_target_keyed_by_its_one_action_has_that_action_s_own_key(fan):
         for label in graph.analyze(graph.expand(["//..."], None)):
             _parts, key, action = session.keyer.keyed(graph.targets[label], results,
                                                 with_parts=False)
-            assert action.keyed_by_step and action.key == key
-            assert key == step_key(step_components(action, 0, {}))
+            assert action.keyed_by_action and action.key == key
+            assert key == declared_action_key(declared_action_parts(action, 0, {}))
             results[label] = session.store.get_action(key)
             assert results[label] is not None, label
     finally:

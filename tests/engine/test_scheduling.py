@@ -9,7 +9,7 @@ import pytest
 from qbuild.build.plan import Plan
 from qbuild.build.scheduler import Scheduler
 from qbuild.core.labels import Label
-from qbuild.core.records import Action
+from qbuild.core.records import TargetActions
 from qbuild.testing import FakeExecutor
 
 
@@ -35,11 +35,11 @@ def schedule(graph: dict[str, list[str]], *, jobs: int = 1, cpu: int = 64,
         def is_group(self, label: Label) -> bool:
             return label.name in groups
 
-        def prepare(self, label: Label) -> Action | bool:
+        def prepare(self, label: Label) -> TargetActions | bool:
             if label.name in hits:
                 seen["hit"].append(label.name)
                 return True
-            return Action(label=label, build_file="p/BUILD.toml", rule_ref="x:y",
+            return TargetActions(label=label, build_file="p/BUILD.toml", rule_ref="x:y",
                           heavy=False, attrs={}, attr_types={}, sources={}, deps={},
                           outputs=(), key=label.name,
                           threads=(threads or {}).get(label.name, 1),

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from qbuild.keys.action_keys import step_key
-from qbuild.keys.parts import action_key
+from qbuild.keys.action_keys import declared_action_key
+from qbuild.keys.parts import target_key
 from qbuild.store import gate
 from qbuild.store.local import LocalStore
 
@@ -26,22 +26,22 @@ def test_the_gate_hashes_key_parts_as_the_keyer_does():
     parts = {"label": "//p:é", "attrs": {"scale": 1.0, "n": 10, "big": 1e16,
                                           "list": [1, "two", None, True]},
              "code": {"unit": DIGEST}, "env": {"PATH": "/bin"}}
-    assert gate.key_of(parts) == action_key(parts) == step_key(parts)
+    assert gate.key_of(parts) == target_key(parts) == declared_action_key(parts)
     # ... after the round trip through the metadata blob's JSON too
     again = json.loads(json.dumps(parts, sort_keys=True))
-    assert gate.key_of(again) == action_key(parts)
+    assert gate.key_of(again) == target_key(parts)
 
 
 def test_an_entry_is_bound_to_its_key():
     target = {"label": "//p:two", "code": {}, "attrs": {}}
     step = {"action": "concat", "params": {"upper": True}}
-    assert gate.bound_parts(target, action_key(target)) is target
+    assert gate.bound_parts(target, target_key(target)) is target
     both = {**target, "key_parts": step}
-    assert gate.bound_parts(both, step_key(step)) is step
+    assert gate.bound_parts(both, declared_action_key(step)) is step
     for parts in (target, both, None, "text", {"key_parts": "x"}):
         with pytest.raises(gate.Refused):
             gate.bound_parts(parts, "0" * 64)
-    result, _ = gate.admit(record("out.txt"), action_key(target), target)
+    result, _ = gate.admit(record("out.txt"), target_key(target), target)
     assert [e.path for e in result.outputs] == ["out.txt"]
     with pytest.raises(gate.Refused, match="another action"):
         gate.admit(record("out.txt"), "0" * 64, target)

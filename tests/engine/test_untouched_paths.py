@@ -191,9 +191,9 @@ def test_records_made_field_by_field_have_every_field():
     assert decoded == result
     assert set(decoded.__dict__) == {f.name for f in dataclasses.fields(result)}
     assert set(decoded.outputs[0].__dict__) == {f.name for f in dataclasses.fields(OutputEntry)}
-    from qbuild.core.records import Action
+    from qbuild.core.records import TargetActions
 
-    required = {f.name for f in dataclasses.fields(Action)} - set(_ACTION_DEFAULTS)
+    required = {f.name for f in dataclasses.fields(TargetActions)} - set(_ACTION_DEFAULTS)
     assert required == {"label", "build_file", "rule_ref", "heavy", "attrs", "attr_types",
                         "sources", "deps", "outputs", "key"}  # what keyed() sets itself
 
@@ -203,7 +203,7 @@ def test_a_keyed_action_record_equals_one_made_by_its_init(ws):
 
     from qbuild.build.session import Session
     from qbuild.core.labels import Label
-    from qbuild.core.records import Action
+    from qbuild.core.records import TargetActions
 
     session, _ = Session.open(ws.root)
     try:
@@ -211,9 +211,9 @@ def test_a_keyed_action_record_equals_one_made_by_its_init(ws):
         results = {}
         for label in order:
             _parts, key, action = session.keyer.keyed(session.graph.targets[label], results)
-            assert set(action.__dict__) == {f.name for f in dataclasses.fields(Action)}
-            assert Action(**{f.name: getattr(action, f.name)
-                             for f in dataclasses.fields(Action)}) == action
+            assert set(action.__dict__) == {f.name for f in dataclasses.fields(TargetActions)}
+            assert TargetActions(**{f.name: getattr(action, f.name)
+                             for f in dataclasses.fields(TargetActions)}) == action
             results[label] = session.store.get_action(key)
             assert results[label] is not None  # the same key the build used
     finally:

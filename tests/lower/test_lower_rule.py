@@ -68,7 +68,7 @@ def test_rule_fails_below_threshold(qbuild_workspace, qdq_models):
     _ws(ws, qdq_models(MOBILENET, "mobilenet", 128, "uint8"), 'min_agreement = 0.5')
     r2 = ws.build("//m:int_fixed")
     assert r2.ok, r2.error
-    assert r2.steps["//m:int_fixed"] == {"Lower": "cached", "Check": "ran"}
+    assert r2.actions["//m:int_fixed"] == {"Lower": "cached", "Check": "ran"}
 
 
 def test_wrong_provider_is_refused_before_anything_runs(qbuild_workspace, qdq_models):

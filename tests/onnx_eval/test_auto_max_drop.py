@@ -129,8 +129,8 @@ def test_max_drop_in_the_search(ws):
     ws.write("m/BUILD.toml", BUILD.format(drop=f"top1 = {limit}"))
     again = ws.build("//m:auto")
     assert again.ok and again.ran == ["//m:auto"]
-    assert again.steps["//m:auto"]["Select"] == "ran"
-    assert again.steps["//m:auto"]["Trials"] == again.steps["//m:auto"]["Time"] == "cached"
+    assert again.actions["//m:auto"]["Select"] == "ran"
+    assert again.actions["//m:auto"]["Trials"] == again.actions["//m:auto"]["Time"] == "cached"
     rep2 = json.loads(next(p for p in again.outputs("//m:auto")
                            if p.name == "report.json").read_text())
     assert [t["passes"] for t in rep2["trials"]] == [t["top1_drop"] <= limit

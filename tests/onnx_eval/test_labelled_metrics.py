@@ -122,7 +122,7 @@ def test_map_against_coco_annotations_and_max_drop(ws):
     # a bar on mAP@[.5:.95]: changing it runs no model again (only the check)
     ws.write("m/BUILD.toml", BUILD.format(options=IDS, drop="map = 0.5"))
     loose = ws.build("//m:ev")
-    assert loose.ok and loose.steps == {"//m:ev": {"Evaluate": "cached", "CheckBars": "ran"}}
+    assert loose.ok and loose.actions == {"//m:ev": {"Evaluate": "cached", "CheckBars": "ran"}}
     # missed, it fails the build, naming the target and the attribute
     ws.write("m/BUILD.toml", BUILD.format(options=IDS, drop="map = 0.3"))
     bad = ws.build("//m:ev")

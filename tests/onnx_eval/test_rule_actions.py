@@ -50,12 +50,12 @@ def test_dataset_checked_against_another_model_reruns_only_the_check(qbuild_work
     _ws(ws)
     first = ws.build("//p:d")
     assert first.ok, first.error
-    assert first.steps["//p:d"] == {"Dataset": "ran", "CheckModel": "ran"}
+    assert first.actions["//p:d"] == {"Dataset": "ran", "CheckModel": "ran"}
     ws.write("p/BUILD.toml", BUILD.format(checked=":m2", min_score=0.5))
     again = ws.build("//p:d")
     assert again.ok, again.error
     assert set(again.ran) == {"//p:d", "//p:m2"}
-    assert again.steps["//p:d"] == {"Dataset": "cached", "CheckModel": "ran"}
+    assert again.actions["//p:d"] == {"Dataset": "cached", "CheckModel": "ran"}
 
 
 def test_dataset_that_does_not_fit_its_model_fails_in_the_check(qbuild_workspace):
@@ -75,7 +75,7 @@ def test_changing_only_a_bar_reruns_only_the_check(qbuild_workspace):
     _ws(ws)
     first = ws.build("//p:ev")
     assert first.ok, first.error
-    assert first.steps["//p:ev"] == {"Evaluate": "ran", "CheckBars": "ran"}
+    assert first.actions["//p:ev"] == {"Evaluate": "ran", "CheckBars": "ran"}
     report = next(p for p in first.outputs("//p:ev") if p.name == "report.json")
     entry = json.loads(report.read_text())["models"]["//p:m2"]
     assert entry["task"]["score"] == 1.0  # the same model: full agreement
@@ -92,4 +92,4 @@ def test_changing_only_a_bar_reruns_only_the_check(qbuild_workspace):
     passed = ws.build("//p:ev")
     assert passed.ok, passed.error
     assert passed.ran == ["//p:ev"]
-    assert passed.steps["//p:ev"] == {"Evaluate": "cached", "CheckBars": "ran"}
+    assert passed.actions["//p:ev"] == {"Evaluate": "cached", "CheckBars": "ran"}
