@@ -1,7 +1,8 @@
 """onnxruntime CPU sessions, made one way: the thread count the action was granted
 (``ctx.threads``; never all cores, since parallel actions share them), sequential
 execution, onnxruntime's own logging at errors only, and one clear error when the model
-does not load."""
+does not load; a model with a tensor over the allocation bound (``allocation``) is
+refused before onnxruntime sees it."""
 
 from __future__ import annotations
 
@@ -28,9 +29,15 @@ def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimiz
     ``optimized_path`` saves the optimised model; ``profile_prefix`` turns profiling on;
     ``config`` sets session configuration entries (e.g. ``session.disable_prepacking``).
     Raises ``OnnxError`` ("onnxruntime cannot load WHAT: why"; WHAT defaults to the file
-    name, or "the model") when onnxruntime cannot load it.
+    name, or "the model") when onnxruntime cannot load it, and ``AllocationRefused``
+    before loading a model with a tensor over the allocation bound
+    (``allocation.check_model``).
     """
     import onnxruntime as ort
+
+    from .allocation import check_model
+
+    check_model(model, what=what)
 
     so = ort.SessionOptions()
     so.log_severity_level = log_severity
