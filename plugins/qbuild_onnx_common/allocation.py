@@ -26,6 +26,7 @@ what a rule writes never depends on it, so it is in no key.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -178,13 +179,11 @@ def _largest_over(model: str | Path | bytes | ModelProto, bound: int,
 
     try:
         if isinstance(model, (str, Path)):
-            proto = load_model(model, external_data=False)
+            lean = _strip(load_model(model, external_data=False))
         elif isinstance(model, bytes):
-            proto = onnx.load_from_string(model)
+            lean = _strip(onnx.load_from_string(model))
         else:
-            proto = model
-        lean = weightless(proto)
-        del proto
+            lean = weightless(model)  # (the caller's model is not ours to change)
         for value in lean.graph.input:
             shape = fed.get(value.name)
             dims = value.type.tensor_type.shape.dim
@@ -198,19 +197,28 @@ def _largest_over(model: str | Path | bytes | ModelProto, bound: int,
     return _scan(inferred.graph, bound)
 
 
-def _static_size(value: Any) -> tuple[int, list[int]] | None:
-    """(bytes, shape) of a typed value whose every dimension is known, else None."""
-    if not value.type.HasField("tensor_type"):
-        return None
+def _strip(model: ModelProto) -> ModelProto:
+    """``model`` (a copy of our own) with its large initializers reduced to name, type
+    and dims in place (small ones, e.g. the shape constants inference reads, stay)."""
+    import onnx
+
+    from .models import SMALL
+
+    for t in model.graph.initializer:
+        if (t.data_location != onnx.TensorProto.EXTERNAL and
+                element_count(t.dims) * _ITEMSIZE.get(t.data_type, 8) > SMALL):
+            t.CopyFrom(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+    return model
+
+
+def _static_size(value: Any) -> tuple[int, list[int]]:
+    """(bytes, shape) of a typed value; 0 bytes unless every dimension is known (an
+    unknown dimension reads as 0)."""
     tt = value.type.tensor_type
-    if not tt.HasField("shape"):
-        return None
-    dims = []
-    for d in tt.shape.dim:
-        if not d.HasField("dim_value"):
-            return None
-        dims.append(int(d.dim_value))
-    return element_count(dims) * _ITEMSIZE.get(tt.elem_type, 8), dims
+    dims = [d.dim_value for d in tt.shape.dim]
+    # (a negative dimension, which no valid model has, makes the size negative: that
+    # tensor is for onnxruntime to refuse)
+    return math.prod(dims) * _ITEMSIZE.get(tt.elem_type, 8), dims
 
 
 def _type_name(value: Any) -> str:
@@ -223,29 +231,34 @@ def _type_name(value: Any) -> str:
         return str(onnx.TensorProto.DataType.Name(elem)).lower()
 
 
+_SUBGRAPH_OPS = frozenset(("If", "Loop", "Scan", "SequenceMap"))
+
+
 def _scan(graph: GraphProto, bound: int) -> tuple[int, str] | None:
     initializers = {t.name for t in graph.initializer}
-    values = {v.name: v for v in (*graph.value_info, *graph.output)}
     for value in graph.input:
-        if value.name in initializers:
-            continue
-        sized = _static_size(value)
-        if sized is not None and sized[0] > bound:
-            return sized[0], (f"input '{value.name}' ({_type_name(value)} "
-                              f"{shape_text(sized[1])})")
-    for node in graph.node:
+        size, dims = _static_size(value)
+        if size > bound and value.name not in initializers:
+            return size, f"input '{value.name}' ({_type_name(value)} {shape_text(dims)})"
+    over = {}
+    for value in (*graph.value_info, *graph.output):
+        size, dims = _static_size(value)
+        if size > bound:
+            over.setdefault(value.name, (size, dims, value))
+    for node in graph.node if over else ():
         for output in node.output:
-            value = values.get(output)
-            sized = None if value is None else _static_size(value)
-            if value is not None and sized is not None and sized[0] > bound:
-                return sized[0], (f"{node.op_type} node '{node.name or output}' (output "
-                                  f"'{output}': {_type_name(value)} {shape_text(sized[1])})")
-        for attribute in node.attribute:
-            for sub in (*([attribute.g] if attribute.HasField("g") else []),
-                        *attribute.graphs):
-                found = _scan(sub, bound)
-                if found is not None:
-                    return found
+            if output in over:
+                size, dims, value = over[output]
+                return size, (f"{node.op_type} node '{node.name or output}' (output "
+                              f"'{output}': {_type_name(value)} {shape_text(dims)})")
+    for node in graph.node:
+        if node.op_type in _SUBGRAPH_OPS or node.domain not in ("", "ai.onnx"):
+            for attribute in node.attribute:
+                for sub in (*([attribute.g] if attribute.HasField("g") else []),
+                            *attribute.graphs):
+                    found = _scan(sub, bound)
+                    if found is not None:
+                        return found
     return None
 
 

@@ -37,8 +37,6 @@ def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimiz
 
     from .allocation import check_model
 
-    check_model(model, what=what)
-
     so = ort.SessionOptions()
     so.log_severity_level = log_severity
     so.intra_op_num_threads = max(1, int(threads))
@@ -59,6 +57,7 @@ def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimiz
         src = str(model)
     else:
         src = model.SerializeToString()
+    check_model(src, what=what)  # (the bytes: a parsed copy of our own to trim)
     try:
         return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises several unrelated exception types

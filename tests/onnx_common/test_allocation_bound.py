@@ -291,3 +291,22 @@ def test_the_bound_can_be_raised_and_lowered_for_a_build(qbuild_workspace):
             "QBUILD_MAX_TENSOR_BYTES raises it)") in low.stderr
     ok = ws.cli("build", "//m:cos_calib", env={"QBUILD_MAX_TENSOR_BYTES": "1GB"})
     assert ok.code == 0, ok.stderr
+
+
+def test_a_dataset_manifest_is_believed_only_as_far_as_its_files_go(tmp_path, monkeypatch):
+    """dataset.json only declares shapes (a saved_dataset's is written by hand): a batch
+    is bounded before it is allocated, and read only if its bytes are in the file."""
+    import json
+
+    from qbuild_onnx.source.datasets import open_dataset, write_dataset
+
+    monkeypatch.setenv("QBUILD_MAX_TENSOR_BYTES", "4GB")
+    write_dataset(tmp_path / "d", {"x": np.ones((2, 8), np.float32)})
+    manifest = json.loads((tmp_path / "d/dataset.json").read_text())
+    for shape, error in (([2, HUGE, HUGE], r"a batch of input 'x' \(float32 \[2, 1000000, "
+                                           r"1000000\]\) would allocate 7\.3 TB"),
+                         ([2, 4096], "dataset file input_0.npy is truncated")):
+        manifest["inputs"]["x"]["shape"] = shape
+        (tmp_path / "d/dataset.json").write_text(json.dumps(manifest))
+        with pytest.raises(OnnxError, match=error):
+            next(open_dataset(tmp_path / "d").iter_batches(2))
