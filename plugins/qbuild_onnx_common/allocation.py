@@ -240,7 +240,7 @@ def _scan(graph: GraphProto, bound: int) -> tuple[int, str] | None:
         size, dims = _static_size(value)
         if size > bound and value.name not in initializers:
             return size, f"input '{value.name}' ({_type_name(value)} {shape_text(dims)})"
-    over = {}
+    over: dict[str, tuple[int, list[int], Any]] = {}
     for value in (*graph.value_info, *graph.output):
         size, dims = _static_size(value)
         if size > bound:

@@ -21,7 +21,7 @@ FATAL = 4
 def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimize: bool = True,
             optimized_path: str | Path | None = None, profile_prefix: str | None = None,
             log_severity: int = ERRORS, what: str | None = None,
-            config: dict[str, str] | None = None) -> Any:
+            config: dict[str, str] | None = None, checked: bool = False) -> Any:
     """An ``onnxruntime.InferenceSession`` on the CPU for a ModelProto, serialized bytes or
     a path (a path keeps external data working).
 
@@ -31,7 +31,9 @@ def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimiz
     Raises ``OnnxError`` ("onnxruntime cannot load WHAT: why"; WHAT defaults to the file
     name, or "the model") when onnxruntime cannot load it, and ``AllocationRefused``
     before loading a model with a tensor over the allocation bound
-    (``allocation.check_model``).
+    (``allocation.check_model``), unless ``checked``: the caller checked this model, or
+    the one it made it from by edits that change no tensor's shape (a loop of sessions
+    over edited copies pays the check once).
     """
     import onnxruntime as ort
 
@@ -57,7 +59,8 @@ def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimiz
         src = str(model)
     else:
         src = model.SerializeToString()
-    check_model(src, what=what)  # (the bytes: a parsed copy of our own to trim)
+    if not checked:
+        check_model(src, what=what)  # (the bytes: a parsed copy of our own to trim)
     try:
         return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises several unrelated exception types
