@@ -79,11 +79,16 @@ class ActionEvent(_DictView):
 
 @dataclass(frozen=True, eq=True)
 class Failure:
-    """One failed target in a summary; ``ran``: it failed while running."""
+    """One failed target in a summary; ``ran``: it failed while running. ``stage``
+    says where it failed: ``"ran"`` (while its actions ran), ``"not_started"`` (before
+    its rule's code ran: it could not be keyed, its inputs could not be staged or
+    restored, every worker refused it) or ``"not_placed"`` (it was built or found in
+    the cache, but its outputs could not be placed)."""
 
     label: str
     error: str
     ran: bool
+    stage: str = ""
 
 
 @dataclass(frozen=True, eq=True)
@@ -116,7 +121,8 @@ class BuildSummary(_DictView):
             "cache_hits": self.cache_hits, "failed": self.failed, "skipped": self.skipped,
             "seconds": round(self.seconds, 3), "bytes_hashed": self.bytes_hashed,
             "failed_ran": self.failed_ran,
-            "failures": [{"label": f.label, "error": f.error, "ran": f.ran}
+            "failures": [{"label": f.label, "error": f.error, "ran": f.ran,
+                          "stage": f.stage or ("ran" if f.ran else "not_started")}
                          for f in self.failures],
             "skipped_reasons": dict(self.skipped_reasons),
             "cache_dir": self.cache_dir, "cache_bytes": self.cache_bytes}

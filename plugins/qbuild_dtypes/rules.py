@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.allocation import AllocationRefused, check_model
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.providers import OnnxModelInfo, model_path, onnx_model_info
 from qbuild_onnx_common.rule import OnnxRule
@@ -70,10 +71,18 @@ class _DtypeRule(OnnxRule):
 
 
 def _model_file(ctx: RunContext) -> Path:
+    """The model file, once no tensor of it is over the allocation bound (the checks
+    run it in onnxruntime and onnx's reference evaluator)."""
     try:
-        return model_path(ctx.inputs["model"])
+        path = model_path(ctx.inputs["model"])
     except ValueError as e:
         raise ctx.fail(f"{ctx.params['source']} {e}", attr="model") from None
+    try:
+        check_model(path)
+    except AllocationRefused as e:
+        e.file = ctx.workspace_path(path)
+        raise e.located(attr="model") from None
+    return path
 
 
 def _target(ctx: RunContext, name: str) -> DtypeTarget:

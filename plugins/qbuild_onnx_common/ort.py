@@ -1,7 +1,8 @@
 """onnxruntime CPU sessions, made one way: the thread count the action was granted
 (``ctx.threads``; never all cores, since parallel actions share them), sequential
 execution, onnxruntime's own logging at errors only, and one clear error when the model
-does not load."""
+does not load; a model with a tensor over the allocation bound (``allocation``) is
+refused before onnxruntime sees it."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ FATAL = 4
 def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimize: bool = True,
             optimized_path: str | Path | None = None, profile_prefix: str | None = None,
             log_severity: int = ERRORS, what: str | None = None,
-            config: dict[str, str] | None = None) -> Any:
+            config: dict[str, str] | None = None, checked: bool = False) -> Any:
     """An ``onnxruntime.InferenceSession`` on the CPU for a ModelProto, serialized bytes or
     a path (a path keeps external data working).
 
@@ -28,9 +29,15 @@ def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimiz
     ``optimized_path`` saves the optimised model; ``profile_prefix`` turns profiling on;
     ``config`` sets session configuration entries (e.g. ``session.disable_prepacking``).
     Raises ``OnnxError`` ("onnxruntime cannot load WHAT: why"; WHAT defaults to the file
-    name, or "the model") when onnxruntime cannot load it.
+    name, or "the model") when onnxruntime cannot load it, and ``AllocationRefused``
+    before loading a model with a tensor over the allocation bound
+    (``allocation.check_model``), unless ``checked``: the caller checked this model, or
+    the one it made it from by edits that change no tensor's shape (a loop of sessions
+    over edited copies pays the check once).
     """
     import onnxruntime as ort
+
+    from .allocation import check_model
 
     so = ort.SessionOptions()
     so.log_severity_level = log_severity
@@ -52,6 +59,8 @@ def session(model: str | Path | bytes | ModelProto, threads: int = 1, *, optimiz
         src = str(model)
     else:
         src = model.SerializeToString()
+    if not checked:
+        check_model(src, what=what)  # (the bytes: a parsed copy of our own to trim)
     try:
         return ort.InferenceSession(src, so, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises several unrelated exception types

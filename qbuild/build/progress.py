@@ -232,9 +232,12 @@ def summary_line(summary: dict[str, Any]) -> str:
     if remote and (remote["bytes_downloaded"] or remote["bytes_uploaded"]):
         line += (f", remote {human_size(remote['bytes_downloaded'])} down / "
                  f"{human_size(remote['bytes_uploaded'])} up")
-    not_run = summary["failed"] - summary.get("failed_ran", 0)
+    not_placed = sum(1 for f in summary.get("failures", []) if _stage(f) == "not_placed")
+    not_run = summary["failed"] - summary.get("failed_ran", 0) - not_placed
     if not_run > 0:
         line += f", {not_run} failed before running"
+    if not_placed:
+        line += f", {not_placed} built but not placed"
     if summary["skipped"]:
         line += f", {summary['skipped']} skipped"
     if summary.get("tolerated"):
@@ -254,13 +257,31 @@ def summary_line(summary: dict[str, Any]) -> str:
     return line
 
 
+_WHY = {
+    "ran": "it ran; a failure is never cached, so the next build runs it again",
+    "not_started": "it could not start: refused, or its inputs could not be prepared; "
+                   "the next build tries it again",
+    "not_placed": "its result was made or found in the cache, but its outputs could not "
+                  "be placed; the next build places them again",
+}
+
+
+def _stage(failure: dict[str, Any]) -> str:
+    """Where a summary's failure happened (a summary written before ``stage`` existed
+    says only whether it ran)."""
+    stage = failure.get("stage")
+    if stage in _WHY:
+        return str(stage)
+    return "ran" if failure.get("ran") else "not_started"
+
+
 def failure_lines(summary: dict[str, Any]) -> list[str]:
-    """One line per failed target saying whether it ran, and why targets were skipped."""
+    """One line per failed target saying where it failed (while it ran, before it
+    could start, or while its outputs were placed), and why targets were skipped."""
     lines = []
     for failure in summary.get("failures", []):
-        why = ("it ran; a failure is never cached, so the next build runs it again"
-               if failure["ran"] else "it could not start")
-        lines.append(f"failed: {failure['label']} ({why}): {failure['error']}")
+        lines.append(f"failed: {failure['label']} ({_WHY[_stage(failure)]}): "
+                     f"{failure['error']}")
     skipped = summary.get("skipped_reasons", {})
     for label, reason in list(skipped.items())[:_SHOWN_LABELS]:
         lines.append(f"skipped: {label} ({reason})")

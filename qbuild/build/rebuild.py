@@ -193,7 +193,7 @@ class Rebuilder:
                 dep = self._dep(label, missing.dep_label)
                 if dep in rebuilt:
                     raise ActionFailed(f"inputs of {label} could not be restored from "
-                                       "the cache") from None
+                                       "the cache", started=False) from None
                 rebuilt.add(dep)
                 if self.rebuild(dep):  # a non-reproducible dep gave new bytes: re-key
                     target = self.graph.targets[label]
@@ -205,7 +205,8 @@ class Rebuilder:
         for dep in self.graph.targets[label].deps:
             if str(dep) == text:
                 return dep
-        raise ActionFailed(f"inputs of {label} could not be restored from the cache")
+        raise ActionFailed(f"inputs of {label} could not be restored from the cache",
+                           started=False)
 
     def rebuild(self, label: Label) -> bool:
         """Run a cached action again because its stored outputs are gone or corrupt.
@@ -228,7 +229,7 @@ class Rebuilder:
                     dep = self._dep(current, missing.dep_label)
                     if dep in rebuilt or dep in stack:
                         raise ActionFailed(f"inputs of {current} could not be restored from "
-                                           "the cache") from None
+                                           "the cache", started=False) from None
                     stack.append(dep)
                     continue
                 stack.pop()

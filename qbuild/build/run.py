@@ -322,8 +322,7 @@ class Build:
             cache_hits=len(result.cached), failed=len(result.failed),
             skipped=len(result.skipped), seconds=result.seconds,
             bytes_hashed=result.bytes_hashed, failed_ran=len(result.failed_ran),
-            failures=tuple(Failure(label, error, label in result.failed_ran)
-                           for label, error in result.failed.items()),
+            failures=self._failures(),
             tolerated=dict(result.tolerated),
             skipped_reasons=dict(result.skip_reasons), cache_dir=str(self.store.directory),
             cache_bytes=self.store.volume(), interrupted=interrupted,
@@ -332,6 +331,19 @@ class Build:
         self.reporter.build_finished(summary.to_json())
         self.session.registry.pm.hook.qbuild_build_finished(summary=summary)
         new_fact_generation()
+
+    def _failures(self) -> tuple[Failure, ...]:
+        """Each failed target with where it failed: while running, before it could
+        start, or (its result made or found) while its outputs were placed."""
+        result = self.result
+        if not result.failed:
+            return ()
+        ran = set(result.failed_ran)
+        had = set(result.ran) | set(result.cached)
+        return tuple(Failure(label, error, label in ran,
+                             "ran" if label in ran else "not_placed" if label in had
+                             else "not_started")
+                     for label, error in result.failed.items())
 
     # -- scheduler.Targets: what the scheduler asks of the build ---------------------------
     def is_group(self, label: Label) -> bool:
@@ -383,7 +395,8 @@ class Build:
         try:
             outcome = future.result()
         except ActionFailed as exc:
-            self.result.failed_ran.append(str(label))
+            if exc.started:  # (refused, or its inputs could not be staged: it never ran)
+                self.result.failed_ran.append(str(label))
             self._failed(label, self._scrub(str(exc.error)), self._scrub(exc.log_tail),
                          key=self.rebuilder.actions[label].key, where=exc.where)
             return False

@@ -136,7 +136,7 @@ def _stage_dep(sandboxes: Sandboxes, label: str, dep: ActionResult, base: Path,
     if bad is not None:  # whoever handed this result over: nothing is staged outside
         raise ActionFailed(RuleError(f"refusing to stage the outputs of {label}: output "
                                      f"path {bad[:80]!r} is not a relative path inside "
-                                     "its folder"))
+                                     "its folder"), started=False)
     for entry in dep.outputs:
         dest = base / entry.path
         if dirs is not None:
@@ -390,6 +390,19 @@ def execute_actions(sandboxes: Sandboxes, action: TargetActions) -> Outcome:
     return Outcome(outcome.result, time.monotonic() - started, actions=outcome.actions)
 
 
+def _run_step_after(steps: list[tuple[str, str, str]], sandboxes: Sandboxes,
+                    action: TargetActions,
+                    spec: ActionSpec, made: Made) -> ActionResult:
+    """``_run_step``, after the target's ``steps`` so far: a failure before this step
+    started still counts as the target having run when an earlier step ran."""
+    try:
+        return _run_step(sandboxes, action, spec, made)
+    except ActionFailed as exc:
+        if any(status == "ran" for _, _, status in steps):
+            exc.started = True
+        raise
+
+
 def _execute_each(sandboxes: Sandboxes, action: TargetActions) -> Outcome:
     store = sandboxes.store
     made: Made = {}
@@ -403,7 +416,7 @@ def _execute_each(sandboxes: Sandboxes, action: TargetActions) -> Outcome:
             # The target's key is this action's: the caller looked it up (a miss) and
             # stores the result under it.
             key, status = action.key, "ran"
-            result = _run_step(sandboxes, action, spec, made)
+            result = _run_step_after(steps, sandboxes, action, spec, made)
         else:
             parts = declared_action_parts(action, index, made)
             key, status = declared_action_key(parts), "cached"
@@ -415,7 +428,7 @@ def _execute_each(sandboxes: Sandboxes, action: TargetActions) -> Outcome:
                                                   for e in hit.outputs)):
                 result = hit
             else:
-                result = _run_step(sandboxes, action, spec, made)
+                result = _run_step_after(steps, sandboxes, action, spec, made)
                 store.put_components(key, parts)
                 store.put_action(key, result)
                 status = "ran"

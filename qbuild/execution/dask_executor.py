@@ -309,7 +309,7 @@ class DaskExecutor:
         raise ActionFailed(RuleError(f"every Dask worker refused the action because its "
                                      f"installation differs from this client's ({reasons}); "
                                      "install the same lock on the workers",
-                                     target=str(action.label)))
+                                     target=str(action.label)), started=False)
 
     def _here(self, action: TargetActions) -> Outcome:
         taken = self.slots.take(action.threads)
@@ -345,7 +345,8 @@ class DaskExecutor:
                 raise ActionFailed(RuleError(
                     f"needs {mib} MiB of memory; the largest Dask worker offers MEMORY="
                     f"{self.resources['MEMORY']:g} (start workers with more, or pass "
-                    "--remote_local_fallback to run it here)", target=str(action.label)))
+                    "--remote_local_fallback to run it here)", target=str(action.label)),
+                    started=False)
             out["MEMORY"] = float(mib)
         for name, amount in sorted(action.accelerators.items()):
             if amount <= 0:
@@ -357,7 +358,7 @@ class DaskExecutor:
                 raise ActionFailed(RuleError(
                     f"needs {name}={amount:g}; {has} (start a worker with --resources "
                     f"\"{name}={amount:g}\", or pass --remote_local_fallback to run it "
-                    "here)", target=str(action.label)))
+                    "here)", target=str(action.label)), started=False)
             out[name] = float(amount)
         return action, out
 
@@ -386,7 +387,8 @@ class DaskExecutor:
             except (OSError, _remote_error()) as exc:
                 raise ActionFailed(RuleError(f"cannot send the inputs of the action to the "
                                              f"remote cache ({_short(exc)})",
-                                             target=str(action.label))) from None
+                                             target=str(action.label)),
+                                   started=False) from None
             with self._lock:
                 self._present.add(digest)
 
@@ -397,7 +399,8 @@ class DaskExecutor:
         try:
             if copy_hashing(self.local.root / rel, temp) != digest:
                 raise ActionFailed(RuleError(f"input {rel} changed while the build ran; run "
-                                             "the build again", target=str(action.label)))
+                                             "the build again", target=str(action.label)),
+                                   started=False)
             self.store.remote.put_cas(digest, temp, temp.stat().st_size)
         finally:
             temp.unlink(missing_ok=True)
@@ -441,7 +444,7 @@ class DaskExecutor:
             if not self.settings.local_fallback:
                 raise ActionFailed(RuleError(f"{why}; start one, or pass "
                                              "--remote_local_fallback to run it here",
-                                             target=str(action.label)))
+                                             target=str(action.label)), started=False)
             self.message(f"WARNING: {action.label}: {why}; --remote_local_fallback: "
                          "building it here")
             return None
@@ -514,10 +517,12 @@ class DaskExecutor:
             raise MissingBlob(reply["dep"])
         if status == "failed":
             raise ActionFailed(reply["error"], reply.get("log_tail", ""),
-                               where=f"on worker {reply['worker']}")
+                               where=f"on worker {reply['worker']}",
+                               started=reply.get("started", True) is not False)
         if status != "ok":
             raise ActionFailed(RuleError(f"worker {reply['worker']}: {reply.get('error')}",
-                                         target=str(action.label)))
+                                         target=str(action.label)),
+                               started=reply.get("started", True) is not False)
         if reply.get("code") != parts.get("code"):
             raise ActionFailed(RuleError(f"worker {reply['worker']} answered for other rule "
                                          "code; its result is not used",

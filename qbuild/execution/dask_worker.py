@@ -63,7 +63,7 @@ class WorkerSandboxes(Sandboxes):
             raise ActionFailed(RuleError(f"input {rel} ({digest[:12]}) is not in the remote "
                                          "cache (the client uploads sources before sending "
                                          "an action; was it evicted?)",
-                                         target=str(action.label)))
+                                         target=str(action.label)), started=False)
         return stat_key(os.lstat(dest))
 
     def run_in_worker(self, action: TargetActions, log_path: Path, function: Any, *args: Any
@@ -199,7 +199,8 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
     Reply ``status``: ``ok`` (outputs in the remote cache, entry written last),
     ``failed`` (the rule failed: ``error``, ``log_tail``), ``missing`` (a dependency's
     blob is not in the remote cache: ``dep``), ``refused`` (``reason``: what differs),
-    ``error`` (the remote cache could not be used: ``error``).
+    ``error`` (the remote cache could not be used: ``error``). A failure before the
+    rule's code ran says ``"started": false``.
     """
     started = time.monotonic()
     new_fact_generation()  # no memo the identity check rests on outlives one request
@@ -214,17 +215,18 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
         assert _STATE.digests is not None
         problems = differences(request, _STATE.digests)
     except QbuildError as exc:
-        return {**reply, "status": "error", "error": str(exc)}
+        return {**reply, "status": "error", "error": str(exc), "started": False}
     if problems:
         return {**reply, "status": "refused", "reason": "; ".join(problems)}
     executor.executable[action.key] = set(request["parts"]["executable_sources"])
     try:
         outcome = executor.execute(action)
     except ActionFailed as exc:
-        return {**reply, "status": "failed", "error": str(exc.error), "log_tail": exc.log_tail}
+        return {**reply, "status": "failed", "error": str(exc.error), "log_tail": exc.log_tail,
+                "started": exc.started}
     except MissingBlob as exc:
         if not store.usable:
-            return {**reply, "status": "error", "error": store.problem}
+            return {**reply, "status": "error", "error": store.problem, "started": False}
         return {**reply, "status": "missing", "dep": exc.dep_label}
     except (QbuildError, OSError) as exc:
         return {**reply, "status": "error", "error": f"{type(exc).__name__}: {exc}"}

@@ -15,15 +15,20 @@ from ..core.errors import QbuildError
 
 
 class ActionFailed(Exception):
-    """The action failed; ``error`` is user-facing, ``log_tail`` the end of its log."""
+    """The action failed; ``error`` is user-facing, ``log_tail`` the end of its log.
+    ``started``: False when it failed before its rule's code ran (its inputs could not
+    be staged or restored, every worker refused it, no worker could take it), so the
+    summary says it could not start rather than that it ran."""
 
-    def __init__(self, error: QbuildError | str, log_tail: str = "", where: str = "") -> None:
+    def __init__(self, error: QbuildError | str, log_tail: str = "", where: str = "",
+                 started: bool = True) -> None:
         super().__init__(str(error))
         self.error = error
         self.log_tail = log_tail
         # where it ran ("on worker tcp://..."): shown to the user, never part of the
         # reason a tolerating dependent is given (that reason is in its key)
         self.where = where
+        self.started = started
 
 
 class MissingBlob(Exception):

@@ -325,17 +325,18 @@ class Sandboxes:
                 before, after, copied, actual = copy_new_hashing(path, dest)
         except OSError as exc:
             raise ActionFailed(RuleError(f"cannot read input {rel}: {exc.strerror}",
-                                         target=str(action.label))) from None
+                                         target=str(action.label)), started=False) from None
         if stat_key(before) != key or stat_key(after) != key:
             raise ActionFailed(RuleError(f"input {rel} changed while the build ran; its "
                                          "result was not cached. Run the build again.",
-                                         target=str(action.label)))
+                                         target=str(action.label)), started=False)
         if actual is not None and actual != digest:
             self.digests.correct(key, actual)
             raise ActionFailed(RuleError(
                 f"input {rel} does not hold the content its remembered digest says (a "
                 "damaged cache memo or qbuild-out/.qbuild/digests.json); corrected it and "
-                "cached nothing. Run the build again.", target=str(action.label)))
+                "cached nothing. Run the build again.", target=str(action.label)),
+                started=False)
         return copied
 
     def check_linked_inputs(self, action: TargetActions, sandbox: Path, linked: list[Linked]

@@ -10,12 +10,12 @@ the target's label. ``declared_action_parts`` gives those parts and
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 from ..api.actions import ActionSpec
+from ..core.keyhash import key_hash
 from ..core.records import OutputEntry, TargetActions
-from .parts import canonical_json, dep_part
+from .parts import dep_part
 
 Made = dict[str, list[OutputEntry]]
 """Outputs of a target's earlier actions, by output name."""
@@ -65,6 +65,6 @@ def declared_action_parts(action: TargetActions, index: int, made: Made) -> dict
     return parts
 
 
-def declared_action_key(parts: dict[str, Any]) -> str:
-    """The key of a declared action with the key parts ``parts``."""
-    return hashlib.sha256(canonical_json(parts).encode("utf-8")).hexdigest()
+declared_action_key = key_hash
+"""The key of a declared action from its key parts: ``core.keyhash.key_hash``, the one
+hash every key (and the store's gate, checking one) uses."""

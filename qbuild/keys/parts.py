@@ -12,7 +12,6 @@ target). No absolute path enters a key, so moved or copied workspaces and caches
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,7 +19,9 @@ from typing import Any
 from ..analysis.graph import Target
 from ..core import versions
 from ..core.generation import fact_generation
+from ..core.keyhash import key_hash
 from ..core.records import ActionResult, KeyParts
+from ..store.gate import Refused, check_parts
 from .environ import watched
 
 _env_cache: dict[type, dict[str, str]] = {}
@@ -116,25 +117,61 @@ def _dep_part(dep: ActionResult) -> dict[str, Any]:
     return part
 
 
-# One encoder each, made once: ``json.dumps`` with any option builds a new encoder per
-# call, which costs as much as encoding a key's parts.
-canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":"),
-                                  ensure_ascii=False).encode
-"""``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)``"""
+# Made once: ``json.dumps`` with any option builds a new encoder per call, which costs
+# as much as encoding a key's parts.
 sorted_json = json.JSONEncoder(sort_keys=True).encode
 """``json.dumps(value, sort_keys=True)``"""
 
+target_key = key_hash
+"""A target's key from its parts: ``core.keyhash.key_hash``, the one hash every key
+(and the store's gate, checking one) uses."""
 
-def target_key(parts: dict[str, Any]) -> str:
-    return hashlib.sha256(canonical_json(parts).encode("utf-8")).hexdigest()
+
+DAMAGED = "cannot compare with the last build: its stored key components are damaged"
+"""What ``diff`` says (followed by the reason) of components it cannot read."""
 
 
-def diff(old: dict[str, Any] | None, new: dict[str, Any],
+def diff(old: Any, new: dict[str, Any],
          code_files: Callable[[str], dict[str, str] | None] | None = None) -> list[str]:
     """Human-readable differences between two sets of key components. ``code_files``
-    maps a code unit's digest to its files' digests (to name the file that changed)."""
+    maps a code unit's digest to its files' digests (to name the file that changed).
+
+    ``old`` is what a store read back, so it is checked first (``store.gate
+    .check_parts``): damaged components are one line saying so, never a crash."""
     if old is None:
         return ["never built before (no record of an earlier build)"]
+    try:
+        return _diff(check_parts(old), new, _checked_files(code_files))
+    except Refused as exc:
+        return [f"{DAMAGED} ({exc})"]
+    except (TypeError, KeyError, AttributeError, ValueError, RecursionError) as exc:
+        # (check_parts looks at every type diff reads; this is a last net)
+        return [f"{DAMAGED} ({type(exc).__name__})"]
+
+
+def _checked_files(code_files: Callable[[str], dict[str, str] | None] | None
+                   ) -> Callable[[str], dict[str, str] | None] | None:
+    """``code_files`` answering None for a stored record that is not a table of
+    strings (a damaged one names no file: the unit is reported as changed)."""
+    if code_files is None:
+        return None
+    read = code_files
+
+    def checked(digest: str) -> dict[str, str] | None:
+        try:
+            files = read(digest)
+        except (TypeError, ValueError):  # (a record that is not JSON)
+            return None
+        if not isinstance(files, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            return None
+        return files
+
+    return checked
+
+
+def _diff(old: KeyParts, new: dict[str, Any],
+          code_files: Callable[[str], dict[str, str] | None] | None) -> list[str]:
     lines: list[str] = []
     if old.get("label", new["label"]) != new["label"]:
         lines.append(f"label: {old.get('label')} -> {new['label']}")

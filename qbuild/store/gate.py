@@ -9,11 +9,11 @@ recurses into the data, so no entry, however nested or large, can crash a build.
 
 What an admitted entry satisfies:
 
-- **Bound to its key.** The key parts stored with it hash (SHA-256 of canonical JSON,
-  as ``keys`` computes every key) to the key it was looked up under: either the parts
-  themselves or, for a target keyed by its one action, their ``key_parts`` member
-  (``bound_parts``). An entry fetched for the wrong key (a proxy folding paths, a
-  mis-mapped prefix, a buggy writer) is refused.
+- **Bound to its key.** The key parts stored with it hash (``core.keyhash.key_hash``,
+  the one function ``keys`` computes every key with) to the key it was looked up
+  under: either the parts themselves or, for a target keyed by its one action, their
+  ``key_parts`` member (``bound_parts``). An entry fetched for the wrong key (a proxy
+  folding paths, a mis-mapped prefix, a buggy writer) is refused.
 - **Paths inside the output folder.** Every output path is a normalized relative POSIX
   path (no ``/`` at either end, no empty, ``.`` or ``..`` segment, no NUL or
   backslash, segments of at most 255 bytes), listed once, no file inside another
@@ -35,11 +35,11 @@ pieces it is made of for a store that needs one alone: ``check_result``,
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from typing import Any
 
+from ..core.keyhash import key_hash
 from ..core.records import ActionResult, KeyParts, OutputEntry
 
 MAX_BLOB_BYTES = (1 << 63) - 1  # REAPI sizes are int64
@@ -48,17 +48,16 @@ MAX_PATH_BYTES = 4000  # below PATH_MAX with the output folder in front
 _NAME_BYTES = 255  # one path component
 _BAD_PARTS = frozenset(("", ".", ".."))
 _DIGEST = re.compile("[0-9a-f]{64}")
-_canonical = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
 
 class Refused(ValueError):
     """An entry the gate keeps out; the message is the one-line reason."""
 
 
-def key_of(parts: Any) -> str:
-    """The action key of ``parts``: SHA-256 of their canonical JSON (what
-    ``keys.parts.target_key`` and ``keys.action_keys.declared_action_key`` compute)."""
-    return hashlib.sha256(_canonical(parts).encode("utf-8")).hexdigest()
+key_of = key_hash
+"""The action key of ``parts``: ``core.keyhash.key_hash``, the very function the keyer
+computes every key with (``keys.parts.target_key``,
+``keys.action_keys.declared_action_key``)."""
 
 
 def is_digest(text: object) -> bool:

@@ -1,6 +1,7 @@
 """Checks run on every model this plugin writes: onnx's checker with full checking (the plain
 checker misses output_dtype / zero point mismatches), and load-and-run checks in onnxruntime
-or onnx's reference evaluator on deterministic synthetic inputs.
+or onnx's reference evaluator on deterministic synthetic inputs (never an input, nor a
+model tensor, over the allocation bound: ``qbuild_onnx_common.allocation``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 import onnx
 from onnx import ModelProto
+from qbuild_onnx_common.allocation import check_arrays, check_model
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.ort import session, short_message
@@ -47,7 +49,7 @@ def synthetic_feeds(model: ModelProto, dims: Mapping[str, int] | None = None,
     dims = dims or {}
     init = {t.name for t in model.graph.initializer}
     rng = np.random.default_rng(seed)
-    feeds: Feeds = {}
+    specs: dict[str, tuple[type[np.generic], list[int]]] = {}
     for vi in model.graph.input:
         if vi.name in init:
             continue
@@ -61,11 +63,14 @@ def synthetic_feeds(model: ModelProto, dims: Mapping[str, int] | None = None,
                 shape.append(d.dim_value)
             else:
                 shape.append(int(dims.get(d.dim_param, dims.get(vi.name, 1))))
-        np_type = _NP_OF[tt.elem_type]
+        specs[vi.name] = (_NP_OF[tt.elem_type], shape)
+    check_arrays("input", specs)  # declared shapes: bounded before anything is made
+    feeds: Feeds = {}
+    for name, (np_type, shape) in specs.items():
         if np.issubdtype(np_type, np.floating):
-            feeds[vi.name] = rng.standard_normal(shape).astype(np_type)
+            feeds[name] = rng.standard_normal(shape).astype(np_type)
         else:
-            feeds[vi.name] = np.zeros(shape, np_type)
+            feeds[name] = np.zeros(shape, np_type)
     return feeds
 
 
@@ -84,6 +89,8 @@ def run_reference(model: ModelProto, feeds: Feeds,
                   where: str = "model") -> list[npt.NDArray[Any]]:
     from onnx.reference import ReferenceEvaluator
 
+    # the evaluator makes every tensor with numpy: none may be over the allocation bound
+    check_model(model, what=where, inputs={k: np.shape(v) for k, v in feeds.items()})
     try:
         # run() gives a dict only when asked for intermediate results.
         return cast("list[npt.NDArray[Any]]", ReferenceEvaluator(model).run(None, feeds))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from qbuild_onnx_common.allocation import check_arrays
 from qbuild_onnx_common.arrays import Feed
 from qbuild_onnx_common.errors import OnnxError
 
@@ -40,17 +41,23 @@ def load_dataset(path: Path, max_samples: int | None = None,
              for k, a in arrays.items()} for i in range(n)]
 
 
+def _declared(vi: onnx.ValueInfoProto) -> list[int]:
+    """An input's declared shape, unknown dims set to 1."""
+    return [d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim]
+
+
 def synthetic_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[Feed]:
     """Random inputs covering each float input's quantization range (the first
     QuantizeLinear reading it), shapes from the graph with unknown dims set to 1."""
     g = Graph.from_model(model)
     rng = np.random.default_rng(seed)
     feeds: list[Feed] = [{} for _ in range(count)]
+    check_arrays("input", {vi.name: (np.float32, _declared(vi)) for vi in model.graph.input
+                           if vi.name not in g.inits})
     for vi in model.graph.input:
         if vi.name in g.inits:
             continue
-        shape = [d.dim_value if d.HasField("dim_value") else 1
-                 for d in vi.type.tensor_type.shape.dim]
+        shape = _declared(vi)
         q = next((g.nodes[u] for u in g.consumers.get(vi.name, [])
                   if g.nodes[u].op_type == "QuantizeLinear"), None)
         if q is None:
@@ -73,6 +80,9 @@ def random_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[Feed
     rng = np.random.default_rng(seed)
     types = {1: np.float32, 10: np.float16, 11: np.float64, 7: np.int64, 6: np.int32,
              2: np.uint8, 3: np.int8, 9: np.bool_}
+    check_arrays("input", {
+        vi.name: (types.get(vi.type.tensor_type.elem_type, np.float32), _declared(vi))
+        for vi in model.graph.input if vi.name not in g.inits})
     feeds = []
     for _ in range(count):
         f: Feed = {}
@@ -80,7 +90,7 @@ def random_feeds(model: onnx.ModelProto, count: int, seed: int = 0) -> list[Feed
             if vi.name in g.inits:
                 continue
             tt = vi.type.tensor_type
-            shape = [d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim]
+            shape = _declared(vi)
             dt = types.get(tt.elem_type, np.float32)
             f[vi.name] = (rng.random(shape).astype(dt) if np.dtype(dt).kind == "f"
                           else np.zeros(shape, dt))

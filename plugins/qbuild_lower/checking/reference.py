@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from numpy.typing import NDArray
 from onnx import helper, numpy_helper
+from qbuild_onnx_common.allocation import check_model
 from qbuild_onnx_common.arrays import Array
 from qbuild_onnx_common.graph import attr, attrs
 
@@ -326,7 +327,9 @@ _KERNELS: dict[str, Kernel] = {
 def run(model: onnx.ModelProto, feeds: dict[str, Array],
         stats: dict[str, int] | None = None) -> dict[str, Array]:
     """Execute ``model`` on ``feeds``; returns every graph output. ``stats`` counts, by op
-    type, the nodes delegated to ``onnx.reference``."""
+    type, the nodes delegated to ``onnx.reference``. A model with a tensor over the
+    allocation bound at these feeds' shapes is refused before anything is computed."""
+    check_model(model, inputs={k: np.shape(v) for k, v in feeds.items()})
     vals: Values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     vals.update(feeds)
     context = _Run(vals, onnx_opset(model))

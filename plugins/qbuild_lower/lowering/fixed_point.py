@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 from numpy.typing import NDArray
+from qbuild_onnx_common.allocation import check_shape
 from qbuild_onnx_common.graph import attrs
 
 from ..arithmetic import fixedpoint as fp
@@ -444,6 +445,8 @@ def average_pool(grp: Group, b: Builder) -> list[str]:
     mm = fp.decompose(float(real))
     check_range(np.array([count * span(x.qp)]), np.array([mm.m0]), "AveragePool")
     name = n.name or "AveragePool"
+    # the kernel's size comes from the model's attributes: bounded before it is made
+    check_shape(f"the summing kernel of AveragePool node '{name}'", [c, 1, *k], np.uint8)
     ones = b.const(f"{name}_ones", np.ones([c, 1, *k], dtype=np.uint8))
     acc, acc64, prod = b.tmp(f"{name}_sum"), b.tmp(f"{name}_sum64"), b.tmp(f"{name}_prod")
     kw = {

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from qbuild_onnx_common.allocation import check_model
 from qbuild_onnx_common.arrays import Float32Array
 from qbuild_onnx_common.models import load_model
 
@@ -71,6 +72,7 @@ def make_qdq(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     scratch = Path(scratch or out.parent)
+    check_model(model)  # pre-processing and calibration run it: nothing over the bound
     m = load_model(model)
     version = onnx_opset(m)
     src = model

@@ -1,12 +1,14 @@
 """What the actions of this plugin's rules read: the model file of a dependency, the
 dataset folder, and the feeds (the dataset's samples, or seeded random inputs), each
-failing with a message that names the target's attribute."""
+failing with a message that names the target's attribute; a model with a tensor over
+the allocation bound (``qbuild_onnx_common.allocation``) is refused as it is read."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from qbuild_onnx_common.allocation import AllocationRefused, check_model
 from qbuild_onnx_common.arrays import Feed
 from qbuild_onnx_common.providers import dataset_path, model_path
 
@@ -17,11 +19,19 @@ if TYPE_CHECKING:
 
 
 def model_file(ctx: RunContext, dep: Dep, label: str, attr_name: str = "model") -> Path:
-    """The model file of ``dep`` (the attribute ``attr_name``'s dependency ``label``)."""
+    """The model file of ``dep`` (the attribute ``attr_name``'s dependency ``label``),
+    once no tensor of it is over the allocation bound (every rule here runs the model,
+    evaluates it node by node or builds arrays from its shapes)."""
     try:
-        return model_path(dep)
+        path = model_path(dep)
     except ValueError as e:
         raise ctx.fail(f"{label} {e}", attr=attr_name) from None
+    try:
+        check_model(path)
+    except AllocationRefused as e:
+        e.file = ctx.workspace_path(path)
+        raise e.located(attr=attr_name) from None
+    return path
 
 
 def dataset_dir(ctx: RunContext) -> Path:

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.allocation import check_model
 from qbuild_onnx_common.errors import OnnxError
 
 if TYPE_CHECKING:
@@ -128,6 +129,9 @@ def quantize_qdq(
     tq = to_ort_tensor_overrides(doc)
     if tq:
         extra["TensorQuantOverrides"] = tq
+    # onnxruntime's calibrator runs every tensor as an output: none over the bound
+    check_model(model_in, inputs={k: getattr(v, "shape", ()) for k, v in
+                                  (feeds[0] if feeds else {}).items()})
     quantize_static(
         str(model_in),
         str(model_out),

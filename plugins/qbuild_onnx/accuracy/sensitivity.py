@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.allocation import check_model
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.graph import GraphIndex
 from qbuild_onnx_common.models import ModelSource
@@ -246,6 +247,10 @@ def analyze(
         raise OnnxError(f"sensitivity mode must be 'only' or 'leave_out', got '{mode}'")
     if not feeds:
         raise OnnxError("sensitivity analysis needs at least one sample")
+    # every model run below is one of these two, or the QDQ model with sites turned
+    # back to float (no tensor changes shape): checked once, here
+    for given in (qdq_model, float_model):
+        check_model(given)
     qm, fm = load_model(qdq_model), load_model(float_model)
     if not 0 <= shard < shards:
         raise OnnxError(f"shard {shard} of {shards}: expected 0 <= shard < shards")
@@ -253,10 +258,11 @@ def analyze(
     if not sites:
         raise OnnxError("the model has no quantization sites (is it a QDQ model?)")
     all_sites = find_sites(qm, fm)
-    ref = run_model(session(fm.SerializeToString(), optimize=False), feeds)
+    ref = run_model(session(fm.SerializeToString(), optimize=False, checked=True), feeds)
 
     def evaluate(model: ModelProto) -> tuple[float, dict[str, float]]:
-        outs = run_model(session(model.SerializeToString(), optimize=False), feeds)
+        outs = run_model(session(model.SerializeToString(), optimize=False, checked=True),
+                         feeds)
         s, per = _score(ref, outs)
         return (metric(ref, outs) if metric else s), per
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.allocation import AllocationRefused, check_model
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.models import load_model
 from qbuild_onnx_common.providers import (
@@ -35,10 +36,18 @@ _MAX_PROTO = 2**31 - 1
 
 
 def _model_file(ctx: RunContext, attr_name: str) -> Path:
+    """The model file of ``attr_name``, once no tensor of it is over the allocation
+    bound (these rules run it, layer by layer or whole)."""
     try:
-        return model_path(ctx.inputs[attr_name])
+        path = model_path(ctx.inputs[attr_name])
     except ValueError as e:
         raise ctx.fail(f"{ctx.params['labels'][attr_name]} {e}", attr=attr_name) from None
+    try:
+        check_model(path)
+    except AllocationRefused as e:
+        e.file = ctx.workspace_path(path)
+        raise e.located(attr=attr_name) from None
+    return path
 
 
 def _feeds(ctx: RunContext, attr_name: str, model: Path, limit: int) -> list[dict[str, Any]]:

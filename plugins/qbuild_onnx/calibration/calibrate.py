@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.allocation import check_model
 from qbuild_onnx_common.errors import OnnxError
 from qbuild_onnx_common.files import sha256_file
 from qbuild_onnx_common.models import load_model
@@ -142,6 +143,11 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     ds = open_dataset(dataset_dir)
     m_info = model_info(load_model(model_path, external_data=False))
     plan = check_dataset_against_model(ds.manifest, m_info, opts.batch_size)
+    # every tensor is an output of the calibration session: none may be over the bound
+    # at the batch it is run with
+    check_model(model_path, inputs={
+        name: shape[1:] if name in plan.unbatched else (min(plan.batch_size, ds.count), *shape[1:])
+        for name, (_dtype, shape) in ds.inputs.items()})
     session = cc.open_calibration_session(model_path, opts.op_types or None, opts.threads,
                                           scratch=scratch)
     log(f"calibrating {len(session.tensors)} tensors over {ds.count} samples, batch "

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from qbuild_onnx_common.allocation import check_model
 from qbuild_onnx_common.errors import OnnxError, exception_reason
 from qbuild_onnx_common.files import sha256_file
 from qbuild_onnx_common.models import load_model, uses_external_data
@@ -53,6 +54,9 @@ def preprocess_model(src: str | Path, out: str | Path, opts: PreprocessOptions |
     refusal = describe_quantized(proto, "quantization pre-processing")
     if refusal:
         raise OnnxError(refusal, file=src)
+    # onnxruntime's symbolic shape inference computes int64 constants (a ConstantOfShape
+    # of a declared shape) with numpy: a tensor over the bound is refused first
+    check_model(src)
     fixed = None
     if initializer_inputs(proto) and not uses_external_data(proto):
         count = drop_initializer_inputs(proto)

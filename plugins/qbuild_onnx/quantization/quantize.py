@@ -482,6 +482,7 @@ def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
     CPU time (steady under load from other processes, unlike wall time), else None."""
     import numpy as np
     from onnx import helper
+    from qbuild_onnx_common.allocation import check_arrays
     from qbuild_onnx_common.errors import OnnxError
     from qbuild_onnx_common.latency import interleaved_latency_ms, slower_verdict
     from qbuild_onnx_common.ort import session
@@ -493,8 +494,15 @@ def _slower_than_float(float_path: Path, quantized_path: Path, log: Log
         return None
     rng = np.random.default_rng(0)
     feed = {}
+    shapes = {i.name: [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+              for i in fs.get_inputs()}
+    try:
+        check_arrays("input", {n: (np.float32, s) for n, s in shapes.items()})
+    except OnnxError as exc:
+        log(f"latency check skipped: {exc.message}")
+        return None
     for i in fs.get_inputs():
-        shape = [d if isinstance(d, int) and d > 0 else 1 for d in i.shape]
+        shape = shapes[i.name]
         if "float" in i.type:
             dtype = np.float16 if "float16" in i.type else np.float32
             feed[i.name] = rng.standard_normal(shape).astype(dtype)

@@ -48,6 +48,23 @@ def _model(dep: Dep) -> Path:
     return dep[OnnxModelInfo].model
 
 
+def _bounded(ctx: RunContext, *attr_names: str) -> None:
+    """No model of the dependencies ``attr_names`` (each a label or a list of them) has a
+    tensor over the allocation bound: each action here runs them (a refusal names the
+    attribute and the model file; the sessions opened later find each file checked)."""
+    from qbuild_onnx_common.allocation import AllocationRefused, check_model
+
+    for name in attr_names:
+        given = ctx.inputs.get(name)
+        for dep in given if isinstance(given, list) else [] if given is None else [given]:
+            path = _model(dep)
+            try:
+                check_model(path)
+            except AllocationRefused as e:
+                e.file = ctx.workspace_path(path)
+                raise e.located(attr=name) from None
+
+
 def _feeds(ctx: RunContext, dep: Dep, label: str, attr_name: str, model: Path,
            limit: int = 0) -> list[dict[str, Any]]:
     """Samples of a qbuild dataset fed to ``model`` as ``calibrate`` feeds them (arrays one
@@ -208,6 +225,7 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
     from ..report.html import evaluate_html
 
     a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
+    _bounded(ctx, "reference", "models", "baselines")
     ref_path = _model(deps["reference"])
     feeds = _feeds(ctx, deps["dataset"], labels["dataset"], "dataset", ref_path)
     task, options = _task(ctx, {"input_size": a["input_size"],
@@ -442,6 +460,7 @@ def sensitivity(ctx: RunContext) -> SensitivityInfo:
     from ..accuracy.sensitivity import analyze
 
     a, deps = ctx.params, ctx.inputs
+    _bounded(ctx, "reference", "model")
     ref_path = _model(deps["reference"])
     feeds = _feeds(ctx, deps["dataset"], a["labels"]["dataset"], "dataset", ref_path,
                    a["max_samples"])
@@ -700,6 +719,7 @@ def bias_correction(ctx: RunContext) -> OnnxModelInfo:
     from ..accuracy.bias_correction import bias_correct
 
     deps = ctx.inputs
+    _bounded(ctx, "reference", "model")
     ref_path = _model(deps["reference"])
     feeds = _feeds(ctx, deps["dataset"], ctx.params["labels"]["dataset"], "dataset", ref_path)
     out = ctx.output(ctx.params["out"])

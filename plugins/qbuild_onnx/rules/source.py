@@ -63,6 +63,14 @@ def _check_against(data: Path, model: Dep) -> None:
         raise e.located(attr="model") from None
 
 
+def _at_model(ctx: RunContext, error: RuleError, attr: str = "model") -> RuleError:
+    """``error`` about the model given as ``attr``: located there, and named by the
+    model file as the user knows it (qbuild-out/...)."""
+    error.file = ctx.workspace_path(error.file or ctx.inputs[attr][OnnxModelInfo].model)
+    error.located(attr=attr)
+    return error
+
+
 def check_dataset(ctx: RunContext) -> None:
     """The second action of a dataset rule given a ``model``: the dataset fits it."""
     _check_against(ctx.inputs["data/"], ctx.inputs["model"])
@@ -343,6 +351,7 @@ class SyntheticDataset(_DatasetRule):
 
 def build_synthetic(ctx: RunContext) -> DatasetInfo:
     """``synthetic_dataset``'s action: seeded random samples shaped like the inputs."""
+    from qbuild_onnx_common.allocation import AllocationRefused
     from qbuild_onnx_common.errors import OnnxError
 
     from ..source.datasets import build_synthetic_dataset
@@ -355,6 +364,8 @@ def build_synthetic(ctx: RunContext) -> DatasetInfo:
     try:
         build_synthetic_dataset(out, _model_inputs(ctx.inputs["model"]), a["count"],
                                 a["seed"], a["dims"], a["low"], a["high"], a["batch_size"])
+    except AllocationRefused as e:
+        raise _at_model(ctx, e) from None
     except OnnxError as e:
         raise e.located(attr="model") from None
     _check_against(out, ctx.inputs["model"])
@@ -439,6 +450,7 @@ class QuantPreprocess(OnnxRule):
 
 def preprocess(ctx: RunContext) -> OnnxModelInfo:
     """``quant_preprocess``'s action; the model it gives records the nodes it removed."""
+    from qbuild_onnx_common.allocation import AllocationRefused
     from qbuild_onnx_common.errors import OnnxError
 
     from ..ort_logs import ort_output_to_log
@@ -455,6 +467,8 @@ def preprocess(ctx: RunContext) -> OnnxModelInfo:
         with ort_output_to_log(ctx.log, ctx.warn):
             info = preprocess_model(ctx.inputs["model"][OnnxModelInfo].model, out, opts,
                                     external_data=a["external_data"], log=ctx.log)
+    except AllocationRefused as e:
+        raise _at_model(ctx, e) from None
     except OnnxError as e:
         raise e.located(attr="model") from None
     return onnx_model_info(out, rewrites=info["preprocess_rewrites"])
@@ -514,6 +528,8 @@ class Calibrate(OnnxRule):
 def calibrate(ctx: RunContext) -> CalibrationInfo:
     """``calibrate``'s action: run the model over the dataset with ``ctx.threads``
     onnxruntime threads; ranges (and histograms) next to calibration.json."""
+    from qbuild_onnx_common.allocation import AllocationRefused
+
     from ..calibration.calibrate import CalibrationOptions
     from ..calibration.calibrate import calibrate as run_calibration
     from ..ort_logs import ort_output_to_log
@@ -534,6 +550,8 @@ def calibrate(ctx: RunContext) -> CalibrationInfo:
                                    scratch=ctx.scratch, progress=ctx.progress)
     except InputNamesMismatch as e:
         raise blame_dataset(ctx, "dataset", e) from None
+    except AllocationRefused as e:
+        raise _at_model(ctx, e) from None
     except RuleError as e:
         raise e.located(attr="dataset") from None
     return CalibrationInfo(table=ctx.output("calibration.json"), method=info["method"],

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from qbuild_onnx_common.allocation import check_arrays, check_shape, element_count
 from qbuild_onnx_common.errors import OnnxError
 
 if TYPE_CHECKING:
@@ -203,13 +204,21 @@ class Dataset:
 
         spec = self.manifest["inputs"][name]
         dt = np.dtype(spec["dtype"])
-        sample_shape = tuple(spec["shape"][1:])
-        per = dt.itemsize * int(np.prod(sample_shape, dtype=np.int64))
+        sample_shape = tuple(int(d) for d in spec["shape"][1:])
+        per = dt.itemsize * element_count(sample_shape)
         stop = min(stop, self.count)
         n = max(0, stop - start)
-        out = np.empty((n, *sample_shape), dtype=dt)
+        # The manifest only declares the shape: the bytes must be in the file, and the
+        # batch within the allocation bound, before the batch is allocated.
+        check_shape(f"a batch of input '{name}'", (n, *sample_shape), dt,
+                    file=self.path / spec["file"])
         with open(self.path / spec["file"], "rb") as f:
-            f.seek(self._data_offset(f) + start * per)
+            offset = self._data_offset(f)
+            if offset + (start + n) * per > os.fstat(f.fileno()).st_size:
+                raise OnnxError(f"dataset file {spec['file']} is truncated",
+                                file=self.path / spec["file"])
+            out = np.empty((n, *sample_shape), dtype=dt)
+            f.seek(offset + start * per)
             got = f.readinto(out.data.cast("B")) if out.nbytes else 0
         if got != out.nbytes:
             raise OnnxError(f"dataset file {spec['file']} is truncated",
@@ -502,7 +511,8 @@ def build_synthetic_dataset(out_dir: str | Path, model_info: Mapping[str, Any], 
     """Random data matching a model's inputs: for smoke tests only (ruins calibration).
 
     Batched layout: each array is ``[count, *shape[1:]]`` with the model's dim 0 as the
-    sample axis. Symbolic dims take values from ``dims`` (default 1).
+    sample axis. Symbolic dims take values from ``dims`` (default 1). A sample over the
+    allocation bound (``qbuild_onnx_common.allocation``) is refused before it is made.
     """
     import numpy as np
 
@@ -521,6 +531,7 @@ def build_synthetic_dataset(out_dir: str | Path, model_info: Mapping[str, Any], 
             else:
                 concrete.append(int(dims.get(d, 1)) if d is not None else 1)
         specs[inp["name"]] = (np.dtype(inp["dtype"]), tuple(concrete))
+    check_arrays("input", specs)  # one sample of each, generated together
     w = DatasetWriter(out_dir, specs, batch_size=batch_size,
                       meta={"kind": "synthetic", "seed": seed, "low": low, "high": high})
     for _ in range(count):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qbuild_onnx_common.allocation import check_shape
 from qbuild_onnx_common.errors import OnnxError
 
 from .datasets import DatasetWriter
@@ -278,6 +279,8 @@ def build_image_dataset(out_dir: str | Path, sources: Iterable[str | Path], inpu
     if not files:
         raise OnnxError("no image files found")
     count = opts.count or len(files)
+    # each sample is made in float32 at the requested size before its dtype is applied
+    check_shape(f"a sample of input '{input_name}'", opts.sample_shape(), np.float32)
     w = DatasetWriter(out_dir, {input_name: (np.dtype(opts.dtype), opts.sample_shape())},
                       batch_size=batch_size,
                       meta={"kind": "images", "images": [f.name for f in files],
