@@ -36,14 +36,15 @@ from ..source.model_checks import (
 from .joins import DEFAULT_RATIO, find_mixed_joins, name_nodes
 from .opset import ai_onnx_opset, required_opset, upgrade
 from .options import (
+    CONV_INPUT_OPS,
     DYNAMIC_OP_TYPES,
-    STATIC_OP_TYPES,
     DynamicOptions,
     StaticOptions,
     check_dynamic_options,
     check_static_options,
 )
 from .overrides import build_tensor_overrides, quant_type
+from .placement import keep_float_readers
 from .ranges import check_calibration_matches, load_calibration, tensors_data
 from .report import build_report
 from .selectors import resolve_node_table, resolve_nodes, resolve_tensors
@@ -261,7 +262,10 @@ def quantize_static_model(
 
     names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
     ranges = tensors_data(calibration, names)
-    joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
+    op_types = options.quantized_op_types()
+    # a join matters only where Concat is quantized (never with placement conv_inputs)
+    joins = find_mixed_joins(model, calibration.ranges,
+                             float_joins_ratio if "Concat" in op_types else 0.0)
     if any(not name for j in joins for name in j.float_nodes):
         name_nodes(model)
         joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
@@ -293,7 +297,9 @@ def quantize_static_model(
     if overrides:
         extra["TensorQuantOverrides"] = overrides
     _guard_dedicated_pairs(model, extra, warn)
-    op_types = sorted(options.op_types or STATIC_OP_TYPES)
+    if options.placement == "conv_inputs":  # Q/DQ at their inputs only, never after them
+        extra["OpTypesToExcludeOutputQuantization"] = sorted(
+            {*extra.get("OpTypesToExcludeOutputQuantization", []), *CONV_INPUT_OPS})
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
     atype = quant_type(options.activation_type, "activation_type", "activation_type")
 
@@ -312,6 +318,11 @@ def quantize_static_model(
 
     # the box holds the only reference, so that _finish can drop it
     box = [_run_quantizer(build, log, warn, model, model_path)]
+    if options.placement == "conv_inputs":
+        moved = keep_float_readers(box[0], op_types)
+        if moved:
+            log(f"placement conv_inputs: {moved} reader(s) of quantized activations "
+                "given the float tensor")
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -319,6 +330,10 @@ def quantize_static_model(
         "activation_type": options.activation_type,
         "per_channel": options.per_channel,
         "reduce_range": options.reduce_range,
+        "activation_symmetric": options.activation_symmetric,
+        "weight_symmetric": options.weight_symmetric,
+        "preset": options.preset,
+        "placement": options.placement,
         "calibration_method": calibration.method,
         "input_model_sha256": calibration.model_sha256,
     }
