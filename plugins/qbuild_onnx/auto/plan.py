@@ -12,7 +12,9 @@ first), every one an ordinary cached target:
   with step ``symmetric`` ``sym`` (``preset`` symmetric), with step ``nncf`` ``nncf`` /
   ``nncf_bc`` (``aq.calib_mean_minmax``, ``preset`` mixed, ``placement`` conv_inputs,
   then ``bias_correction`` method fast: NNCF's recipe, for runtimes that fuse Q/DQ at
-  convolution inputs such as OpenVINO; both steps only when named in ``steps``),
+  convolution inputs such as OpenVINO; both steps only when named in ``steps``; with
+  step ``region`` too, ``nncf_region`` / ``nncf_region_bc``: the same with ``region``'s
+  stem or head float),
   ``cle`` (``equalize`` (cross-layer equalization, Clip -> Relu) of the model as
   ``aq.cle_model``, calibrated as ``aq.calib_cle``, then quantized like ``u8``),
   ``u8_bc`` (``bias_correction`` of ``u8``), ``u8_ar`` / ``cle_ar`` (``adaround`` of
@@ -223,6 +225,11 @@ def _region_trials(plan: _Plan, steps: list[str], region_counts: list[int]) -> N
                                        "sensitivity": f"{me}.sens", "count": 3})
         plan.quantize("region3", overrides=f"{me}.region3_overrides")
         plan.bias_corrected("region3")
+        if "nncf" in steps:  # NNCF's recipe with the same region float
+            plan.quantize("nncf_region", calibration=f"{me}.calib_{NNCF_METHOD}",
+                          preset="mixed", placement="conv_inputs", per_channel=True,
+                          overrides=f"{me}.region_overrides")
+            plan.bias_corrected("nncf_region", method="fast")
     if "percentile_region" in steps:
         # percentile ranges (outliers clipped: resolution where the values are) with the
         # union of the stem/head regions of the k most sensitive activations float; the
