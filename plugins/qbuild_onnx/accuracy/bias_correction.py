@@ -211,7 +211,7 @@ def bias_correct(
     qm.CopyFrom(load_model(qdq_model))
     fm = load_model(float_model)
     q_index = GraphIndex(qm.graph)  # the second loop edits initializers, never nodes' producers
-    q_inits, f_inits = q_index.initializers, GraphIndex(fm.graph).initializers
+    f_inits = GraphIndex(fm.graph).initializers
     f_nodes = {n.name: n for n in fm.graph.node if n.name}
 
     targets = []  # (qnode, fnode, float W, dequantized W)
@@ -247,7 +247,7 @@ def bias_correct(
 
     means = _layer_input_means(fm, feeds, targets, q_index, method)
     report: dict[str, Any] = {}
-    new_inits = []
+    new_inits: list[Any] = []
     for node, fnode, w, wq in targets:
         if fnode.input[0] not in means:
             continue
@@ -256,29 +256,8 @@ def bias_correct(
         delta = error(node, x_mean, wq - w)
         if dx_mean is not None:  # the input's rounding and clipping, through Ŵ
             delta = delta + error(node, dx_mean, wq)
-        bias_name = node.input[2] if len(node.input) > 2 and node.input[2] else ""
-        if bias_name:
-            deq_b = _dequantize(q_index, bias_name)
-            if deq_b is not None:
-                b, dq = deq_b
-                init_q = q_inits[dq.input[0]]
-                scale = numpy_helper.to_array(q_inits[dq.input[1]]).astype(np.float64)
-                qdt = numpy_helper.to_array(init_q).dtype
-                info = np.iinfo(qdt)
-                new_q = np.clip(np.rint((b - delta) / scale), info.min, info.max).astype(qdt)
-                init_q.CopyFrom(numpy_helper.from_array(new_q, init_q.name))
-            elif bias_name in q_inits:
-                b = numpy_helper.to_array(q_inits[bias_name]).astype(np.float64)
-                q_inits[bias_name].CopyFrom(
-                    numpy_helper.from_array((b - delta).astype(np.float32), bias_name))
-            else:
-                continue  # bias computed at run time: leave it alone
-        else:
-            name = f"{node.name}_bias_correction"
-            new_inits.append(numpy_helper.from_array((-delta).astype(np.float32), name))
-            while len(node.input) < 3:
-                node.input.append("")
-            node.input[2] = name
+        if not _shift_bias(node, delta, q_index, new_inits):
+            continue  # bias computed at run time: leave it alone
         report[node.name] = {
             "max_abs_delta": round(float(np.abs(delta).max()), 8),
             "mean_abs_delta": round(float(np.abs(delta).mean()), 8),
@@ -288,6 +267,41 @@ def bias_correct(
         onnx.save(qm, str(out_path))
     return qm, {"method": method, "corrected_nodes": len(report),
                 "nodes": dict(sorted(report.items()))}
+
+
+def _shift_bias(node: NodeProto, delta: Float64Array, q_index: GraphIndex,
+                new_inits: list[Any]) -> bool:
+    """Subtract ``delta`` from ``node``'s bias: an int32 bias behind a DequantizeLinear on
+    its own scale, a float initializer in place, a missing bias as a new initializer (in
+    ``new_inits``). False when the bias is computed at run time (left alone)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    q_inits = q_index.initializers
+    bias_name = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+    if not bias_name:
+        name = f"{node.name}_bias_correction"
+        new_inits.append(numpy_helper.from_array((-delta).astype(np.float32), name))
+        while len(node.input) < 3:
+            node.input.append("")
+        node.input[2] = name
+        return True
+    deq_b = _dequantize(q_index, bias_name)
+    if deq_b is not None:
+        b, dq = deq_b
+        init_q = q_inits[dq.input[0]]
+        scale = numpy_helper.to_array(q_inits[dq.input[1]]).astype(np.float64)
+        qdt = numpy_helper.to_array(init_q).dtype
+        info = np.iinfo(qdt)
+        new_q = np.clip(np.rint((b - delta) / scale), info.min, info.max).astype(qdt)
+        init_q.CopyFrom(numpy_helper.from_array(new_q, init_q.name))
+        return True
+    if bias_name in q_inits:
+        b = numpy_helper.to_array(q_inits[bias_name]).astype(np.float64)
+        q_inits[bias_name].CopyFrom(
+            numpy_helper.from_array((b - delta).astype(np.float32), bias_name))
+        return True
+    return False
 
 
 def _layer_input_means(fm: ModelProto, feeds: Iterable[Mapping[str, Any]],

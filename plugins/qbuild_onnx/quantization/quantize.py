@@ -297,9 +297,7 @@ def quantize_static_model(
     if overrides:
         extra["TensorQuantOverrides"] = overrides
     _guard_dedicated_pairs(model, extra, warn)
-    if options.placement == "conv_inputs":  # Q/DQ at their inputs only, never after them
-        extra["OpTypesToExcludeOutputQuantization"] = sorted(
-            {*extra.get("OpTypesToExcludeOutputQuantization", []), *CONV_INPUT_OPS})
+    _place_outputs(options, extra)
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
     atype = quant_type(options.activation_type, "activation_type", "activation_type")
 
@@ -318,11 +316,7 @@ def quantize_static_model(
 
     # the box holds the only reference, so that _finish can drop it
     box = [_run_quantizer(build, log, warn, model, model_path)]
-    if options.placement == "conv_inputs":
-        moved = keep_float_readers(box[0], op_types)
-        if moved:
-            log(f"placement conv_inputs: {moved} reader(s) of quantized activations "
-                "given the float tensor")
+    _place_readers(box[0], options, op_types, log)
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -374,6 +368,24 @@ def _resolve_selectors(options: OptionsT, model: onnx.ModelProto,
         changes["tensor_overrides"] = resolve_tensors(tensor_overrides, model,
                                                       "tensor_overrides", rewrites)
     return replace(options, **changes) if changes else options
+
+
+def _place_outputs(options: StaticOptions, extra: dict[str, Any]) -> None:
+    """With placement conv_inputs, weighted ops get Q/DQ at their inputs, never after."""
+    if options.placement == "conv_inputs":
+        extra["OpTypesToExcludeOutputQuantization"] = sorted(
+            {*extra.get("OpTypesToExcludeOutputQuantization", []), *CONV_INPUT_OPS})
+
+
+def _place_readers(quantized: onnx.ModelProto, options: StaticOptions, op_types: list[str],
+                   log: Log) -> None:
+    """With placement conv_inputs, only weighted ops read quantized activations."""
+    if options.placement != "conv_inputs":
+        return
+    moved = keep_float_readers(quantized, op_types)
+    if moved:
+        log(f"placement conv_inputs: {moved} reader(s) of quantized activations given the "
+            "float tensor")
 
 
 def _guard_dedicated_pairs(model: onnx.ModelProto, extra: dict[str, Any], warn: Log) -> None:
