@@ -145,3 +145,58 @@ def test_fast_correction_is_deterministic_and_checks_its_method(nncf_like, mobil
     assert a.SerializeToString() == b.SerializeToString()
     with pytest.raises(OnnxError, match="unknown bias correction method 'exact'"):
         bias_correct(q, pre, mobilenet_feeds[:3], method="exact")
+
+
+CONVS = [
+    ({"pads": [1, 1, 1, 1]}, (8, 3, 3, 3)),
+    ({"strides": [2, 2], "pads": [1, 0, 2, 1]}, (8, 3, 3, 3)),
+    ({"dilations": [2, 2], "pads": [2, 2, 2, 2]}, (8, 3, 3, 3)),
+    ({"group": 3, "strides": [2, 1]}, (6, 1, 3, 3)),
+    ({"auto_pad": "SAME_UPPER", "strides": [2, 2]}, (4, 3, 4, 4)),
+    ({"auto_pad": "SAME_LOWER", "strides": [2, 2]}, (4, 3, 4, 4)),
+    ({"auto_pad": "VALID", "strides": [3, 3]}, (4, 3, 5, 5)),
+    ({"pads": [3, 0]}, (4, 3, 7)),  # 1-D, a tap that only ever meets padding at the edge
+]
+
+
+@pytest.mark.parametrize(("attrs", "wshape"), CONVS)
+def test_layer_sums_give_the_mean_output_of_a_conv(attrs, wshape):
+    """The tap sums give onnxruntime's Conv output mean per channel, streamed over runs of
+    different batch sizes."""
+    from qbuild_onnx.accuracy.layer_sums import LayerSums
+
+    rng = np.random.default_rng(len(wshape) * 10 + len(attrs))
+    cin = wshape[1] * attrs.get("group", 1)
+    spatial = (11, 13) if len(wshape) == 4 else (17,)
+    w = rng.normal(size=wshape)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], **attrs)
+    model = _probe([node], [numpy_helper.from_array(w.astype(np.float32), "w")], None)
+    sess = session(model, optimize=False)
+    sums = LayerSums(node, w.shape)
+    total, count = 0.0, 0
+    for batch in (1, 3, 2):
+        x = rng.normal(1.0, 2.0, (batch, cin, *spatial)).astype(np.float32)
+        y = sess.run(None, {"x": x})[0].astype(np.float64)
+        axes = tuple(i for i in range(y.ndim) if i != 1)
+        total = total + y.sum(axis=axes)
+        count += y.size // y.shape[1]
+        sums.add(x)
+    np.testing.assert_allclose(sums.mean_output(w), total / count, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("attrs", [{}, {"transA": 1}, {"transB": 1, "alpha": 0.5}])
+def test_layer_sums_give_the_mean_output_of_a_gemm(attrs):
+    from qbuild_onnx.accuracy.layer_sums import LayerSums
+
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(6, 5) if attrs.get("transB") else (5, 6))
+    node = helper.make_node("Gemm", ["x", "w"], ["y"], **attrs)
+    sums = LayerSums(node, w.shape)
+    outs = []
+    for rows in (4, 7):
+        x = rng.normal(size=(5, rows) if attrs.get("transA") else (rows, 5))
+        a = x.T if attrs.get("transA") else x
+        b = w.T if attrs.get("transB") else w
+        outs.append(attrs.get("alpha", 1.0) * a @ b)
+        sums.add(x)
+    np.testing.assert_allclose(sums.mean_output(w), np.concatenate(outs).mean(axis=0))

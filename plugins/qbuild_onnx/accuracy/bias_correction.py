@@ -1,8 +1,7 @@
 """Empirical bias correction of a QDQ model's quantized Conv/Gemm layers.
 
-Two methods, both one streaming pass of the float model over the calibration data
-(memory: one or two running sums the size of each corrected layer's input, never the
-samples), then one small computation per layer:
+Two methods, both one streaming pass of the float model over the calibration data, then
+one small computation per layer:
 
 ``weights`` (the default): for every Conv or Gemm whose weight is an initializer behind a
 DequantizeLinear, the expected output error caused by weight quantization is
@@ -11,7 +10,8 @@ DequantizeLinear, the expected output error caused by weight quantization is
 
 where W is the float weight (taken from the float model, matched by node name), Ŵ the
 dequantized weight and x the node's input in the float model. Because op is linear in x,
-the sample mean can be taken first: δ = spatial-mean(op(x̄, Ŵ − W)) with x̄ the mean input.
+the sample mean can be taken first: δ = spatial-mean(op(x̄, Ŵ − W)) with x̄ the mean input
+(kept as a running sum the size of each corrected layer's input).
 
 ``fast`` (NNCF's FastBiasCorrection, done exactly): the error of the whole quantized
 layer, its input's Q/DQ included, against the float layer, each fed the float model's
@@ -24,7 +24,10 @@ with q the input's QuantizeLinear→DequantizeLinear in the quantized model (sca
 point read from it; identity when the input is not quantized). The second term is what
 clipping and rounding of the input shift on average: with ranges that clip (mean_minmax,
 percentile) it is often the larger one. Layers are corrected independently ("layer by
-layer" against float inputs, as NNCF's fast variant), so the cost is that of ``weights``.
+layer" against float inputs, as NNCF's fast variant). Both means follow exactly from
+per-layer tap sums (``layer_sums``) the size of the weight, added run by run: no mean
+activation is kept (YOLOX-Nano, 32 samples: about 120 MB above the start against 250 MB for
+``weights``).
 
 The bias becomes b − δ: an int32 bias behind a DequantizeLinear is re-quantized on its
 own scale, a float bias is edited, and a missing bias is added as a float initializer.
@@ -118,8 +121,9 @@ METHODS = ("weights", "fast")
 
 
 def _input_quantizer(index: GraphIndex, tensor: str) -> Callable[[Array], Float64Array] | None:
-    """The fake quantization q(x) = DQ(Q(x)) that ``tensor`` (a layer's input in the
-    quantized model) applies to its float value, or None if it is not a Q/DQ output."""
+    """The shift q(x) − x that the fake quantization q = DQ(Q(·)) producing ``tensor`` (a
+    layer's input in the quantized model) makes to its float value, or None if ``tensor``
+    is not a Q/DQ output."""
     import numpy as np
     from onnx import numpy_helper
     from qbuild_onnx_common.graph import attr
@@ -131,56 +135,29 @@ def _input_quantizer(index: GraphIndex, tensor: str) -> Callable[[Array], Float6
     inits = index.initializers
     if q is None or q.op_type != "QuantizeLinear" or dq.input[1] not in inits:
         return None
-    scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float64)
+    # in float32, as QuantizeLinear / DequantizeLinear compute it
+    scale = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32)
     zp_name = dq.input[2] if len(dq.input) > 2 else ""
     if zp_name and zp_name not in inits:
         return None
     zp_arr = numpy_helper.to_array(inits[zp_name]) if zp_name else np.zeros((), np.uint8)
     info = np.iinfo(zp_arr.dtype)
-    zp = zp_arr.astype(np.float64)
+    zp = zp_arr.astype(np.float32)
     axis = attr(dq, "axis", 1)
 
     def fake_quantize(x: Array) -> Float64Array:
+        """q(x) − x in float64."""
         s, z = scale, zp
         if s.ndim == 1 and s.size > 1:  # per-axis activation scales (tensor overrides)
             shape = [1] * x.ndim
             shape[axis] = -1
             s, z = s.reshape(shape), np.reshape(z, shape) if np.ndim(z) else z
-        x64 = np.asarray(x, dtype=np.float64)
-        levels = np.clip(np.rint(x64 / s) + z, info.min, info.max)
-        out: Float64Array = (levels - z) * s
+        x32 = np.asarray(x, dtype=np.float32)
+        levels = np.clip(np.rint(x32 / s) + z, info.min, info.max)
+        out: Float64Array = ((levels - z) * s).astype(np.float64) - x32
         return out
 
     return fake_quantize
-
-
-def _input_means(model: ModelProto, feeds: Iterable[Mapping[str, Any]],
-                 quantizers: Mapping[str, Callable[[Array], Float64Array] | None]
-                 ) -> dict[str, tuple[Float64Array, Float64Array | None]]:
-    """Per input tensor of the float model: (mean of x, mean of q(x) − x or None), from
-    running sums (one sample's arrays in memory at a time)."""
-    import numpy as np
-
-    from .stats import with_outputs
-
-    names = sorted(quantizers)
-    sess = session(with_outputs(model, names).SerializeToString(), optimize=False)
-    sums: dict[str, list[Any]] = {n: [None, None] for n in names}
-    count = 0
-    for feed in feeds:
-        for name, a in zip(names, sess.run(names, dict(feed))):
-            x = np.asarray(a, dtype=np.float64)
-            acc = sums[name]
-            acc[0] = x if acc[0] is None else acc[0] + x
-            fq = quantizers[name]
-            if fq is not None:
-                d = fq(x) - x
-                acc[1] = d if acc[1] is None else acc[1] + d
-        count += 1
-    if not count:
-        return {}
-    return {n: (s[0] / count, None if s[1] is None else s[1] / count)
-            for n, s in sums.items() if s[0] is not None}
 
 
 def bias_correct(
@@ -245,17 +222,14 @@ def bias_correct(
         raise OnnxError("no Conv/Gemm node with a dequantized initializer weight that matches "
                             "a node of the float model by name")
 
-    means = _layer_input_means(fm, feeds, targets, q_index, method)
+    errors = (_fast_errors(fm, feeds, targets, q_index) if method == "fast"
+              else _weight_errors(fm, feeds, targets))
     report: dict[str, Any] = {}
     new_inits: list[Any] = []
-    for node, fnode, w, wq in targets:
-        if fnode.input[0] not in means:
+    for node, _, _, _ in targets:
+        delta = errors.get(node.name)
+        if delta is None:
             continue
-        x_mean, dx_mean = means[fnode.input[0]]
-        error = _conv_mean_error if node.op_type == "Conv" else _gemm_mean_error
-        delta = error(node, x_mean, wq - w)
-        if dx_mean is not None:  # the input's rounding and clipping, through Ŵ
-            delta = delta + error(node, dx_mean, wq)
         if not _shift_bias(node, delta, q_index, new_inits):
             continue  # bias computed at run time: leave it alone
         report[node.name] = {
@@ -304,23 +278,59 @@ def _shift_bias(node: NodeProto, delta: Float64Array, q_index: GraphIndex,
     return False
 
 
-def _layer_input_means(fm: ModelProto, feeds: Iterable[Mapping[str, Any]],
-                       targets: list[tuple[NodeProto, NodeProto, Float64Array, Float64Array]],
-                       q_index: GraphIndex, method: str
-                       ) -> dict[str, tuple[Float64Array, Float64Array | None]]:
-    """Mean input of every target layer in the float model (and, for ``fast``, the mean
-    shift its input quantizer makes), by float tensor name."""
-    quantizers: dict[str, Callable[[Array], Float64Array] | None] = {}
-    for node, fnode, _, _ in targets:
-        fq = _input_quantizer(q_index, node.input[0]) if method == "fast" else None
-        if quantizers.get(fnode.input[0]) is None:
-            quantizers[fnode.input[0]] = fq
-    if method == "fast":
-        return _input_means(fm, feeds, quantizers)
-    stats = collect(fm, feeds, sorted(quantizers))
-    out: dict[str, tuple[Float64Array, Float64Array | None]] = {}
-    for name, st in stats.items():
-        mean = st.mean()
-        if mean is not None:
-            out[name] = (mean, None)
-    return out
+Target = tuple["NodeProto", "NodeProto", "Float64Array", "Float64Array"]
+
+
+def _weight_errors(fm: ModelProto, feeds: Iterable[Mapping[str, Any]],
+                   targets: list[Target]) -> dict[str, Float64Array]:
+    """``weights``: δ = spatial mean of op(x̄, Ŵ − W) per target node, from the mean
+    input x̄ of each layer in the float model."""
+    stats = collect(fm, feeds, sorted({f.input[0] for _, f, _, _ in targets}))
+    errors: dict[str, Float64Array] = {}
+    for node, fnode, w, wq in targets:
+        x_mean = stats[fnode.input[0]].mean()
+        if x_mean is None:
+            continue
+        error = _conv_mean_error if node.op_type == "Conv" else _gemm_mean_error
+        errors[node.name] = error(node, x_mean, wq - w)
+    return errors
+
+
+def _fast_errors(fm: ModelProto, feeds: Iterable[Mapping[str, Any]], targets: list[Target],
+                 q_index: GraphIndex) -> dict[str, Float64Array]:
+    """``fast``: δ = mean of op(q(x), Ŵ) − op(x, W) per target node, from each layer's
+    tap sums of x and of q(x) − x (``layer_sums``), streamed over the float model's runs."""
+
+    from .layer_sums import LayerSums
+    from .stats import with_outputs
+
+    readers: dict[str, list[tuple[str, LayerSums, LayerSums | None,
+                                  Callable[[Array], Float64Array] | None]]] = {}
+    for node, fnode, w, _ in targets:
+        fq = _input_quantizer(q_index, node.input[0])
+        readers.setdefault(fnode.input[0], []).append(
+            (node.name, LayerSums(fnode, w.shape),
+             LayerSums(fnode, w.shape) if fq is not None else None, fq))
+    names = sorted(readers)
+    sess = session(with_outputs(fm, names).SerializeToString(), optimize=False)
+    for feed in feeds:
+        for name, x in zip(names, sess.run(names, dict(feed))):
+            shifts: dict[int, Float64Array] = {}  # one per quantizer of this tensor
+            for _, sx, sd, fq in readers[name]:
+                sx.add(x)
+                if sd is not None and fq is not None:
+                    if id(fq) not in shifts:
+                        shifts[id(fq)] = fq(x)
+                    sd.add(shifts[id(fq)])
+    errors: dict[str, Float64Array] = {}
+    by_name = {node.name: (w, wq) for node, _, w, wq in targets}
+    for group in readers.values():
+        for node_name, sx, sd, _ in group:
+            if not sx.count:
+                continue
+            w, wq = by_name[node_name]
+            delta = sx.mean_output(wq - w)
+            if sd is not None:  # the input's rounding and clipping, through Ŵ
+                delta = delta + sd.mean_output(wq)
+            errors[node_name] = delta
+    return errors

@@ -170,7 +170,9 @@ class Quantize(OnnxRule):
            "tensor ranges of a `calibrate` target (never recalibrates). The calibration must "
            "have been computed on exactly the `model` file (sha256 checked). Per-channel "
            "models below opset 13 are upgraded (DequantizeLinear needs `axis`); the output "
-           "is checked with onnx's full checker and an onnxruntime session. `overrides` "
+           "is checked with onnx's full checker and an onnxruntime session. `preset` "
+           "(NNCF's symmetric / mixed) and `placement` (around_ops for onnxruntime, "
+           "conv_inputs for OpenVINO) choose symmetry and where Q/DQ go. `overrides` "
            "merges a mixed_precision target's overrides.json (inline values win). Outputs "
            "the model and report.json (Q/DQ counts, quantized ops, dtypes, size).")
     attrs = {
