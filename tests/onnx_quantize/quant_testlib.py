@@ -201,3 +201,40 @@ def sqnr_db(ref: np.ndarray, test: np.ndarray) -> float:
 
 def initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+
+
+def conv_silu_model(opset: int = 13, seed: int = 2) -> onnx.ModelProto:
+    """Conv -> SiLU (Sigmoid, Mul) -> Conv -> SiLU -> Add (residual) -> Conv, the block
+    of YOLOX / YOLOv8 backbones: the nodes a placement puts Q/DQ around (or not)."""
+    rng = np.random.default_rng(seed)
+
+    def w(cout, cin, k):
+        return rng.normal(0, 1 / np.sqrt(cin * k * k), (cout, cin, k, k)) * \
+            rng.uniform(0.3, 2.0, (cout, 1, 1, 1))
+
+    inits = [
+        _init("w1", w(8, 3, 3)), _init("b1", rng.normal(0.5, 0.3, 8)),
+        _init("w2", w(8, 8, 1)), _init("b2", rng.normal(0, 0.2, 8)),
+        _init("w3", w(4, 8, 3)), _init("b3", rng.normal(0, 0.1, 4)),
+    ]
+    pads = {"pads": [1, 1, 1, 1]}
+    nodes = [
+        helper.make_node("Conv", ["input", "w1", "b1"], ["c1"], "conv1", **pads),
+        helper.make_node("Sigmoid", ["c1"], ["s1"], "sigmoid1"),
+        helper.make_node("Mul", ["c1", "s1"], ["silu1"], "mul1"),
+        helper.make_node("Conv", ["silu1", "w2", "b2"], ["c2"], "conv2"),
+        helper.make_node("Sigmoid", ["c2"], ["s2"], "sigmoid2"),
+        helper.make_node("Mul", ["c2", "s2"], ["silu2"], "mul2"),
+        helper.make_node("Add", ["silu1", "silu2"], ["res"], "add"),
+        helper.make_node("Conv", ["res", "w3", "b3"], ["output"], "conv3", **pads),
+    ]
+    graph = helper.make_graph(
+        nodes, "conv_silu",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, [1, 4, 16, 16])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7
+    onnx.checker.check_model(model, full_check=True)
+    return model

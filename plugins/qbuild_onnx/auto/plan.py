@@ -9,6 +9,12 @@ first), every one an ordinary cached target:
   on the evaluation data with the task and latency measurement:
   ``u8`` (uint8 activations, per-channel weights, first calibration method), ``i8``
   (int8 activations), ``u8_per_tensor``, ``u8_<method>`` (other calibration methods),
+  with step ``symmetric`` ``sym`` (``preset`` symmetric), with step ``nncf`` ``nncf`` /
+  ``nncf_bc`` (``aq.calib_mean_minmax``, ``preset`` mixed, ``placement`` conv_inputs,
+  then ``bias_correction`` method fast: NNCF's recipe, for runtimes that fuse Q/DQ at
+  convolution inputs such as OpenVINO; both steps only when named in ``steps``; with
+  step ``region`` too, ``nncf_region`` / ``nncf_region_bc``: the same with ``region``'s
+  stem or head float),
   ``cle`` (``equalize`` (cross-layer equalization, Clip -> Relu) of the model as
   ``aq.cle_model``, calibrated as ``aq.calib_cle``, then quantized like ``u8``),
   ``u8_bc`` (``bias_correction`` of ``u8``), ``u8_ar`` / ``cle_ar`` (``adaround`` of
@@ -46,9 +52,14 @@ from typing import Any
 
 from qbuild import ConfigError
 
-STEPS = ("activation_type", "per_channel", "calibration", "cle", "bias_correction",
-         "adaround", "region", "percentile_region", "float_top_k", "uint16_top_k",
-         "region_uint16", "lower")
+STEPS = ("activation_type", "per_channel", "calibration", "symmetric", "nncf", "cle",
+         "bias_correction", "adaround", "region", "percentile_region", "float_top_k",
+         "uint16_top_k", "region_uint16", "lower")
+#: Families only run when ``steps`` names them: adaround costs minutes; symmetric and nncf
+#: aim at runtimes other than onnxruntime (nncf's conv_inputs placement runs slower than
+#: float there, so the default onnxruntime search would only time it to drop it).
+OPT_IN_STEPS = ("symmetric", "nncf", "adaround")
+NNCF_METHOD = "mean_minmax"
 _GENERATED = ("candidates", "reports", "trial_names", "sensitivity")
 
 
@@ -88,11 +99,11 @@ class _Plan:
                          "calibration": f"{self.me}.calib_{self.methods[0]}", **attrs})
         self.trials.append(trial)
 
-    def bias_corrected(self, trial: str) -> None:
+    def bias_corrected(self, trial: str, **attrs: Any) -> None:
         """The trial ``<trial>_bc``: ``trial``'s model with its biases corrected."""
         self.add(f"{trial}_bc", {"rule": "bias_correction", "model": f"{self.me}.{trial}",
                                  "reference": self.model,
-                                 "dataset": self.raw["calibration_data"]})
+                                 "dataset": self.raw["calibration_data"], **attrs})
         self.trials.append(f"{trial}_bc")
 
 
@@ -108,7 +119,7 @@ def _checked(raw: dict[str, Any]) -> tuple[list[str], list[str], list[int], list
     methods = _list(raw, "calibration_methods", ["minmax", "percentile"], str)
     if not methods:
         raise ConfigError("needs at least one method", attr="calibration_methods")
-    steps = _list(raw, "steps", [s for s in STEPS if s != "adaround"], str)
+    steps = _list(raw, "steps", [s for s in STEPS if s not in OPT_IN_STEPS], str)
     bad = [s for s in steps if s not in STEPS]
     if bad:
         raise ConfigError(f"unknown step '{bad[0]}' (known: {', '.join(STEPS)})", attr="steps")
@@ -122,9 +133,9 @@ def _checked(raw: dict[str, Any]) -> tuple[list[str], list[str], list[int], list
 
 
 def _calibrations(plan: _Plan, steps: list[str]) -> None:
-    pct = "percentile_region" in steps
-    for m in [*plan.methods, *(["percentile"] if pct and "percentile" not in plan.methods
-                               else [])]:
+    extra = [m for step, m in (("percentile_region", "percentile"), ("nncf", NNCF_METHOD))
+             if step in steps and m not in plan.methods]
+    for m in [*plan.methods, *extra]:
         plan.add(f"calib_{m}", {"rule": "calibrate", "model": plan.model,
                                 "dataset": plan.raw["calibration_data"], "method": m})
         if m == "percentile":  # one calibration, shared by every trial that uses it
@@ -143,6 +154,19 @@ def _plain_trials(plan: _Plan, steps: list[str]) -> None:
     if "calibration" in steps:
         for m in plan.methods[1:]:
             plan.quantize(f"u8_{m}", activation_type="uint8", calibration=f"{me}.calib_{m}")
+
+
+def _preset_trials(plan: _Plan, steps: list[str]) -> None:
+    """NNCF's presets and placement: ``sym`` (symmetric int8 activations and weights) and
+    ``nncf`` / ``nncf_bc`` (mean_minmax ranges, preset mixed, Q/DQ at convolution inputs
+    only, then fast bias correction: what ``nncf.quantize`` does for OpenVINO)."""
+    me = plan.me
+    if "symmetric" in steps:
+        plan.quantize("sym", preset="symmetric", per_channel=True)
+    if "nncf" in steps:
+        plan.quantize("nncf", calibration=f"{me}.calib_{NNCF_METHOD}", preset="mixed",
+                      placement="conv_inputs", per_channel=True)
+        plan.bias_corrected("nncf", method="fast")
 
 
 def _algorithm_trials(plan: _Plan, steps: list[str]) -> None:
@@ -201,6 +225,11 @@ def _region_trials(plan: _Plan, steps: list[str], region_counts: list[int]) -> N
                                        "sensitivity": f"{me}.sens", "count": 3})
         plan.quantize("region3", overrides=f"{me}.region3_overrides")
         plan.bias_corrected("region3")
+        if "nncf" in steps:  # NNCF's recipe with the same region float
+            plan.quantize("nncf_region", calibration=f"{me}.calib_{NNCF_METHOD}",
+                          preset="mixed", placement="conv_inputs", per_channel=True,
+                          overrides=f"{me}.region_overrides")
+            plan.bias_corrected("nncf_region", method="fast")
     if "percentile_region" in steps:
         # percentile ranges (outliers clipped: resolution where the values are) with the
         # union of the stem/head regions of the k most sensitive activations float; the
@@ -257,6 +286,7 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     plan = _Plan(name, raw, methods)
     _calibrations(plan, steps)
     _plain_trials(plan, steps)
+    _preset_trials(plan, steps)
     _algorithm_trials(plan, steps)
     task_attrs: dict[str, Any] = {k: raw[k] for k in ("task", "task_options", "metric_srcs")
                                   if k in raw}

@@ -12,6 +12,13 @@ docs/onnx-source-rules.md):
 
 Memory stays at one batch plus the histograms: statistics are streamed (``collect``),
 ranges chosen from them (``methods``). onnxruntime's calibrators are not used.
+
+Methods: ``minmax`` (the global min and max, or their moving average over batches),
+``mean_minmax`` (the mean over samples of each sample's own min and max, as NNCF's
+MEAN_MINMAX range estimator: a rare outlier moves the range by 1/N of its excess, not all
+of it; it runs one sample at a time, unless the model takes a fixed batch, when the mean
+is over those batches), and the histogram methods ``entropy``, ``percentile`` and
+``distribution`` (``methods``).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import io
 import json
 import zipfile
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +41,7 @@ if TYPE_CHECKING:
 
 FORMAT = "qbuild-calibration"
 VERSION = 1
-METHODS = ("minmax", "entropy", "percentile", "distribution")
+METHODS = ("minmax", "mean_minmax", "entropy", "percentile", "distribution")
 HISTOGRAM_METHODS = ("entropy", "percentile", "distribution")
 CALIBRATION_JSON = "calibration.json"
 HISTOGRAMS_NPZ = "histograms.npz"
@@ -74,6 +81,9 @@ class CalibrationOptions:
             raise bad("scenario", "must be 'same' or 'p3'")
         if self.batch_size is not None and self.batch_size < 1:
             raise bad("batch_size", "must be >= 1")
+        if self.method == "mean_minmax" and self.batch_size not in (None, 1):
+            raise bad("batch_size", "mean_minmax averages each sample's own min and max, so "
+                                    "it runs one sample at a time: leave batch_size unset")
 
     def method_options(self) -> dict[str, Any]:
         opts: dict[str, Any] = {}
@@ -81,7 +91,7 @@ class CalibrationOptions:
             opts["moving_average"] = self.moving_average
             if self.moving_average:
                 opts["averaging_constant"] = self.averaging_constant
-        else:
+        elif self.method in HISTOGRAM_METHODS:
             opts["num_bins"] = self.num_bins
         if self.method == "entropy":
             opts["num_quantized_bins"] = self.num_quantized_bins
@@ -143,6 +153,8 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
     ds = open_dataset(dataset_dir)
     m_info = model_info(load_model(model_path, external_data=False))
     plan = check_dataset_against_model(ds.manifest, m_info, opts.batch_size)
+    if opts.method == "mean_minmax" and not plan.fixed:
+        plan = replace(plan, batch_size=1)  # the mean is over samples: one per run
     # every tensor is an output of the calibration session: none may be over the bound
     # at the batch it is run with
     check_model(model_path, inputs={
@@ -185,6 +197,8 @@ def calibrate(model_path: str | Path, dataset_dir: str | Path, out_dir: str | Pa
             lo, hi = (s.ema_min, s.ema_max) \
                 if opts.moving_average and s.ema_min is not None and s.ema_max is not None \
                 else (vmin, vmax)
+        elif opts.method == "mean_minmax":
+            lo, hi = s.mean_run_range() or (vmin, vmax)
         else:
             assert hp is not None  # every method but minmax is a histogram method
             extra = cm.choose_range(opts.method, {"min": vmin, "max": vmax},

@@ -3,7 +3,8 @@
 Owns choosing the tensors to calibrate (float inputs/outputs of top-level graph nodes,
 not initializers, as onnxruntime's calibrators choose them), exposing them as extra
 graph outputs, and the two passes over the data: pass 1 keeps per-tensor min/max (and
-the moving average of per-batch min/max, and min/max of |x| when needed); pass 2, only
+the moving average of per-batch min/max, the running sums of each run's own min and max
+for ``mean_minmax``, and min/max of |x| when needed); pass 2, only
 for histogram methods, fills fixed-range histograms whose range comes from pass 1. A
 bin's count is a plain sum over samples, so the result does not depend on how the data
 is chunked. Nothing but the current batch and the histograms is ever held in memory.
@@ -44,8 +45,17 @@ class TensorStats:
     absmax: float = float("-inf")
     ema_min: float | None = None
     ema_max: float | None = None
+    run_min_sum: float = 0.0  # sums over runs of each run's own min and max (mean_minmax)
+    run_max_sum: float = 0.0
+    runs: int = 0  # runs with a finite value
     nonfinite: int = 0
     count: int = 0
+
+    def mean_run_range(self) -> tuple[float, float] | None:
+        """The mean over runs of each run's min and max (None: no finite value seen)."""
+        if not self.runs:
+            return None
+        return self.run_min_sum / self.runs, self.run_max_sum / self.runs
 
 
 @dataclass
@@ -142,7 +152,8 @@ def _finite_minmax(x: Array) -> tuple[float, float, int]:
 
 
 class MinMaxPass:
-    """Pass 1: global min/max, EMA of per-batch min/max, optional min/max of |x|."""
+    """Pass 1: global min/max, EMA of per-batch min/max, sums of per-run min/max,
+    optional min/max of |x|."""
 
     def __init__(self, names: Iterable[str], averaging_constant: float = 0.01,
                  need_abs: bool = False) -> None:
@@ -162,6 +173,9 @@ class MinMaxPass:
             if lo > hi:  # no finite value in this batch
                 continue
             s.min, s.max = min(s.min, lo), max(s.max, hi)
+            s.run_min_sum += lo
+            s.run_max_sum += hi
+            s.runs += 1
             if s.ema_min is None or s.ema_max is None:  # the first finite batch
                 s.ema_min, s.ema_max = lo, hi
             else:

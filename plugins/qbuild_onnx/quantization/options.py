@@ -38,6 +38,28 @@ DYNAMIC_OP_TYPES = (
     "Attention", "Conv", "EmbedLayerNormalization", "Gather", "LSTM", "MatMul", "Transpose",
 )  # fmt: skip
 
+#: Where Q/DQ pairs go (``placement``), named for the runtime that fuses them:
+#: ``around_ops``: onnxruntime's own placement, the inputs and outputs of every operator
+#: it can quantize (SiLU's Sigmoid and Mul each between a DQ and a Q, so onnxruntime
+#: runs them as QLinearSigmoid / QLinearMul between QLinearConvs);
+#: ``conv_inputs``: only the inputs (activation and weight) of the weighted operators
+#: below, as NNCF places them: every elementwise op (SiLU, Add, Concat, ...) stays float
+#: between int8 convolutions, which OpenVINO fuses into the convolution (onnxruntime
+#: runs such a Conv in float between DQs: slower there).
+PLACEMENTS = ("around_ops", "conv_inputs")
+CONV_INPUT_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+
+#: Quantization presets (named as NNCF's): the symmetry they fix and the activation type
+#: they give when ``activation_type`` is not set. ``symmetric``: symmetric int8
+#: activations (zero point 0) and symmetric weights; ``mixed``: symmetric weights and
+#: asymmetric activations (uint8 unless set).
+PRESETS: dict[str, dict[str, Any]] = {
+    "symmetric": {"activation_type": "int8", "activation_symmetric": True,
+                  "weight_symmetric": True},
+    "mixed": {"activation_type": "uint8", "activation_symmetric": False,
+              "weight_symmetric": True},
+}
+
 # onnxruntime extra options that a rule attribute already covers: name the attribute.
 _EXTRA_OWNED = {
     "ActivationSymmetric": "activation_symmetric",
@@ -100,6 +122,35 @@ class StaticOptions:
     tensor_overrides: Mapping[str, Any] = field(default_factory=dict)
     node_overrides: Mapping[str, Any] = field(default_factory=dict)
     extra_options: Mapping[str, Any] = field(default_factory=dict)
+    preset: str | None = None  # recorded; its settings are already in the fields above
+    placement: str = "around_ops"
+
+    def quantized_op_types(self) -> list[str]:
+        """The operator types onnxruntime's quantizer is asked to quantize."""
+        default = CONV_INPUT_OPS if self.placement == "conv_inputs" else STATIC_OP_TYPES
+        return sorted(self.op_types or default)
+
+
+def apply_preset(preset: str | None, activation_type: str | None,
+                 activation_symmetric: bool | None, weight_symmetric: bool | None
+                 ) -> tuple[str, bool, bool | None]:
+    """(activation_type, activation_symmetric, weight_symmetric) after ``preset``: it
+    fills in what is unset; a symmetry set to the other value than the preset's is an
+    error (the activation type is the user's to choose)."""
+    if preset is None:
+        return activation_type or "uint8", bool(activation_symmetric), weight_symmetric
+    if preset not in PRESETS:
+        raise OnnxError(f"preset = {preset!r} is not one of {', '.join(PRESETS)}",
+                        attr="preset")
+    fixed = PRESETS[preset]
+    for attr, given in (("activation_symmetric", activation_symmetric),
+                        ("weight_symmetric", weight_symmetric)):
+        if given is not None and given != fixed[attr]:
+            raise OnnxError(
+                f"{attr} = {str(given).lower()} contradicts preset = {preset!r}, which sets "
+                f"{attr} = {str(fixed[attr]).lower()}; drop one of the two", attr=attr)
+    return (activation_type or str(fixed["activation_type"]),
+            bool(fixed["activation_symmetric"]), bool(fixed["weight_symmetric"]))
 
 
 @dataclass(frozen=True)
@@ -212,12 +263,29 @@ def check_static_options(opts: StaticOptions) -> None:
             attr="weight_symmetric",
         )
     _check_op_types(opts.op_types, STATIC_OP_TYPES, "static")
+    _check_placement(opts)
     _check_node_lists(opts.nodes_to_quantize, opts.nodes_to_exclude)
     _check_extra_options(opts.extra_options, STATIC_EXTRA_OPTIONS, "static")
     for attr, table in (("tensor_overrides", opts.tensor_overrides),
                         ("node_overrides", opts.node_overrides)):
         if not isinstance(table, Mapping):
             raise OnnxError(f"{attr} must be a table keyed by name", attr=attr)
+
+
+def _check_placement(opts: StaticOptions) -> None:
+    _check_choice(opts.placement, PLACEMENTS, "placement")
+    if opts.preset is not None:
+        _check_choice(opts.preset, tuple(PRESETS), "preset")
+    if opts.placement != "conv_inputs":
+        return
+    if opts.quant_format != "qdq":
+        raise OnnxError("placement = 'conv_inputs' needs format = 'qdq' (QOperator "
+                        "kernels quantize their outputs too)", attr="placement")
+    others = sorted(set(opts.op_types) - set(CONV_INPUT_OPS))
+    if others:
+        raise OnnxError(f"op_types holds {', '.join(others)}, which placement = "
+                        f"'conv_inputs' never quantizes (only {', '.join(CONV_INPUT_OPS)})",
+                        attr="op_types")
 
 
 def check_dynamic_options(opts: DynamicOptions) -> None:

@@ -36,14 +36,15 @@ from ..source.model_checks import (
 from .joins import DEFAULT_RATIO, find_mixed_joins, name_nodes
 from .opset import ai_onnx_opset, required_opset, upgrade
 from .options import (
+    CONV_INPUT_OPS,
     DYNAMIC_OP_TYPES,
-    STATIC_OP_TYPES,
     DynamicOptions,
     StaticOptions,
     check_dynamic_options,
     check_static_options,
 )
 from .overrides import build_tensor_overrides, quant_type
+from .placement import keep_float_readers
 from .ranges import check_calibration_matches, load_calibration, tensors_data
 from .report import build_report
 from .selectors import resolve_node_table, resolve_nodes, resolve_tensors
@@ -261,7 +262,10 @@ def quantize_static_model(
 
     names = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
     ranges = tensors_data(calibration, names)
-    joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
+    op_types = options.quantized_op_types()
+    # a join matters only where Concat is quantized (never with placement conv_inputs)
+    joins = find_mixed_joins(model, calibration.ranges,
+                             float_joins_ratio if "Concat" in op_types else 0.0)
     if any(not name for j in joins for name in j.float_nodes):
         name_nodes(model)
         joins = find_mixed_joins(model, calibration.ranges, float_joins_ratio)
@@ -293,7 +297,7 @@ def quantize_static_model(
     if overrides:
         extra["TensorQuantOverrides"] = overrides
     _guard_dedicated_pairs(model, extra, warn)
-    op_types = sorted(options.op_types or STATIC_OP_TYPES)
+    _place_outputs(options, extra)
     wtype = quant_type(options.weight_type, "weight_type", "weight_type")
     atype = quant_type(options.activation_type, "activation_type", "activation_type")
 
@@ -312,6 +316,7 @@ def quantize_static_model(
 
     # the box holds the only reference, so that _finish can drop it
     box = [_run_quantizer(build, log, warn, model, model_path)]
+    _place_readers(box[0], options, op_types, log)
     settings = {
         "mode": "static",
         "format": options.quant_format,
@@ -319,6 +324,10 @@ def quantize_static_model(
         "activation_type": options.activation_type,
         "per_channel": options.per_channel,
         "reduce_range": options.reduce_range,
+        "activation_symmetric": options.activation_symmetric,
+        "weight_symmetric": options.weight_symmetric,
+        "preset": options.preset,
+        "placement": options.placement,
         "calibration_method": calibration.method,
         "input_model_sha256": calibration.model_sha256,
     }
@@ -359,6 +368,24 @@ def _resolve_selectors(options: OptionsT, model: onnx.ModelProto,
         changes["tensor_overrides"] = resolve_tensors(tensor_overrides, model,
                                                       "tensor_overrides", rewrites)
     return replace(options, **changes) if changes else options
+
+
+def _place_outputs(options: StaticOptions, extra: dict[str, Any]) -> None:
+    """With placement conv_inputs, weighted ops get Q/DQ at their inputs, never after."""
+    if options.placement == "conv_inputs":
+        extra["OpTypesToExcludeOutputQuantization"] = sorted(
+            {*extra.get("OpTypesToExcludeOutputQuantization", []), *CONV_INPUT_OPS})
+
+
+def _place_readers(quantized: onnx.ModelProto, options: StaticOptions, op_types: list[str],
+                   log: Log) -> None:
+    """With placement conv_inputs, only weighted ops read quantized activations."""
+    if options.placement != "conv_inputs":
+        return
+    moved = keep_float_readers(quantized, op_types)
+    if moved:
+        log(f"placement conv_inputs: {moved} reader(s) of quantized activations given the "
+            "float tensor")
 
 
 def _guard_dedicated_pairs(model: onnx.ModelProto, extra: dict[str, Any], warn: Log) -> None:

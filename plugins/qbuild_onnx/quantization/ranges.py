@@ -99,7 +99,8 @@ def tensors_data(calibration: Calibration, tensor_names: set[str]) -> TensorsDat
     import numpy as np
     from onnxruntime.quantization.calibrate import CalibrationMethod, TensorData, TensorsData
 
-    methods = {"minmax": CalibrationMethod.MinMax, "entropy": CalibrationMethod.Entropy,
+    methods = {"minmax": CalibrationMethod.MinMax, "mean_minmax": CalibrationMethod.MinMax,
+               "entropy": CalibrationMethod.Entropy,
                "percentile": CalibrationMethod.Percentile,
                "distribution": CalibrationMethod.Distribution}
     data = {

@@ -694,15 +694,21 @@ class BiasCorrection(OnnxRule):
     machine_dependent = True  # runs the model: results follow the CPU kernels
     version = 2
     heavy = True
-    doc = ("Corrects the Conv/Gemm biases of a QDQ model for the mean output error of weight "
-           "quantization measured on a dataset against the float model (empirical bias "
-           "correction). Outputs the corrected model and report.json.")
+    doc = ("Corrects the Conv/Gemm biases of a QDQ model for the mean output error measured "
+           "on a dataset against the float model (empirical bias correction): of weight "
+           "quantization (method 'weights') or of the whole quantized layer, its input's "
+           "Q/DQ included (method 'fast', NNCF's FastBiasCorrection). One streaming pass of "
+           "the float model. Outputs the corrected model and report.json.")
     attrs = {
         "model": attr.label(doc="The QDQ model.", required=True, providers=[OnnxModelInfo]),
         "reference": attr.label(doc="The float model it was quantized from.", required=True,
                                 providers=[OnnxModelInfo]),
         "dataset": attr.label(doc="Calibration samples.", required=True,
                               providers=[DatasetInfo]),
+        "method": attr.enum(["weights", "fast"], default="weights", doc="What error each "
+                            "layer's bias absorbs: 'weights' (weight quantization) or 'fast' "
+                            "(NNCF's FastBiasCorrection: weight and input quantization, each "
+                            "layer against float inputs; docs/accuracy-tools.md)."),
     }
     outputs = ["{name}.onnx", "report.json"]
     provides = (OnnxModelInfo,)
@@ -725,7 +731,8 @@ def bias_correction(ctx: RunContext) -> OnnxModelInfo:
     out = ctx.output(ctx.params["out"])
     try:
         _, rep = bias_correct(_model(deps["model"]), ref_path, feeds, out,
-                              from_quantizer=QuantizedModelInfo in deps["model"])
+                              from_quantizer=QuantizedModelInfo in deps["model"],
+                              method=ctx.params["method"])
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr) from None
     _write_json(ctx.output("report.json"), rep)

@@ -146,9 +146,11 @@ class AutoQuantize(OnnxRule):
                                            "percentile_region", "float_top_k",
                                            "uint16_top_k", "region_uint16", "lower"],
                                   doc="Which trial families (cle: cross-layer equalization; "
-                                      "\"adaround\", learned weight rounding, is not in the "
-                                      "default: it costs minutes and kept no layer on "
-                                      "MobileNetV2, BENCHMARKS.md)."),
+                                      "not in the default: \"adaround\", learned weight "
+                                      "rounding, which costs minutes and kept no layer on "
+                                      "MobileNetV2, BENCHMARKS.md; \"symmetric\" and "
+                                      "\"nncf\", NNCF's preset and recipe, meant for "
+                                      "runtimes other than onnxruntime)."),
         "adaround_options": attr.mapping(default={}, doc="Attributes of the adaround trials "
                                          "(rows, iterations, max_samples, ...)."),
         "top_k": attr.int_list(default=[2, 8], doc="Sensitive activations kept float / "

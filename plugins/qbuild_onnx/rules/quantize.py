@@ -32,9 +32,12 @@ from ..quantization.options import (
     DYNAMIC_WEIGHT_TYPES,
     FORMATS,
     FOUR_BIT,
+    PLACEMENTS,
+    PRESETS,
     WEIGHT_TYPES,
     DynamicOptions,
     StaticOptions,
+    apply_preset,
     check_dynamic_options,
     check_static_options,
 )
@@ -99,13 +102,18 @@ def merge_label_overrides(a: dict[str, Any], doc: dict[str, Any]) -> tuple[dict[
 
 
 def _static_options(a: Mapping[str, Any]) -> StaticOptions:
+    """The options of a ``quantize`` target (raises ``OnnxError`` for a preset that
+    contradicts an attribute)."""
+    activation_type, activation_symmetric, weight_symmetric = apply_preset(
+        a["preset"], a["activation_type"], a["activation_symmetric"], a["weight_symmetric"])
     return StaticOptions(
         quant_format=a["format"], per_channel=a["per_channel"], weight_type=a["weight_type"],
-        activation_type=a["activation_type"], activation_symmetric=a["activation_symmetric"],
-        weight_symmetric=a["weight_symmetric"], reduce_range=a["reduce_range"],
+        activation_type=activation_type, activation_symmetric=activation_symmetric,
+        weight_symmetric=weight_symmetric, reduce_range=a["reduce_range"],
         op_types=tuple(a["op_types"]), nodes_to_quantize=tuple(a["nodes_to_quantize"]),
         nodes_to_exclude=tuple(a["nodes_to_exclude"]), tensor_overrides=a["tensor_overrides"],
-        node_overrides=a["node_overrides"], extra_options=a["extra_options"])
+        node_overrides=a["node_overrides"], extra_options=a["extra_options"],
+        preset=a["preset"], placement=a["placement"])
 
 
 def _dynamic_options(a: Mapping[str, Any]) -> DynamicOptions:
@@ -122,9 +130,9 @@ def _rewrites(dep: Dep) -> dict[str, Any] | None:
     return rewrites if isinstance(rewrites, dict) else None
 
 
-def _validate(check: Callable[[OptionsT], None], options: OptionsT) -> None:
+def _validate(check: Callable[[OptionsT], None], options: Callable[[], OptionsT]) -> None:
     try:
-        check(options)
+        check(options())
     except OnnxError as exc:
         raise ConfigError(exc.message, attr=exc.attr) from None
 
@@ -162,7 +170,9 @@ class Quantize(OnnxRule):
            "tensor ranges of a `calibrate` target (never recalibrates). The calibration must "
            "have been computed on exactly the `model` file (sha256 checked). Per-channel "
            "models below opset 13 are upgraded (DequantizeLinear needs `axis`); the output "
-           "is checked with onnx's full checker and an onnxruntime session. `overrides` "
+           "is checked with onnx's full checker and an onnxruntime session. `preset` "
+           "(NNCF's symmetric / mixed) and `placement` (around_ops for onnxruntime, "
+           "conv_inputs for OpenVINO) choose symmetry and where Q/DQ go. `overrides` "
            "merges a mixed_precision target's overrides.json (inline values win). Outputs "
            "the model and report.json (Q/DQ counts, quantized ops, dtypes, size).")
     attrs = {
@@ -174,11 +184,27 @@ class Quantize(OnnxRule):
         "weight_type": attr.enum(list(WEIGHT_TYPES), default="int8", doc="Weight type; "
                                  "int4/uint4 and 16-bit types need format = 'qdq'."),
         "activation_type": attr.enum(list(ACTIVATION_TYPES + tuple(sorted(FOUR_BIT))),
-                                     default="uint8", doc="Activation type (uint8 fuses into "
-                                     "QLinear kernels on x86 CPUs; int8 does not)."),
-        "activation_symmetric": attr.bool(default=False, doc="Symmetric activation ranges."),
-        "weight_symmetric": attr.bool(doc="Symmetric weights; unset: symmetric for signed "
-                                      "weight types. Per-channel weights are always symmetric."),
+                                     doc="Activation type; unset: the preset's, else uint8 "
+                                     "(uint8 fuses into QLinear kernels on x86 CPUs; int8 "
+                                     "does not)."),
+        "activation_symmetric": attr.bool(doc="Symmetric activation ranges; unset: the "
+                                          "preset's, else false."),
+        "weight_symmetric": attr.bool(doc="Symmetric weights; unset: the preset's, else "
+                                      "symmetric for signed weight types. Per-channel "
+                                      "weights are always symmetric."),
+        "preset": attr.enum(list(PRESETS), doc="NNCF's presets: 'symmetric' (symmetric "
+                            "int8 activations and symmetric weights) or 'mixed' (symmetric "
+                            "weights, asymmetric activations, uint8 unless activation_type "
+                            "is set). It fills in activation_type, activation_symmetric and "
+                            "weight_symmetric where unset; a symmetry set otherwise is an "
+                            "error."),
+        "placement": attr.enum(list(PLACEMENTS), default="around_ops", doc="Where Q/DQ "
+                               "go, named for the runtime that fuses them: 'around_ops' "
+                               "(onnxruntime's: inputs and outputs of every operator it "
+                               "quantizes, SiLU's Sigmoid and Mul each between DQ and Q) or "
+                               "'conv_inputs' (NNCF's, for OpenVINO: only the activation and "
+                               "weight inputs of Conv, ConvTranspose, Gemm and MatMul; "
+                               "elementwise ops stay float between them). docs/quantize-rules.md"),
         "tensor_overrides": attr.mapping(default={}, doc="Per-tensor settings: tensor name -> "
                                          "table (quant_type, symmetric, rmin, rmax, scale, "
                                          "zero_point, reduce_range, convert) or, per channel, "
@@ -202,7 +228,7 @@ class Quantize(OnnxRule):
     provides = (OnnxModelInfo, QuantizedModelInfo)
 
     def validate(self, attrs: Mapping[str, Any]) -> None:
-        _validate(check_static_options, _static_options(attrs))
+        _validate(check_static_options, lambda: _static_options(attrs))
 
     def analyze(self, ctx: AnalysisContext) -> None:
         _quantize_action(ctx, quantize_static, ("model", "calibration", "overrides"))
@@ -233,7 +259,7 @@ class QuantizeDynamic(OnnxRule):
     provides = (OnnxModelInfo, QuantizedModelInfo)
 
     def validate(self, attrs: Mapping[str, Any]) -> None:
-        _validate(check_dynamic_options, _dynamic_options(attrs))
+        _validate(check_dynamic_options, lambda: _dynamic_options(attrs))
 
     def analyze(self, ctx: AnalysisContext) -> None:
         _quantize_action(ctx, quantize_dynamic, ("model",))

@@ -41,6 +41,8 @@ from .imported import RULES as IMPORTED
 if TYPE_CHECKING:
     import pluggy
 
+    from ..calibration.calibrate import CalibrationOptions
+
 # What a folder in image_dataset's `images` stands for (source.images.IMAGE_SUFFIXES,
 # repeated so loading the rules does not import the image code).
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
@@ -487,8 +489,12 @@ class Calibrate(OnnxRule):
                             required=True, providers=[OnnxModelInfo]),
         "dataset": attr.label(doc="A dataset target.", required=True,
                               providers=[DatasetInfo]),
-        "method": attr.enum(["minmax", "entropy", "percentile", "distribution"],
-                            default="minmax", doc="How ranges are chosen."),
+        "method": attr.enum(["minmax", "mean_minmax", "entropy", "percentile",
+                             "distribution"],
+                            default="minmax", doc="How ranges are chosen: minmax (global "
+                            "min/max), mean_minmax (the mean over samples of each sample's "
+                            "min and max, as NNCF's MEAN_MINMAX; one sample per run), or a "
+                            "histogram method."),
         "symmetric": attr.bool(default=False, doc="Make every range symmetric about 0."),
         "moving_average": attr.bool(default=False,
                                     doc="minmax: EMA of per-batch min/max (batch dependent).",
@@ -514,6 +520,14 @@ class Calibrate(OnnxRule):
     def resources(self, attrs: Mapping[str, Any]) -> tuple[int, int]:
         return max(1, attrs["threads"]), 0
 
+    def validate(self, attrs: Mapping[str, Any]) -> None:
+        from qbuild_onnx_common.errors import OnnxError
+
+        try:
+            _calibration_options(attrs, 1).check()
+        except OnnxError as exc:
+            raise ConfigError(exc.message, attr=exc.attr) from None
+
     def declared_outputs(self, name: str, attrs: Mapping[str, Any]) -> list[str]:
         if attrs.get("method", "minmax") in ("entropy", "percentile", "distribution"):
             return ["calibration.json", "histograms.npz"]
@@ -525,23 +539,27 @@ class Calibrate(OnnxRule):
                    mnemonic="Calibrate", params=params)
 
 
+def _calibration_options(a: Mapping[str, Any], threads: int) -> CalibrationOptions:
+    from ..calibration.calibrate import CalibrationOptions
+
+    return CalibrationOptions(
+        method=a["method"], symmetric=a["symmetric"], moving_average=a["moving_average"],
+        averaging_constant=a["averaging_constant"], num_bins=a["num_bins"],
+        num_quantized_bins=a["num_quantized_bins"], percentile=a["percentile"],
+        scenario=a["scenario"], op_types=tuple(a["op_types"]),
+        batch_size=a["batch_size"] or None, threads=threads)
+
+
 def calibrate(ctx: RunContext) -> CalibrationInfo:
     """``calibrate``'s action: run the model over the dataset with ``ctx.threads``
     onnxruntime threads; ranges (and histograms) next to calibration.json."""
     from qbuild_onnx_common.allocation import AllocationRefused
 
-    from ..calibration.calibrate import CalibrationOptions
     from ..calibration.calibrate import calibrate as run_calibration
     from ..ort_logs import ort_output_to_log
     from ..source.datasets import InputNamesMismatch
 
-    a = ctx.params
-    opts = CalibrationOptions(
-        method=a["method"], symmetric=a["symmetric"], moving_average=a["moving_average"],
-        averaging_constant=a["averaging_constant"], num_bins=a["num_bins"],
-        num_quantized_bins=a["num_quantized_bins"], percentile=a["percentile"],
-        scenario=a["scenario"], op_types=tuple(a["op_types"]),
-        batch_size=a["batch_size"] or None, threads=ctx.threads)
+    opts = _calibration_options(ctx.params, ctx.threads)
     try:
         with ort_output_to_log(ctx.log, ctx.warn):
             info = run_calibration(ctx.inputs["model"][OnnxModelInfo].model,
