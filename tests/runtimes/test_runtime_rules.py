@@ -13,6 +13,7 @@ import json
 import numpy as np
 import onnx
 import pytest
+from qbuild_lower import rules as rules_lower
 from qbuild_onnx.rules import accuracy as rules_accuracy
 from qbuild_onnx.rules import quantize as rules_quantize
 from qbuild_onnx.rules import source as rules_source
@@ -85,6 +86,15 @@ runtime = "openvino"
 bar = { min_sqnr_db = 15 }
 steps = ["activation_type"]
 latency_runs = 3
+
+[prof]
+rule = "profile"
+models = [":fp", ":u8"]
+dataset = ":eval_data"
+runtime = "openvino"
+runs = 3
+warmup = 1
+profile_runs = 2
 """
 
 
@@ -94,7 +104,7 @@ def ws(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("runtime_rules")
     w = Workspace(root / "ws", root / "cache")
-    for plugin in (rules_source, rules_quantize, rules_accuracy):
+    for plugin in (rules_source, rules_quantize, rules_accuracy, rules_lower):
         w.register(plugin)
     w.path("m").mkdir(parents=True)
     onnx.save(csp_block(), str(w.path("m/csp.onnx")))
@@ -179,3 +189,18 @@ def test_auto_quantize_on_openvino_never_picks_what_openvino_computes_wrongly(ws
                               if p.name == "latency.json").read_text())
     assert latency["runtime"]["name"] == "openvino"
     assert latency["baseline"] in latency["float_forms"] and "u8" in latency["candidates"]
+
+
+def test_profile_on_openvino_names_the_precision_each_kernel_ran_in(ws):
+    r = ws.build("//m:prof")
+    assert r.ok, r.error
+    rep = _report(r, "//m:prof")
+    lat = rep["latency"]
+    assert lat["runtime"] == "openvino" and lat["runtime_version"]
+    assert lat["baseline"].startswith("//m:fp")  # fp32, or the CPU's faster default
+    assert {"//m:fp", "//m:u8"} <= set(lat["models"])
+    fp, u8 = (rep["models"][k]["profile"]["op_types"] for k in ("//m:fp", "//m:u8"))
+    assert fp["Convolution FP32"]["nodes"] == 6  # OpenVINO's kernels, by precision
+    assert u8["Convolution I8"]["nodes"] == 6  # every convolution of the QDQ model in int8
+    md = next(p for p in r.outputs("//m:prof") if p.name == "report.md").read_text()
+    assert md.startswith("# Profile on openvino (1 thread(s), 3 interleaved rounds")

@@ -165,13 +165,3 @@ def test_a_build_on_a_missing_openvino_stops_at_analysis_naming_the_attribute(tm
     assert "m/BUILD.toml" in lines[0] and "//m:ev" in lines[0] and "runtime" in lines[0]
     assert "pip install 'qbuild[openvino]'" in lines[0]
 
-
-def test_the_lock_installs_openvino_so_ci_runs_these_tests():
-    import tomllib
-
-    lock = (ROOT / "requirements.lock").read_text()
-    assert "--extra openvino" in lock.splitlines()[2]  # the regenerate command
-    assert any(line.startswith("openvino==") for line in lock.splitlines())
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
-        "optional-dependencies"]
-    assert [d.split(">")[0] for d in extras["openvino"]] == ["openvino"]

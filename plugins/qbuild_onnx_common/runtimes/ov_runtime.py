@@ -2,9 +2,11 @@
 model is loaded, with one line naming the extra when it is missing).
 
 Models are read by OpenVINO's ONNX front end from their file (a model given in memory
-is written to a scratch file first) and compiled for the CPU with ``threads`` inference threads, one stream and the
-latency hint. With one thread OpenVINO computes on the calling thread, so the calling
-thread's CPU time is a run's whole cost, as with onnxruntime.
+is written to a scratch file first; OpenVINO's telemetry is used only by its conversion
+tool, never here) and compiled for the CPU with ``threads`` inference threads, one
+stream and the latency hint; no compiled-model cache is kept. With one thread OpenVINO
+computes on the calling thread, so the calling thread's CPU time is a run's whole cost,
+as with onnxruntime.
 
 Precision: OpenVINO's CPU plugin computes float layers in bf16 by default on CPUs that
 have it (its ``INFERENCE_PRECISION_HINT``), so "fp32" on such a CPU means asking for it
