@@ -3,7 +3,7 @@
 
 A runtime can compute a quantized model wrongly: OpenVINO 2026.4 computes a Concat of
 two signed-int8 tensors with different scales feeding a convolution (YOLOX's CSP blocks)
-so that YOLOX-Nano's detections vanish (F1 0.0 against 0.70 on onnxruntime), while the
+so that YOLOX-Nano's detections vanish (F1 0.00 against 0.74 on onnxruntime), while the
 same values stored as uint8 are right. Only running the model on the target catches it.
 So each candidate is run on the target and on onnxruntime (the reference runtime), both
 compared with the float model on onnxruntime, and the candidate is computed *differently*
@@ -17,7 +17,7 @@ when the target's result is grossly worse than onnxruntime's:
   ``TASK_SHARE`` (half) of onnxruntime's.
 
 Rounding differences between two correct runtimes stay far from both: on the models
-measured (docs/runtime-targets.md) correct runs were within 5 dB and 0.1 F1 of
+measured (docs/runtime-targets.md) correct runs were within 5 dB and 0.02 F1 of
 onnxruntime, the miscomputed ones 16 to 27 dB below it, or at F1 0. The numbers of
 both runtimes and their agreement with each other are reported either way.
 """
