@@ -189,6 +189,8 @@ def test_auto_quantize_on_openvino_never_picks_what_openvino_computes_wrongly(ws
                               if p.name == "latency.json").read_text())
     assert latency["runtime"]["name"] == "openvino"
     assert latency["baseline"] in latency["float_forms"] and "u8" in latency["candidates"]
+    assert rep["runtime"]["name"] == "openvino" and rep["runtime"]["version"]
+    assert rep["float_baseline"]["form"] == latency["baseline"]
 
 
 def test_profile_on_openvino_names_the_precision_each_kernel_ran_in(ws):

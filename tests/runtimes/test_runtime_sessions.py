@@ -165,3 +165,39 @@ def test_a_build_on_a_missing_openvino_stops_at_analysis_naming_the_attribute(tm
     assert "m/BUILD.toml" in lines[0] and "//m:ev" in lines[0] and "runtime" in lines[0]
     assert "pip install 'qbuild[openvino]'" in lines[0]
 
+
+
+def test_the_fastest_float_form_is_the_baseline_and_both_are_reported(tmp_path):
+    """On a CPU where OpenVINO picks bf16 the float model is timed twice; here (no BF16)
+    the bf16 form is asked for by name, which OpenVINO accepts, to run the same path."""
+    from qbuild_onnx.auto.timing import float_sessions, summarise, time_candidates
+    from qbuild_onnx.rules.accuracy import _latency
+
+    path = tmp_path / "tiny.onnx"
+    onnx.save(tiny_cnn(), str(path))
+    ov = get("openvino")
+    bf16 = ov.load(path, precision="bf16")
+    assert bf16.precision() == "bf16"
+    feed = {"x": images(0, 1, (3, 16, 16))}
+    # evaluate: the float model's forms and a candidate, the baseline the faster form
+    sessions = {"//f": ov.load(path, precision=FP32), "//f [bf16]": bf16,
+                "//q": ov.load(path)}
+    report = {"models": {"//q": {}}, "runtime": {"float_forms": ["fp32", "bf16"]}}
+    _latency(report, sessions, feed, 4, ["//f", "//f [bf16]"])
+    lat = report["latency"]
+    forms = lat["float_forms"]
+    assert set(forms) == {"fp32", "bf16"}
+    faster = min(forms, key=lambda f: (forms[f]["cpu"]["median_ms"], f != "fp32"))
+    assert lat["baseline"] == faster and lat["reference"] == forms[faster]
+    assert report["reference_latency_ms"] == forms[faster]["median_ms"]
+    # auto_quantize's timing: a twin per form, the candidate's ratio to the faster form
+    names = {n: s for f in ("fp32", "bf16") for n, s in zip(
+        float_sessions(f), (sessions["//f"] if f == "fp32" else bf16,) * 2, strict=True)}
+    doc = summarise(time_candidates({**names, "u8": sessions["//q"]}, feed, 4, 1), 1,
+                    ["fp32", "bf16"])
+    assert set(doc["float_forms"]) == {"fp32", "bf16"} and set(doc["candidates"]) == {"u8"}
+    assert doc["baseline"] == min(doc["float_forms"], key=lambda f: (doc["float_forms"][f],
+                                                                     f != "fp32"))
+    assert doc["float_median_ms"] == doc["float_forms"][doc["baseline"]]
+    with pytest.raises(OnnxError, match="no float precision 'int3'"):
+        ov.load(path, precision="int3")

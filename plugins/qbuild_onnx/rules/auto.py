@@ -326,6 +326,7 @@ def auto_select(ctx: RunContext) -> None:
         row["float_nodes"] = trials[row["name"]]["float_nodes"]
         if trials[row["name"]]["float_joins"]:
             row["float_joins"] = trials[row["name"]]["float_joins"]
+    result.update(_runtime_summary(timing, reports))
     blind = detector_warning(a["bar"], a["task"], a["task_options"],
                              trial_doc["model_outputs"])
     if blind:
@@ -341,6 +342,23 @@ def auto_select(ctx: RunContext) -> None:
                                          encoding="utf-8")
     ctx.output("chosen.json").write_text(json.dumps({"chosen": result["chosen"]}) + "\n")
     _tell(ctx, result, failed, len(a["trial_names"]), blind)
+
+
+def _runtime_summary(timing: dict[str, Any], reports: list[dict[str, Any] | None]
+                     ) -> dict[str, Any]:
+    """What the search ran on: the runtime (name, version, default precision) and, when
+    it was timed, the float baseline (the fastest float form) beside every form's
+    median."""
+    out: dict[str, Any] = {}
+    rt = timing.get("runtime") or next((r["runtime"] for r in reports
+                                        if r and "runtime" in r), None)
+    if rt:
+        out["runtime"] = {k: rt[k] for k in ("name", "version", "default_precision")
+                          if k in rt}
+    if timing.get("baseline"):
+        out["float_baseline"] = {"form": timing["baseline"],
+                                 "forms_ms": timing.get("float_forms", {})}
+    return out
 
 
 def _tell(ctx: RunContext, result: dict[str, Any], failed: dict[str, str], total: int,

@@ -62,7 +62,8 @@ class Runtime(Protocol):
              what: str | None = None) -> Session:
         """``model`` loaded for ``threads`` threads; ``precision`` ``FP32`` forces fp32
         arithmetic where the runtime would pick a lower one, ``DEFAULT`` keeps its
-        choice. Raises ``OnnxError`` naming ``what`` (or the file) when it cannot."""
+        choice, a name ("bf16") asks for that one where the runtime has it. Raises
+        ``OnnxError`` naming ``what`` (or the file) when it cannot."""
         ...
 
     def float_forms(self) -> list[FloatForm]:

@@ -176,8 +176,12 @@ class OpenVino:
         core = self.core()
         config: dict[str, Any] = {"INFERENCE_NUM_THREADS": max(1, int(threads)),
                                   "NUM_STREAMS": 1, "PERFORMANCE_HINT": "LATENCY"}
-        if precision == FP32:
-            config["INFERENCE_PRECISION_HINT"] = "f32"
+        if precision != DEFAULT:  # FP32, or a precision by name ("bf16", "fp16")
+            hint = {v: k for k, v in _PRECISIONS.items()}.get(precision)
+            if hint is None:
+                raise OnnxError(f"openvino has no float precision '{precision}' (known: "
+                                f"{', '.join(_PRECISIONS.values())})")
+            config["INFERENCE_PRECISION_HINT"] = hint
         if perf_counts:
             config["PERF_COUNT"] = True
         name = what or (Path(model).name if isinstance(model, (str, Path)) else "the model")
