@@ -71,6 +71,12 @@ def test_the_check_fails_a_gross_difference_and_passes_rounding():
     # a float candidate: onnxruntime's infinite SQNR is capped, bf16's ~40 dB is fine
     assert check("openvino", _entry(35.0), _entry("inf"), {"y": {"sqnr_db": 35.0}})["ok"]
     assert not check("openvino", _entry(25.0), _entry("inf"), {"y": {"sqnr_db": 25}})["ok"]
+    # ...unless the runtime's own float precision reaches no more (bf16 on a BF16 CPU):
+    # the float model on the target at its default precision is the floor
+    assert check("openvino", _entry(25.0), _entry("inf"), {"y": {"sqnr_db": 25}},
+                 {"y": {"sqnr_db": 27.0}})["ok"]
+    assert not check("openvino", _entry(12.0), _entry("inf"), {"y": {"sqnr_db": 12}},
+                     {"y": {"sqnr_db": 27.0}})["ok"]
     # YOLOX-Nano int8: the raw output's SQNR hides it, the detections do not
     yolo = check("openvino", _entry(4.6, f1=0.0), _entry(6.1, f1=0.74),
                  {"y": {"sqnr_db": 6.2}})

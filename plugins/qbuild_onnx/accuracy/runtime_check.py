@@ -10,8 +10,9 @@ compared with the float model on onnxruntime, and the candidate is computed *dif
 when the target's result is grossly worse than onnxruntime's:
 
 * some output's SQNR against the float model is ``GROSS_DB`` (10 dB: ten times the
-  error power) below onnxruntime's, onnxruntime's counted at most ``CAP_DB`` (a float
-  candidate's infinite SQNR, or bf16 arithmetic's ~40 dB, is no bar to hold a runtime
+  error power) below onnxruntime's, onnxruntime's counted at most ``CAP_DB`` and at most
+  what the runtime itself reaches on the float model in its default precision (a float
+  candidate's infinite SQNR, or bf16 arithmetic's loss, is no bar to hold a runtime
   to); or
 * the task's agreement with the float model (detection F1, top-1 agreement) is below
   ``TASK_SHARE`` (half) of onnxruntime's.
@@ -40,12 +41,14 @@ def _db(value: Any) -> float:
 
 
 def _sqnr_problem(target: Mapping[str, Any], reference: Mapping[str, Any],
-                  agreement: Mapping[str, Any], runtime: str) -> str | None:
+                  agreement: Mapping[str, Any], floor: Mapping[str, Any],
+                  runtime: str) -> str | None:
     """The first output whose SQNR on the target is grossly below onnxruntime's."""
     for name in sorted(reference):
         ort_db = _db(reference[name]["sqnr_db"])
         got = _db(target[name]["sqnr_db"]) if name in target else -math.inf
-        if math.isnan(got) or got < min(ort_db, CAP_DB) - GROSS_DB:
+        cap = min(CAP_DB, _db(floor[name]["sqnr_db"])) if name in floor else CAP_DB
+        if math.isnan(got) or got < min(ort_db, cap) - GROSS_DB:
             both = (f" (the two runtimes agree to {_db(agreement[name]['sqnr_db']):.1f} dB)"
                     if name in agreement else "")
             return (f"output '{name}' SQNR against the float model {got:.1f} dB on "
@@ -66,14 +69,17 @@ def _task_problem(target: Mapping[str, Any] | None, reference: Mapping[str, Any]
 
 
 def check(runtime: str, target: Mapping[str, Any], reference: Mapping[str, Any],
-          agreement: Mapping[str, Any]) -> dict[str, Any]:
+          agreement: Mapping[str, Any], floor: Mapping[str, Any] | None = None
+          ) -> dict[str, Any]:
     """The check's record for one candidate. ``target`` and ``reference`` are its
     ``evaluate`` entries on the target runtime and on onnxruntime (``outputs``: per
     output SQNR against the float model; ``task``: the task result, if any);
-    ``agreement`` the per-output comparison of the two runtimes' outputs. ``ok`` is
-    false, with ``reason``, when the target computes the candidate differently."""
+    ``agreement`` the per-output comparison of the two runtimes' outputs; ``floor`` the
+    float model's own per-output comparison on the target in its default precision.
+    ``ok`` is false, with ``reason``, when the target computes the candidate
+    differently."""
     problems = [p for p in (_sqnr_problem(target["outputs"], reference["outputs"],
-                                          agreement, runtime),
+                                          agreement, floor or {}, runtime),
                             _task_problem(target.get("task"), reference.get("task"), runtime))
                 if p]
     record: dict[str, Any] = {

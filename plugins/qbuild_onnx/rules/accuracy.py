@@ -226,8 +226,9 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
             if labels["baselines"]:
                 entry["gated"] = label in gated
             if runtime.name != ONNXRUNTIME:
+                floor = report["runtime"]["float_outputs"][report["runtime"]["float_forms"][-1]]
                 _check_runtime(entry, runtime.name, outs, run_model(session(path), feeds),
-                               ref, task, options, a["task"])
+                               ref, floor, task, options, a["task"])
             timed.setdefault(label, sess)
             report["models"][label] = entry
             ctx.progress(len(report["models"]), len(timed_order))
@@ -275,11 +276,12 @@ def _entry(outs: list[dict[str, Any]], ref: list[dict[str, Any]], path: Path,
 
 
 def _check_runtime(entry: dict[str, Any], runtime: str, outs: list[dict[str, Any]],
-                   ort_outs: list[dict[str, Any]], ref: list[dict[str, Any]], task: Task,
-                   options: dict[str, Any], task_name: str) -> None:
+                   ort_outs: list[dict[str, Any]], ref: list[dict[str, Any]],
+                   floor: dict[str, Any], task: Task, options: dict[str, Any],
+                   task_name: str) -> None:
     """The per-target check (``accuracy.runtime_check``) of one model into its entry:
     the same model on onnxruntime (``ort_outs``), compared with the float model and with
-    the target's outputs (``outs``)."""
+    the target's outputs (``outs``); ``floor``: the float model on the target."""
     from ..accuracy.metrics import compare_outputs
     from ..accuracy.runtime_check import check
     from ..accuracy.tasks import run_task
@@ -288,7 +290,7 @@ def _check_runtime(entry: dict[str, Any], runtime: str, outs: list[dict[str, Any
     if task_name != "sqnr":
         on_ort["task"] = run_task(task, ref, ort_outs, options)
     agreement = compare_outputs(ort_outs, outs)
-    entry["runtime_check"] = check(runtime, entry, on_ort, agreement)
+    entry["runtime_check"] = check(runtime, entry, on_ort, agreement, floor)
 
 
 def _latency_warnings(ctx: RunContext, report: dict[str, Any], warn: bool) -> None:

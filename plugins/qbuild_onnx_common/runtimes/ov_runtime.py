@@ -125,12 +125,12 @@ class OpenVinoSession:
 
     def run(self, output_names: Sequence[str] | None, feed: Mapping[str, Any]) -> list[Any]:
         request = self._last = self._request(feed)
+        names = [p.name for p in self._outputs] if output_names is None else output_names
         try:
             request.infer(dict(feed))
+            return [request.get_tensor(n).data.copy() for n in names]
         except Exception as e:
             raise OnnxError(f"openvino cannot run {self._what}: {short_message(e)}") from None
-        names = [p.name for p in self._outputs] if output_names is None else output_names
-        return [request.get_tensor(n).data.copy() for n in names]
 
 
 def _graph_names(path: Path) -> tuple[list[str], list[str]]:
