@@ -1,9 +1,10 @@
-"""Timing onnxruntime sessions fairly: several sessions run in turn, round after round
-(the order rotated each round), after untimed warm-up rounds, so load from other
-processes hits every model alike; summarised as median, quartiles and spread.
+"""Timing sessions fairly, on any runtime: several sessions run in turn, round after
+round (the order rotated each round; ``runtimes.timing``), after untimed warm-up rounds,
+so load from other processes hits every model alike; summarised as median, quartiles
+and spread.
 
 Besides wall time, each run's CPU time on the calling thread is recorded (``cpu``). With
-one intra-op thread onnxruntime computes on the calling thread, so that is the run's
+one thread onnxruntime and OpenVINO compute on the calling thread, so that is the run's
 whole CPU cost, and it does not include the time the thread waited for a core: on a
 shared machine (load above the core count) wall times spread by 30-60 % while CPU times
 stay within a few per cent. With more threads it misses the pool's work (``cpu`` is then
@@ -12,9 +13,11 @@ only the caller's share, and callers should not report it as the run's cost)."""
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Mapping
 from typing import Any
+
+from .runtimes.base import Session
+from .runtimes.timing import Times, interleaved
 
 #: A measurement whose interquartile range exceeds this share of its median is "noisy".
 NOISY_SPREAD = 0.10
@@ -31,7 +34,7 @@ def summary(times_ms: list[float]) -> dict[str, Any]:
             "spread": round(spread, 4), "noisy": spread > NOISY_SPREAD}
 
 
-def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
+def interleaved_latency_ms(sessions: Mapping[str, Session], feed: Mapping[str, Any],
                            runs: int = 20, warmup: int = 3,
                            reference: str | None = None) -> dict[str, dict[str, Any]]:
     """Per session name: the ``summary`` of its ``run`` wall times on ``feed``, all
@@ -39,25 +42,17 @@ def interleaved_latency_ms(sessions: Mapping[str, Any], feed: Mapping[str, Any],
     With ``reference`` (a session name), each summary also has ``ratio_to_reference``:
     the median of its per-round ratio to the reference's time in the same round, and
     that ratio's quartiles (``ratio_q1``, ``ratio_q3``)."""
-    names = list(sessions)
-    times: dict[str, list[float]] = {n: [] for n in names}
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + runs):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            c0 = time.thread_time()
-            t0 = time.perf_counter()
-            sessions[name].run(None, dict(feed))
-            t1 = time.perf_counter()
-            c1 = time.thread_time()
-            if r >= warmup:
-                times[name].append((t1 - t0) * 1000.0)
-                cpu[name].append((c1 - c0) * 1000.0)
-    out = {n: {**summary(times[n]), "cpu": summary(cpu[n])} for n in names}
+    return summaries(interleaved(sessions, feed, runs, warmup), reference)
+
+
+def summaries(times: Times, reference: str | None = None) -> dict[str, dict[str, Any]]:
+    """``interleaved_latency_ms``'s result from the times ``runtimes.timing`` measured."""
+    names = list(times.wall)
+    out = {n: {**summary(times.wall[n]), "cpu": summary(times.cpu[n])} for n in names}
     if reference is not None:
         for n in names:
-            out[n].update(_ratio_summary(times[n], times[reference]))
-            out[n]["cpu"].update(_ratio_summary(cpu[n], cpu[reference]))
+            out[n].update(_ratio_summary(times.wall[n], times.wall[reference]))
+            out[n]["cpu"].update(_ratio_summary(times.cpu[n], times.cpu[reference]))
     return out
 
 

@@ -118,14 +118,13 @@ def test_lowering_report_lists_float_nodes_with_cost(cnn_qdq):  # noqa: F811
 
 def test_evaluate_latency_is_interleaved_and_flags_slower(cnn_qdq, tmp_path):  # noqa: F811
     from qbuild_onnx.rules.accuracy import _latency
-    from qbuild_onnx_common.latency import interleaved_latency_ms
     from qbuild_onnx_common.ort import session
 
     onnx.save(small_cnn(), str(tmp_path / "f.onnx"))
     sessions = {"//ref": session(tmp_path / "f.onnx"), "//q": session(cnn_qdq)}
     report = {"models": {"//q": {}}}
     feed = random_feeds(small_cnn(), 1)[0]
-    _latency(report, sessions, feed, 4, "//ref", interleaved_latency_ms)
+    _latency(report, sessions, feed, 4, ["//ref"])
     lat = report["latency"]
     assert lat["order"] == "interleaved" and lat["threads"] == 1 and lat["runs"] == 4
     q = report["models"]["//q"]

@@ -37,18 +37,21 @@ def render(report: ProfileReport) -> str:
     """report.md of the ``profile`` rule: latency table, then op types side by side."""
     lat = report["latency"]
     labels = list(report["models"])
-    lines = [f"# Profile ({lat['threads']} thread(s), {lat['runs']} interleaved rounds after "
-             f"{lat['warmup']} warm-ups)", ""]
+    runtime = lat.get("runtime", "onnxruntime")
+    lines = [f"# Profile on {runtime} ({lat['threads']} thread(s), {lat['runs']} "
+             f"interleaved rounds after {lat['warmup']} warm-ups)", ""]
     c = report["conditions"].get("before")
+    other = f", {runtime} {lat.get('runtime_version')}" if runtime != "onnxruntime" else ""
     if c:
         lines += [f"Machine: {c.get('cpus')} CPUs {c.get('machine')}, Python {c.get('python')}, "
-                  f"onnxruntime {c.get('onnxruntime')}; load average before "
+                  f"onnxruntime {c.get('onnxruntime')}{other}; load average before "
                   f"{c.get('load_average_1_5_15min')}, after "
                   f"{report['conditions']['after'].get('load_average_1_5_15min')}.", ""]
     lines += ["| model | median ms | q1-q3 ms | spread | speed-up vs reference | CPU ms "
               "(spread) | CPU speed-up | MACs |", "|---|---|---|---|---|---|---|---|"]
-    for lab in labels:
+    for lab in lat["models"]:  # the models, and the reference's other float forms
         m = lat["models"][lab]
+        macs = report["models"][lab]["macs"] if lab in report["models"] else None
         flag = " (noisy)" if m["noisy"] else ""
         # the verdict is marked in the column it was decided on (CPU time with one thread)
         cs = m.get("cpu")
@@ -59,7 +62,10 @@ def render(report: ProfileReport) -> str:
                if cs else " | ")
         lines.append(f"| {lab} | {m['median_ms']:.3f} | {m['q1_ms']:.3f}-{m['q3_ms']:.3f} | "
                      f"{m['spread']:.1%}{flag} | {m.get('speedup', 1.0)}x{slow} | {cpu} | "
-                     f"{_macs(report['models'][lab]['macs'])} |")
+                     f"{_macs(macs) if macs else 'as ' + report['reference']} |")
+    if lat.get("baseline") and lat["baseline"] != report["reference"]:
+        lines += ["", f"Speed-ups are against {lat['baseline']}: the fastest float form of "
+                  f"the reference {runtime} offers on this CPU."]
     if any("cpu" in m for m in lat["models"].values()):
         lines += ["", "CPU ms: the run's CPU time on its one thread (what the model costs, "
                   "without the time spent waiting for a core: steady on a loaded machine). "

@@ -1,5 +1,6 @@
-"""The rule ``profile``: models timed interleaved in one process, onnxruntime's per-op
-profiles and multiply-accumulate counts side by side (``profiling``)."""
+"""The rule ``profile``: models timed interleaved in one process on a target runtime
+(onnxruntime or OpenVINO), the runtime's per-op profiles and multiply-accumulate counts
+side by side (``profiling``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo
 from qbuild_onnx_common.rule import OnnxRule
+from qbuild_onnx_common.runtimes import check_runtime, key_facts, runtime_attr
 
 from qbuild import AnalysisContext, ConfigError, RunContext, attr
 
@@ -22,11 +24,11 @@ class Profile(OnnxRule):
     version = 3
     doc = (
         "Where the time goes: every model timed interleaved with the others in one process "
-        "(warm-ups, `threads` intra-op threads, median, quartiles, spread; noisy runs and "
-        "models slower than the reference are flagged), and onnxruntime's profiler per "
-        "model (its runs interleaved too): time per op type and the top nodes, side by "
-        "side in report.md, with each model's multiply-accumulate count. Timings make the "
-        "report not reproducible."
+        "on the `runtime` (warm-ups, `threads` intra-op threads, median, quartiles, spread; "
+        "noisy runs and models slower than the reference are flagged), and the runtime's "
+        "profiler per model (its runs interleaved too): time per op type and the top "
+        "nodes, side by side in report.md, with each model's multiply-accumulate count. "
+        "Timings make the report not reproducible."
     )
     heavy = True
     attrs = {
@@ -43,10 +45,17 @@ class Profile(OnnxRule):
         "profile_runs": attr.int(default=10, doc="Runs under onnxruntime's profiler "
                                                  "(0: no per-op profile)."),
         "top": attr.int(default=15, doc="Top nodes listed per model."),
+        "runtime": runtime_attr("times and profiles the models (the reference in every "
+                                "float form it offers: fp32, and OpenVINO's bf16 where it "
+                                "picks it; speed-ups are against the fastest)"),
     }
     outputs = ["report.json", "report.md"]
 
+    def target_env(self, attrs: Mapping[str, Any]) -> dict[str, str]:
+        return key_facts(attrs["runtime"])
+
     def validate(self, attrs: Mapping[str, Any]) -> None:
+        check_runtime(attrs)
         for name in ("threads", "runs"):
             if attrs[name] < 1:
                 raise ConfigError("threads and runs must be >= 1", attr=name)
@@ -58,11 +67,12 @@ class Profile(OnnxRule):
                    mnemonic="Profile",
                    params={"models": a["models"], "reference": a["reference"],
                            **{k: a[k] for k in ("threads", "runs", "warmup",
-                                                "profile_runs", "top")}})
+                                                "profile_runs", "top", "runtime")}})
 
 
 def profile(ctx: RunContext) -> None:
     """The action of ``profile``: interleaved latency and per-op profiles."""
+    from qbuild_onnx_common.errors import OnnxError
     from qbuild_onnx_common.latency import slower_verdict
     from qbuild_onnx_common.models import load_model
 
@@ -79,10 +89,13 @@ def profile(ctx: RunContext) -> None:
     first = load_model(paths[ref_label])
     feeds, inputs = action_feeds(ctx, first, count=1)
     before = conditions()
-    lat = interleaved_latency(paths, feeds[0], p["threads"], p["runs"], p["warmup"],
-                              reference=ref_label)
-    profs = (op_profiles(paths, feeds[0], p["threads"], p["profile_runs"], p["warmup"],
-                         p["top"]) if p["profile_runs"] > 0 else {})
+    try:
+        lat = interleaved_latency(paths, feeds[0], p["threads"], p["runs"], p["warmup"],
+                                  reference=ref_label, runtime=p["runtime"])
+        profs = (op_profiles(paths, feeds[0], p["threads"], p["profile_runs"], p["warmup"],
+                             p["top"], p["runtime"]) if p["profile_runs"] > 0 else {})
+    except OnnxError as e:
+        raise ctx.fail(e.message, attr=e.attr or "models") from None
     models: dict[str, ModelProfile] = {}
     for label, path in paths.items():
         entry: ModelProfile = {"macs": macs(load_model(path))}
@@ -96,7 +109,7 @@ def profile(ctx: RunContext) -> None:
     ctx.output("report.md").write_text(render(report))
     for label, m in lat["models"].items():
         if m.get("slower_than_reference"):
-            v = slower_verdict(m, lat["models"][ref_label])
+            v = slower_verdict(m, lat["models"][lat.get("baseline", ref_label)])
             ctx.warn(f"{label} is slower than {ref_label}: {v['ms']} vs {v['reference_ms']} "
                      f"ms {'CPU' if v['basis'] == 'cpu' else 'wall'} time, median "
                      f"({p['threads']} thread(s))")

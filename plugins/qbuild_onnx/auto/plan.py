@@ -36,6 +36,11 @@ first), every one an ordinary cached target:
   bit-exact with their QDQ source, so only their latency differs; a source that kept
   every node float is copied, not lowered).
 
+With ``runtime = "openvino"`` every trial is evaluated and timed on OpenVINO, every
+``quantize`` trial places Q/DQ at convolution inputs only (the runtime's placement preset,
+``qbuild_onnx_common.runtimes.presets``), and step ``lower`` is left out (its integer
+operators are onnxruntime's).
+
 A trial may fail (or quantize nothing) without failing the search: the ``aq`` target
 tolerates its candidates', reports' and sensitivity's failures (``tolerate_failures``),
 reports each failed trial with its one-line reason and excludes it; it fails only when
@@ -49,6 +54,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from qbuild_onnx_common.runtimes import NAMES, ONNXRUNTIME
+from qbuild_onnx_common.runtimes.presets import CONV_INPUT_OPS, CONV_INPUTS, PLACEMENT
 
 from qbuild import ConfigError
 
@@ -79,6 +87,7 @@ class _Plan:
     name: str
     raw: dict[str, Any]
     methods: list[str]  # calibration methods, the first one the default
+    placement: dict[str, Any] = field(default_factory=dict)  # quantize attrs of the preset
     tables: dict[str, dict[str, Any]] = field(default_factory=dict)
     trials: list[str] = field(default_factory=list)
 
@@ -96,7 +105,8 @@ class _Plan:
 
     def quantize(self, trial: str, **attrs: Any) -> None:
         self.add(trial, {"rule": "quantize", "model": self.model,
-                         "calibration": f"{self.me}.calib_{self.methods[0]}", **attrs})
+                         "calibration": f"{self.me}.calib_{self.methods[0]}",
+                         **self.placement, **attrs})
         self.trials.append(trial)
 
     def bias_corrected(self, trial: str, **attrs: Any) -> None:
@@ -105,6 +115,32 @@ class _Plan:
                                  "reference": self.model,
                                  "dataset": self.raw["calibration_data"], **attrs})
         self.trials.append(f"{trial}_bc")
+
+
+def runtime_of(raw: dict[str, Any]) -> str:
+    """The search's runtime, checked."""
+    runtime = raw.get("runtime", ONNXRUNTIME)
+    if runtime not in NAMES:
+        raise ConfigError(f"unknown runtime {runtime!r} (known: {', '.join(NAMES)})",
+                          attr="runtime")
+    return str(runtime)
+
+
+def placement_attrs(runtime: str) -> dict[str, Any]:
+    """The quantize attributes of ``runtime``'s placement preset: none for onnxruntime's
+    own; for convolution inputs only, quantize's ``placement`` when it has one, else the
+    same placement said in onnxruntime quantizer options: only those operators
+    quantized (``op_types``), and not their outputs (its extra option
+    ``OpTypesToExcludeOutputQuantization``)."""
+    placement = PLACEMENT[runtime]
+    if placement != CONV_INPUTS:
+        return {}
+    from ..rules.quantize import Quantize
+
+    if "placement" in Quantize.attrs:
+        return {"placement": placement}
+    ops = list(CONV_INPUT_OPS)
+    return {"op_types": ops, "extra_options": {"OpTypesToExcludeOutputQuantization": ops}}
 
 
 def _checked(raw: dict[str, Any]) -> tuple[list[str], list[str], list[int], list[int]]:
@@ -283,7 +319,10 @@ def _lowered_trials(plan: _Plan) -> None:
 def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """(extra target tables, the macro target's own raw attributes)."""
     methods, steps, top_k, region_counts = _checked(raw)
-    plan = _Plan(name, raw, methods)
+    runtime = runtime_of(raw)
+    if runtime != ONNXRUNTIME:
+        steps = [s for s in steps if s != "lower"]  # onnxruntime's integer operators
+    plan = _Plan(name, raw, methods, placement_attrs(runtime))
     _calibrations(plan, steps)
     _plain_trials(plan, steps)
     _preset_trials(plan, steps)
@@ -301,7 +340,7 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     # the trials' findings (slower than float, noisy timing) go to the search's report
     # with one console line (auto_select), not one warning per trial
     eval_attrs = {**task_attrs, "latency_runs": raw.get("latency_runs", 20),
-                  "latency_warnings": False}
+                  "latency_warnings": False, "runtime": runtime}
     if "ground_truth" in raw:  # labelled metrics; the selection checks max_drop
         eval_attrs["ground_truth"] = raw["ground_truth"]
     for trial in trials:

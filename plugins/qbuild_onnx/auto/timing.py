@@ -1,51 +1,57 @@
 """One timing run for every candidate of an ``auto_quantize`` search, and the noise of
 each candidate's speed ratio against the float model.
 
-The float model and every candidate are timed in one process, interleaved round by
-round (F A B C, then A B C F, ...: the order rotated each round, after untimed warm-up
-rounds), on one intra-op thread, by the CPU time of the timing thread. A candidate's
-ratio is the median over rounds of its time divided by the float model's time in the
-same round. Its noise is the half-width of a seeded bootstrap interval of that median
-(the rounds resampled), but never less than what separates two identical models: the
-float model is loaded twice, and how far the twin's ratio strays from 1 (its median and
-its interval) is a floor on every candidate's noise. That floor is what within-run
+The float model and every candidate are timed on the search's runtime in one process,
+interleaved round by round (F A B C, then A B C F, ...: the order rotated each round,
+after untimed warm-up rounds; ``qbuild_onnx_common.runtimes.timing``), on one thread, by
+the CPU time of the timing thread. The float model is timed in every float form the
+runtime offers on this CPU (fp32, and OpenVINO's bf16 where it picks it) and the fastest
+is the baseline: a candidate's ratio is the median over rounds of its time divided by
+the baseline's time in the same round. Its noise is the half-width of a seeded
+bootstrap interval of that median (the rounds resampled), but never less than what
+separates two identical models: the float model is loaded twice (in each form), and how
+far the baseline's twin's ratio strays from 1 (its median and its interval) is a floor
+on every candidate's noise. That floor is what within-run
 spread misses and what made trials a few per cent apart swap places between builds:
 two sessions of one model in one process already differ by it.
 
-Pure statistics apart from ``time_candidates`` (which runs onnxruntime sessions it is
-given); the selection reads the result as JSON.
+Pure statistics apart from ``time_candidates`` (which runs the sessions it is given, of
+any runtime); the selection reads the result as JSON.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from qbuild_onnx_common.runtimes.base import Session
 
 #: the name of the float model's second session in the timing result
 TWIN = "float (twin)"
 FLOAT = "float"
+#: the float model's first form (fp32): its sessions are FLOAT and TWIN
+FP32 = "fp32"
 #: bootstrap resamplings of a median ratio, and the interval's coverage
 RESAMPLES = 1000
 COVERAGE = 0.90
 
 
-def time_candidates(sessions: Mapping[str, Any], feed: Mapping[str, Any], rounds: int,
+def float_sessions(form: str) -> tuple[str, str]:
+    """The names of the float model's two sessions in float form ``form`` ("fp32":
+    ``FLOAT`` and ``TWIN``)."""
+    if form == FP32:
+        return FLOAT, TWIN
+    return f"{FLOAT} [{form}]", f"{FLOAT} [{form}] (twin)"
+
+
+def time_candidates(sessions: Mapping[str, Session], feed: Mapping[str, Any], rounds: int,
                     warmup: int = 3) -> dict[str, list[float]]:
     """Per session name, its CPU times (ms, timing thread) over ``rounds`` interleaved
     rounds, each round running every session once in a rotated order."""
-    names = list(sessions)
-    cpu: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(warmup + rounds):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
-            c0 = time.thread_time()
-            sessions[name].run(None, dict(feed))
-            c1 = time.thread_time()
-            if r >= warmup:
-                cpu[name].append((c1 - c0) * 1000.0)
-    return cpu
+    from qbuild_onnx_common.runtimes.timing import interleaved
+
+    return interleaved(sessions, feed, rounds, warmup).cpu
 
 
 def _bootstrap_median(ratios: Sequence[float], seed: int) -> tuple[float, float]:
@@ -74,18 +80,27 @@ def ratio_stats(times: Sequence[float], reference: Sequence[float]) -> dict[str,
             "median_ms": round(statistics.median(times), 4)}
 
 
-def summarise(cpu: Mapping[str, Sequence[float]], warmup: int) -> dict[str, Any]:
-    """The timing document (latency.json): the float model's median, the twin's
-    deviation (the noise floor) and, per candidate, its ratio and ``noise``: the larger
-    of its bootstrap half-width and the floor."""
-    ref = cpu[FLOAT]
-    twin: dict[str, Any] = ratio_stats(cpu[TWIN], ref) if TWIN in cpu else {"ratio": None}
+def summarise(cpu: Mapping[str, Sequence[float]], warmup: int,
+              forms: Sequence[str] = (FP32,)) -> dict[str, Any]:
+    """The timing document (latency.json): each float form's median, the baseline (the
+    fastest form), its twin's deviation (the noise floor) and, per candidate, its ratio
+    to the baseline and ``noise``: the larger of its bootstrap half-width and the
+    floor."""
+    medians = {f: statistics.median(cpu[float_sessions(f)[0]]) for f in forms
+               if cpu.get(float_sessions(f)[0])}
+    baseline = min(medians, key=lambda f: (medians[f], list(forms).index(f))) if medians \
+        else FP32
+    base, base_twin = float_sessions(baseline)
+    ref = cpu.get(base, [])
+    twin: dict[str, Any] = (ratio_stats(cpu[base_twin], ref) if base_twin in cpu
+                            else {"ratio": None})
     floor = 0.0
     if twin["ratio"] is not None:
         floor = max(abs(twin["ci"][0] - 1.0), abs(twin["ci"][1] - 1.0))
+    skip = {n for f in forms for n in float_sessions(f)}
     out: dict[str, Any] = {}
     for name, times in cpu.items():
-        if name in (FLOAT, TWIN):
+        if name in skip:
             continue
         s = ratio_stats(times, ref)
         if s["ratio"] is not None:
@@ -94,5 +109,7 @@ def summarise(cpu: Mapping[str, Sequence[float]], warmup: int) -> dict[str, Any]
     return {"basis": "cpu", "threads": 1, "order": "interleaved, rotated each round",
             "rounds": len(ref), "warmup": warmup,
             "float_median_ms": round(statistics.median(ref), 4) if ref else None,
+            "float_forms": {f: round(m, 4) for f, m in medians.items()},
+            "baseline": baseline,
             "twin": twin, "noise_floor": round(floor, 4), "coverage": COVERAGE,
             "candidates": out}

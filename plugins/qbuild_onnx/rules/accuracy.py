@@ -15,7 +15,7 @@ changing only a bar (min_f1, min_sqnr_db, ...) runs no model again.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from qbuild_onnx_common.providers import (
     onnx_model_info,
 )
 from qbuild_onnx_common.rule import OnnxRule
+from qbuild_onnx_common.runtimes import check_runtime, key_facts, runtime_attr
 
 from qbuild import AnalysisContext, ConfigError, Dep, Rule, RunContext, attr, hookimpl
 
@@ -37,7 +38,7 @@ from ..accuracy.tasks import check_task_options
 from ..providers import EvaluationInfo, OverridesInfo, SensitivityInfo
 
 if TYPE_CHECKING:
-    from onnxruntime import InferenceSession
+    from qbuild_onnx_common.runtimes.base import Runtime, Session
 
     from ..accuracy.labelled import LabelledSet
     from ..accuracy.sensitivity import Outputs
@@ -191,6 +192,10 @@ class Evaluate(OnnxRule):
                                       "the reference or the timing is noisy (an "
                                       "auto_quantize search turns it off: its report "
                                       "gathers its trials' findings)."),
+        "runtime": runtime_attr("runs and times the models (the float model's outputs "
+                                "always come from onnxruntime; on openvino every model "
+                                "is also run on onnxruntime, and a gated model that "
+                                "openvino computes grossly differently fails)"),
     }
     outputs = ["report.json", "report.html"]
     provides = (EvaluationInfo,)
@@ -198,7 +203,11 @@ class Evaluate(OnnxRule):
     def is_reproducible(self, attrs: Mapping[str, Any]) -> bool:
         return not attrs["latency_runs"]  # measured timings differ run to run
 
+    def target_env(self, attrs: Mapping[str, Any]) -> dict[str, str]:
+        return key_facts(attrs["runtime"])
+
     def validate(self, attrs: Mapping[str, Any]) -> None:
+        check_runtime(attrs)
         check_task_options(attrs)
         check_labelled(attrs)
 
@@ -217,11 +226,10 @@ _BARS = ("min_f1", "min_sqnr_db", "max_top1_drop", "min_psnr_db", "min_score", "
 
 def evaluate(ctx: RunContext) -> EvaluationInfo:
     """``evaluate``'s first action: run every model, write report.json and report.html."""
-    from qbuild_onnx_common.latency import interleaved_latency_ms
     from qbuild_onnx_common.ort import session
+    from qbuild_onnx_common.runtimes import ONNXRUNTIME, get
 
     from ..accuracy.metrics import compare_outputs, run_model
-    from ..accuracy.tasks import run_task
     from ..report.html import evaluate_html
 
     a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
@@ -236,6 +244,9 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
         # annotations' own categories may not be the model's classes)
         options = {**options, "num_classes": len(truth.category_ids)}
     try:
+        runtime = get(a["runtime"])
+        # the float model's outputs always come from onnxruntime: the same reference
+        # whatever the runtime, so reports on two runtimes compare
         ref_sess = session(ref_path)
         ref = run_model(ref_sess, feeds)
         report: dict[str, Any] = {"reference": labels["reference"], "samples": len(feeds),
@@ -243,42 +254,35 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
         if truth is not None:
             report["reference_labelled"] = _labelled(ctx, truth, ref, options, None)
         report["reference_bytes"] = ref_path.stat().st_size
-        timed = {labels["reference"]: ref_sess}
+        timed = _float_forms(report, runtime, ref_path, labels["reference"], ref_sess)
+        floats = list(timed)
+        if runtime.name != ONNXRUNTIME:  # the float model's own outputs on the target
+            report["runtime"]["float_outputs"] = {
+                form: compare_outputs(ref, run_model(timed[name], feeds))
+                for form, name in zip(report["runtime"]["float_forms"], floats, strict=True)}
         gated = set(labels["models"])
         timed_order = [*labels["models"], *(labels["baselines"] or [])]
         for dep, label in zip([*deps["models"], *(deps["baselines"] or [])],
-                              [*labels["models"], *(labels["baselines"] or [])], strict=True):
+                              timed_order, strict=True):
             path = _model(dep)
-            sess = session(path)
+            sess = runtime.load(path, what=label)
             outs = run_model(sess, feeds)
-            entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
-                                     "bytes": path.stat().st_size,
-                                     "quantized": _quantized(path)}
+            entry = _entry(outs, ref, path, task, options, a["task"])
             if labels["baselines"]:
                 entry["gated"] = label in gated
-            if a["task"] != "sqnr":
-                entry["task"] = run_task(task, ref, outs, options)
-                if "f1" in entry["task"]:
-                    entry["detection"] = entry["task"]  # select_best's metric = "f1"
             if truth is not None:
                 entry["labelled"] = _labelled(ctx, truth, outs, options,
                                               report["reference_labelled"])
+            if runtime.name != ONNXRUNTIME:
+                floor = report["runtime"]["float_outputs"][report["runtime"]["float_forms"][-1]]
+                _check_runtime(entry, runtime.name, outs, run_model(session(path), feeds),
+                               ref, floor, task, options, a["task"])
             timed.setdefault(label, sess)
             report["models"][label] = entry
             ctx.progress(len(report["models"]), len(timed_order))
         if a["latency_runs"]:
-            _latency(report, timed, feeds[0], a["latency_runs"], labels["reference"],
-                     interleaved_latency_ms)
-            for label in (report["latency"]["slower_than_reference"]
-                          if a["latency_warnings"] else ()):
-                v = slower_verdict(report["models"][label]["latency"],
-                                   report["latency"]["reference"])
-                ctx.warn(f"{label} is slower than the reference ({v['ms']} vs "
-                         f"{v['reference_ms']} ms {'CPU' if v['basis'] == 'cpu' else 'wall'} "
-                         "time, median, 1 thread)")
-            if report["latency"]["noisy"] and a["latency_warnings"]:
-                ctx.warn("latency measurement is noisy (interquartile range above 10 % "
-                         "of the median for some model): other load on the machine?")
+            _latency(report, timed, feeds[0], a["latency_runs"], floats)
+            _latency_warnings(ctx, report, a["latency_warnings"])
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr) from None
     _write_json(ctx.output("report.json"), report)
@@ -320,6 +324,70 @@ def _labelled(ctx: RunContext, truth: LabelledSet, outputs: list[dict[str, Any]]
     return found
 
 
+def _float_forms(report: dict[str, Any], runtime: Runtime, ref_path: Path, label: str,
+                 ref_sess: Session) -> dict[str, Session]:
+    """The float model's sessions on ``runtime``, one per float form (fp32 first, named
+    by the reference's label; another form as "<label> [bf16]"), and the runtime's
+    record in ``report``. On onnxruntime: its one fp32 session, the reference's."""
+    from qbuild_onnx_common.runtimes import ONNXRUNTIME
+
+    forms = runtime.float_forms()
+    report["runtime"] = {"name": runtime.name, "version": runtime.version(),
+                         **runtime.facts(), "float_forms": [f.name for f in forms]}
+    if runtime.name == ONNXRUNTIME:
+        return {label: ref_sess}
+    return {(label if k == 0 else f"{label} [{f.name}]"):
+            runtime.load(ref_path, precision=f.precision, what=label)
+            for k, f in enumerate(forms)}
+
+
+def _entry(outs: list[dict[str, Any]], ref: list[dict[str, Any]], path: Path,
+           task: Task, options: dict[str, Any], task_name: str) -> dict[str, Any]:
+    """One model's report entry from its outputs: per-output comparison with the
+    reference, size, form and the task's result."""
+    from ..accuracy.metrics import compare_outputs
+    from ..accuracy.tasks import run_task
+
+    entry: dict[str, Any] = {"outputs": compare_outputs(ref, outs),
+                             "bytes": path.stat().st_size, "quantized": _quantized(path)}
+    if task_name != "sqnr":
+        entry["task"] = run_task(task, ref, outs, options)
+        if "f1" in entry["task"]:
+            entry["detection"] = entry["task"]  # select_best's metric = "f1"
+    return entry
+
+
+def _check_runtime(entry: dict[str, Any], runtime: str, outs: list[dict[str, Any]],
+                   ort_outs: list[dict[str, Any]], ref: list[dict[str, Any]],
+                   floor: dict[str, Any], task: Task, options: dict[str, Any],
+                   task_name: str) -> None:
+    """The per-target check (``accuracy.runtime_check``) of one model into its entry:
+    the same model on onnxruntime (``ort_outs``), compared with the float model and with
+    the target's outputs (``outs``); ``floor``: the float model on the target."""
+    from ..accuracy.metrics import compare_outputs
+    from ..accuracy.runtime_check import check
+    from ..accuracy.tasks import run_task
+
+    on_ort: dict[str, Any] = {"outputs": compare_outputs(ref, ort_outs)}
+    if task_name != "sqnr":
+        on_ort["task"] = run_task(task, ref, ort_outs, options)
+    agreement = compare_outputs(ort_outs, outs)
+    entry["runtime_check"] = check(runtime, entry, on_ort, agreement, floor)
+
+
+def _latency_warnings(ctx: RunContext, report: dict[str, Any], warn: bool) -> None:
+    if not warn:
+        return
+    for label in report["latency"]["slower_than_reference"]:
+        v = slower_verdict(report["models"][label]["latency"], report["latency"]["reference"])
+        ctx.warn(f"{label} is slower than the reference ({v['ms']} vs "
+                 f"{v['reference_ms']} ms {'CPU' if v['basis'] == 'cpu' else 'wall'} "
+                 "time, median, 1 thread)")
+    if report["latency"]["noisy"]:
+        ctx.warn("latency measurement is noisy (interquartile range above 10 % "
+                 "of the median for some model): other load on the machine?")
+
+
 def _quantized(path: Path) -> str | None:
     """How the model is quantized ('QDQ', 'QOperator', 'dynamic'), or None for a float
     model (a trial that kept everything float is the float model, not a candidate)."""
@@ -331,13 +399,17 @@ def _quantized(path: Path) -> str | None:
 
 
 def check_bars(ctx: RunContext) -> None:
-    """``evaluate``'s second action: fail if a gated model misses a bar."""
+    """``evaluate``'s second action: fail if a gated model misses a bar, or if the
+    runtime computes it grossly differently from onnxruntime (``runtime_check``)."""
     import json
 
     report = json.loads(ctx.inputs["report.json"].read_text())
     failures: list[tuple[str, str]] = []
     for label in ctx.params["gated"]:
         entry = report["models"][label]
+        check = entry.get("runtime_check")
+        if check is not None and not check["ok"]:
+            failures.append(("runtime", f"{label}: {check['reason']}"))
         failures += [(m, f"{label}: {m}")
                      for m in [*_bar_failures(ctx.params, entry),
                                *_drop_failures(ctx.params["max_drop"], entry)]]
@@ -345,16 +417,28 @@ def check_bars(ctx: RunContext) -> None:
         raise ctx.fail("; ".join(f for _, f in failures), attr=failures[0][0].split(":")[0])
 
 
-def _latency(report: dict[str, Any], sessions: Mapping[str, InferenceSession],
-             feed: Mapping[str, Any], runs: int, ref: str,
-             measure: Callable[..., dict[str, dict[str, Any]]]) -> None:
-    """Interleaved 1-thread timings of the reference and every model into ``report``."""
-    lat = measure(sessions, feed, runs=runs, warmup=3, reference=ref)
+def _latency(report: dict[str, Any], sessions: Mapping[str, Session],
+             feed: Mapping[str, Any], runs: int, floats: Sequence[str]) -> None:
+    """Interleaved 1-thread timings of the float model and every model into ``report``.
+    ``floats`` names the float model's sessions, one per float form the runtime offers
+    (fp32 first): the fastest is the baseline every speed-up is against, and with more
+    than one form each is reported (``float_forms``)."""
+    from qbuild_onnx_common.latency import summaries
+    from qbuild_onnx_common.runtimes.timing import fastest, interleaved
+
+    times = interleaved(sessions, feed, runs, warmup=3)
+    ref = fastest(times, list(floats))
+    lat = summaries(times, reference=ref)
     ref_ms = lat[ref]["median_ms"]
     report["reference_latency_ms"] = ref_ms
     report["latency"] = {"threads": 1, "runs": runs, "warmup": 3, "order": "interleaved",
                          "reference": lat[ref],
                          "noisy": any(v["noisy"] for v in lat.values())}
+    forms = (report.get("runtime") or {}).get("float_forms") or ["fp32"]
+    if len(floats) > 1:
+        report["latency"]["float_forms"] = {form: lat[name] for form, name
+                                            in zip(forms, floats, strict=True)}
+    report["latency"]["baseline"] = forms[list(floats).index(ref)]
     slower = []
     for label, entry in report["models"].items():
         m = lat[label]

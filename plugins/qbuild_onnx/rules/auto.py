@@ -17,6 +17,7 @@ from typing import Any
 
 from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo
 from qbuild_onnx_common.rule import OnnxRule
+from qbuild_onnx_common.runtimes import check_runtime, key_facts, runtime_attr
 
 from qbuild import AnalysisContext, ConfigError, RunContext, attr
 
@@ -161,6 +162,10 @@ class AutoQuantize(OnnxRule):
                                        "a sensitivity_merge): every core ranks."),
         # one failing trial (or a failing ranking) does not fail the search: it is
         # reported with its reason and left out (auto_select)
+        "runtime": runtime_attr("the trials are evaluated and timed on; with openvino "
+                                "the trials place Q/DQ at convolution inputs only (what "
+                                "OpenVINO fuses) and the integer-operator trials (step "
+                                "lower: onnxruntime's operators) are left out"),
         "candidates": attr.label_list(doc="(filled in by the expansion)",
                                       providers=[OnnxModelInfo], tolerate_failures=True),
         "reports": attr.label_list(doc="(filled in by the expansion)",
@@ -181,9 +186,13 @@ class AutoQuantize(OnnxRule):
 
         return expand(name, raw)
 
+    def target_env(self, attrs: Mapping[str, Any]) -> dict[str, str]:
+        return key_facts(attrs["runtime"])
+
     def validate(self, attrs: Mapping[str, Any]) -> None:
         from ..auto.select import check_bar
 
+        check_runtime(attrs)
         check_task_options(attrs)
         check_labelled(attrs)
         problems = check_bar(attrs["bar"] or {})
@@ -210,7 +219,8 @@ class AutoQuantize(OnnxRule):
         ctx.action(time_trials, inputs=["model", "candidates", "evaluation_data",
                                         "trials.json"],
                    outputs=["latency.json"], mnemonic="Time", heavy=True,
-                   params={"trial_names": a["trial_names"], "rounds": a["latency_runs"]})
+                   params={"trial_names": a["trial_names"], "rounds": a["latency_runs"],
+                           "runtime": a["runtime"]})
         params = {k: a[k] for k in ("trial_names", "bar", "max_drop", "objective",
                                     "min_speedup", "task", "task_options")}
         ctx.action(auto_select, inputs=["reports", "sensitivity", "trials.json",
@@ -239,14 +249,16 @@ def trial_info(ctx: RunContext) -> None:
 
 
 def time_trials(ctx: RunContext) -> None:
-    """``auto_quantize``'s timing: the float model (twice: the twin measures the noise
-    between two sessions of one model) and every candidate that did not fail, timed in
-    one interleaved run on the first evaluation sample; latency.json (``auto.timing``)."""
+    """``auto_quantize``'s timing: the float model (twice per float form the runtime
+    offers: the twin measures the noise between two sessions of one model) and every
+    candidate that did not fail, timed on the search's runtime in one interleaved run on
+    the first evaluation sample; latency.json (``auto.timing``)."""
     from qbuild_onnx_common.errors import OnnxError
-    from qbuild_onnx_common.ort import session
+    from qbuild_onnx_common.runtimes import get
+    from qbuild_onnx_common.runtimes.base import DEFAULT, Session
 
     from ..accuracy.feeds import model_feeds
-    from ..auto.timing import FLOAT, TWIN, summarise, time_candidates
+    from ..auto.timing import float_sessions, summarise, time_candidates
 
     out = ctx.output("latency.json")
     rounds = ctx.params["rounds"]
@@ -255,18 +267,27 @@ def time_trials(ctx: RunContext) -> None:
     if rounds > 0:
         ref = ctx.inputs["model"][OnnxModelInfo].model
         try:
+            runtime = get(ctx.params["runtime"])
             feed = model_feeds(ctx.inputs["evaluation_data"][DatasetInfo].path, ref, 1)[0]
-            sessions = {FLOAT: session(ref), TWIN: session(ref)}
+            forms = runtime.float_forms()
+            sessions: dict[str, Session] = {}
+            for form in forms:
+                for name in float_sessions(form.name):
+                    sessions[name] = runtime.load(ref, precision=form.precision)
             for name, dep in zip(ctx.params["trial_names"], ctx.inputs["candidates"],
                                  strict=True):
                 if "failed" not in trials[name] and dep.failed is None:
-                    sessions[name] = session(dep[OnnxModelInfo].model)
+                    sessions[name] = runtime.load(dep[OnnxModelInfo].model, precision=DEFAULT)
         except OnnxError as e:
-            raise ctx.fail(e.message, attr="model") from None
+            raise ctx.fail(e.message, attr=e.attr or "model") from None
         warmup = 3
-        doc = summarise(time_candidates(sessions, feed, rounds, warmup), warmup)
-        ctx.log(f"timed {len(sessions) - 2} candidate(s) and float interleaved, "
-                f"{rounds} rounds: noise floor {doc['noise_floor']} (float twin)")
+        doc = summarise(time_candidates(sessions, feed, rounds, warmup), warmup,
+                        [f.name for f in forms])
+        doc["runtime"] = {"name": runtime.name, "version": runtime.version(),
+                          **runtime.facts()}
+        ctx.log(f"timed {len(sessions) - 2 * len(forms)} candidate(s) and float interleaved "
+                f"on {runtime.name}, {rounds} rounds: baseline float {doc['baseline']}, "
+                f"noise floor {doc['noise_floor']} (float twin)")
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
@@ -314,6 +335,7 @@ def auto_select(ctx: RunContext) -> None:
         row["float_nodes"] = trials[row["name"]]["float_nodes"]
         if trials[row["name"]]["float_joins"]:
             row["float_joins"] = trials[row["name"]]["float_joins"]
+    result.update(_runtime_summary(timing, reports))
     blind = detector_warning(a["bar"], a["task"], a["task_options"],
                              trial_doc["model_outputs"], a["max_drop"])
     if blind:
@@ -329,6 +351,23 @@ def auto_select(ctx: RunContext) -> None:
                                          encoding="utf-8")
     ctx.output("chosen.json").write_text(json.dumps({"chosen": result["chosen"]}) + "\n")
     _tell(ctx, result, failed, len(a["trial_names"]), blind)
+
+
+def _runtime_summary(timing: dict[str, Any], reports: list[dict[str, Any] | None]
+                     ) -> dict[str, Any]:
+    """What the search ran on: the runtime (name, version, default precision) and, when
+    it was timed, the float baseline (the fastest float form) beside every form's
+    median."""
+    out: dict[str, Any] = {}
+    rt = timing.get("runtime") or next((r["runtime"] for r in reports
+                                        if r and "runtime" in r), None)
+    if rt:
+        out["runtime"] = {k: rt[k] for k in ("name", "version", "default_precision")
+                          if k in rt}
+    if timing.get("baseline"):
+        out["float_baseline"] = {"form": timing["baseline"],
+                                 "forms_ms": timing.get("float_forms", {})}
+    return out
 
 
 def _tell(ctx: RunContext, result: dict[str, Any], failed: dict[str, str], total: int,
