@@ -268,10 +268,11 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     if "lower" in steps:
         _lowered_trials(plan)
     me, trials = plan.me, plan.trials
-    # the trials' findings (slower than float, noisy timing) go to the search's report
-    # with one console line (auto_select), not one warning per trial
+    # the trials' findings (slower than float, noisy timing, a selection set too small
+    # to decide) go to the search's report with one console line each (auto_select),
+    # not one warning per trial
     eval_attrs = {**task_attrs, "latency_runs": raw.get("latency_runs", 20),
-                  "latency_warnings": False}
+                  "latency_warnings": False, "set_warnings": False}
     for trial in trials:
         plan.add(f"ev_{trial}", {"rule": "evaluate", "models": [f"{me}.{trial}"],
                                  "reference": plan.model,

@@ -161,6 +161,7 @@ def evaluate_html(report: Mapping[str, Any]) -> str:
     return page(f"evaluate: {len(report['models'])} model(s) vs {report['reference']}", [
         f"<p>{report['samples']} sample(s), task <b>{escape(str(report.get('task', 'sqnr')))}"
         "</b>.</p>",
+        *_set_lines(report.get("evaluation_set"), "evaluation"),
         _table(rows, cols, None),
         scatter_svg(rows, x_key, y_key, x_key, y_key),
     ])
@@ -183,9 +184,21 @@ def _speed_note(report: Mapping[str, Any], entry: Mapping[str, Any]) -> str:
     return f"{x:.2f}x faster ({basis} time)"
 
 
+def _set_lines(summary: Mapping[str, Any] | None, role: str) -> list[str]:
+    """A dataset's counts and, when it is too small to decide, the warning
+    (``accuracy.evidence.set_summary``)."""
+    if not summary:
+        return []
+    lines = [f"<p id=\"{role}-set\">{role.capitalize()} set: {escape(summary['text'])}.</p>"]
+    if summary.get("warning"):
+        lines.insert(0, f"<p class=\"warn\" id=\"set-warning\"><b>Warning:</b> "
+                        f"{escape(summary['warning'])}</p>")
+    return lines
+
+
 def _auto_warnings(result: Mapping[str, Any]) -> list[str]:
     """The lines that open an auto_quantize page: most trials failed, a task-blind bar on
-    a detector, a latency margin inside the noise."""
+    a detector, a selection set too small to decide, a latency margin inside the noise."""
     warnings: list[str] = []
     failures = result.get("failures") or {}
     if failures.get("most"):
@@ -197,6 +210,7 @@ def _auto_warnings(result: Mapping[str, Any]) -> list[str]:
     if result.get("bar_warning"):
         warnings.append(f"<p class=\"warn\" id=\"bar-warning\"><b>Warning:</b> "
                         f"{escape(result['bar_warning'])}</p>")
+    warnings += _set_lines(result.get("selection_set"), "selection")
     choice = result.get("latency_choice") or {}
     if choice.get("inside_noise") and choice.get("tied"):
         warnings.append(f"<p id=\"latency-tie\">The winner's latency margin was inside "
