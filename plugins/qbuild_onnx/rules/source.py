@@ -222,7 +222,9 @@ class ImageDataset(_DatasetRule):
     heavy = True
     doc = ("A dataset from images: decode (alpha, greyscale, palette, 16-bit handled), "
            "resize/letterbox/crop, colour order, scale/mean/std, layout and dtype; optional "
-           "seeded augmentation to get more samples than images.")
+           "seeded augmentation to get more samples than images; `split` keeps one set "
+           "of a disjoint calibration / selection / evaluation split of the images, by "
+           "content.")
     attrs = {
         **_IMAGE_ATTRS,
         "variants": attr.mapping(default={}, doc="Other datasets with these settings: "
