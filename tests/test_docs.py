@@ -9,8 +9,9 @@ below, made from the repository's small models: a YOLOv8-style detector generate
 ``image_dataset`` asks for, 64×64 otherwise), Silero VAD from ``testdata/models`` and
 images from ``testdata/images``. Source files it names are made real the same way: a
 ``.onnx`` file is that detector (with external data when the snippet lists ``data``),
-image folders and globs get two test images, a ``.wav`` file a generated tone, a
-``ground_truth`` COCO annotations (or labels) of those two images.
+image folders and globs get two test images (a folder named ``photos``, which snippets
+split into three sets, a dozen of ``testdata/photos``), a ``.wav`` file a generated tone,
+a ``ground_truth`` COCO annotations (or labels) of those two images.
 
 A block that configures the workspace (``[settings]`` or ``[toolchain]``) is loaded as a
 ``qbuild.toml``. Only a block marked ``<!-- docs-test: toml: <reason> -->`` is merely
@@ -53,6 +54,9 @@ _BLOCK = re.compile(r"(?:<!--\s*docs-test:\s*(\w+)(?::\s*([^>]*?))?\s*-->[ \t]*\
 _PYTHON = re.compile(r"```python\n(# (\w+)\.py[^\n]*\n.*?)```", re.S)
 _SETUP = re.compile(r"<!--\s*docs-test:\s*setup\s*-->[ \t]*\n```sh\n(.*?)```", re.S)
 IMAGES = ROOT / "testdata" / "images"
+PHOTOS = ROOT / "testdata" / "photos"
+# the first 12 of them: each of the three sets of the default split has one or more
+PHOTOS_FOR_SPLITS = tuple(sorted(p.name for p in PHOTOS.glob("*.jpg"))[:12])
 SILERO = ROOT / "testdata" / "models" / "silero_vad_v3.1_transformer.onnx"
 FIXTURE_SIZE = 64
 
@@ -67,6 +71,8 @@ FIXTURES: dict[str, dict] = {
     "pre": {"rule": "quant_preprocess", "model": ":yolo_fp32"},
     "calib_images": _IMAGES,
     "eval_images": {**_IMAGES, "seed": 1},
+    # a search refuses a selection set that shares images with its calibration set
+    "select_images": {**_IMAGES, "images": ["imgs_select"]},
     "calib_data": _IMAGES,
     "calib": {"rule": "calibrate", "model": ":yolo_pre", "dataset": ":calib_images"},
     "yolo_int8": {"rule": "quantize", "model": ":yolo_pre", "calibration": ":calib"},
@@ -193,10 +199,11 @@ def _tone(path: Path) -> None:
         w.writeframes(pcm.tobytes())
 
 
-def _images(folder: Path) -> None:
+def _images(folder: Path, names: tuple[str, ...] = ("dog.jpg", "wolves.jpg"),
+            source: Path = IMAGES) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    for name in ("dog.jpg", "wolves.jpg"):
-        shutil.copyfile(IMAGES / name, folder / name)
+    for name in names:
+        shutil.copyfile(source / name, folder / name)
 
 
 def _sources(pkg: Path, tables: dict, make_detector) -> None:
@@ -219,6 +226,10 @@ def _sources(pkg: Path, tables: dict, make_detector) -> None:
                     continue
                 if "*" in entry:
                     _images((pkg / entry).parent)
+                elif entry == "photos":  # split into three sets: a dozen photographs
+                    _images(pkg / entry, PHOTOS_FOR_SPLITS, PHOTOS)
+                elif entry == "imgs_select":  # none of the calibration fixture's images
+                    _images(pkg / entry, ("australia.jpg", "test_colors.jpg"))
                 else:
                     _images(pkg / entry)
         elif rule == "dataset":

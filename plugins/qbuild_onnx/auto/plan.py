@@ -337,10 +337,12 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     if "lower" in steps:
         _lowered_trials(plan)
     me, trials = plan.me, plan.trials
-    # the trials' findings (slower than float, noisy timing) go to the search's report
-    # with one console line (auto_select), not one warning per trial
+    # the trials' findings (slower than float, noisy timing, a selection set too small
+    # to decide) go to the search's report with one console line each (auto_select),
+    # not one warning per trial
     eval_attrs = {**task_attrs, "latency_runs": raw.get("latency_runs", 20),
-                  "latency_warnings": False, "runtime": runtime}
+                  "latency_warnings": False, "runtime": runtime,
+                  "set_warnings": False}
     if "ground_truth" in raw:  # labelled metrics; the selection checks max_drop
         eval_attrs["ground_truth"] = raw["ground_truth"]
     for trial in trials:

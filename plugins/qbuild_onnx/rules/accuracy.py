@@ -9,8 +9,10 @@ imported inside the actions only.
 
 Reports name models by label: ``analyze`` passes the labels of the dependencies as
 params (so they are part of the action keys), never the target's own. ``evaluate`` is two
-actions: the measurement (report.json, report.html) and the check of its bars, so that
-changing only a bar (min_f1, min_sqnr_db, ...) runs no model again.
+actions: the measurement (report.json, with the evaluation set's counts) and the check of
+its bars, which also writes report.html and warns when the set is too small to decide
+them (``accuracy.evidence``), so that changing only a bar (min_f1, min_sqnr_db, ...) runs
+no model again.
 """
 
 from __future__ import annotations
@@ -196,6 +198,11 @@ class Evaluate(OnnxRule):
                                 "always come from onnxruntime; on openvino every model "
                                 "is also run on onnxruntime, and a gated model that "
                                 "openvino computes grossly differently fails)"),
+        "set_warnings": attr.bool(default=True, doc="Warn when the dataset is too small "
+                                  "to decide: too few reference detections or "
+                                  "predictions, distinct images or classes, or too few "
+                                  "for a bar's resolution (an auto_quantize search turns "
+                                  "it off for its trials and warns once itself)."),
     }
     outputs = ["report.json", "report.html"]
     provides = (EvaluationInfo,)
@@ -213,24 +220,26 @@ class Evaluate(OnnxRule):
 
     def analyze(self, ctx: AnalysisContext) -> None:
         deps = ("models", "reference", "baselines", "dataset")
-        params = _params(ctx, deps, ("metric_srcs", "ground_truth", *_BARS))
+        params = _params(ctx, deps, ("metric_srcs", "ground_truth", "set_warnings", *_BARS))
         ctx.action(evaluate, inputs=[*deps, "metric_srcs", "ground_truth"],
-                   outputs=["report.json", "report.html"], params=params, mnemonic="Evaluate")
-        ctx.action(check_bars, inputs=["report.json"], outputs=[], mnemonic="CheckBars",
-                   heavy=False, params={"task": ctx.attrs["task"], "gated": ctx.attrs["models"],
-                                        **{k: ctx.attrs[k] for k in _BARS}})
+                   outputs=["report.json"], params=params, mnemonic="Evaluate")
+        ctx.action(check_bars, inputs=["report.json"], outputs=["report.html"],
+                   mnemonic="CheckBars", heavy=False,
+                   params={"task": ctx.attrs["task"], "gated": ctx.attrs["models"],
+                           "set_warnings": ctx.attrs["set_warnings"],
+                           **{k: ctx.attrs[k] for k in _BARS}})
 
 
 _BARS = ("min_f1", "min_sqnr_db", "max_top1_drop", "min_psnr_db", "min_score", "max_drop")
 
 
 def evaluate(ctx: RunContext) -> EvaluationInfo:
-    """``evaluate``'s first action: run every model, write report.json and report.html."""
+    """``evaluate``'s first action: run every model, write report.json."""
     from qbuild_onnx_common.ort import session
     from qbuild_onnx_common.runtimes import ONNXRUNTIME, get
 
+    from ..accuracy.evidence import set_counts
     from ..accuracy.metrics import compare_outputs, run_model
-    from ..report.html import evaluate_html
 
     a, labels, deps = ctx.params, ctx.params["labels"], ctx.inputs
     _bounded(ctx, "reference", "models", "baselines")
@@ -253,6 +262,8 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
                                   "task": a["task"], "models": {}}
         if truth is not None:
             report["reference_labelled"] = _labelled(ctx, truth, ref, options, None)
+        report["evaluation_set"] = set_counts(a["task"], options, ref,
+                                              deps["dataset"][DatasetInfo].path)
         report["reference_bytes"] = ref_path.stat().st_size
         timed = _float_forms(report, runtime, ref_path, labels["reference"], ref_sess)
         floats = list(timed)
@@ -286,7 +297,6 @@ def evaluate(ctx: RunContext) -> EvaluationInfo:
     except OnnxError as e:
         raise ctx.fail(e.message, attr=e.attr) from None
     _write_json(ctx.output("report.json"), report)
-    ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
     return EvaluationInfo(report=ctx.output("report.json"))
 
 
@@ -398,12 +408,38 @@ def _quantized(path: Path) -> str | None:
     return form[0] if form else None
 
 
+def _count_bars(a: Mapping[str, Any]) -> dict[str, float]:
+    """The bars of an evaluate target that count decisions (those it sets), by the
+    names ``auto_quantize`` uses: min_score is F1 for detection, top-1 agreement for
+    classification."""
+    bars = {}
+    if a["min_f1"] > 0:
+        bars["min_f1"] = a["min_f1"]
+    if a["max_top1_drop"] < 1:
+        bars["max_top1_drop"] = a["max_top1_drop"]
+    if a["min_score"] > 0 and a["task"] in ("detection", "yolo", "classification"):
+        key = "min_top1_agreement" if a["task"] == "classification" else "min_f1"
+        bars[key] = max(bars.get(key, 0.0), a["min_score"])
+    return bars
+
+
 def check_bars(ctx: RunContext) -> None:
-    """``evaluate``'s second action: fail if a gated model misses a bar, or if the
-    runtime computes it grossly differently from onnxruntime (``runtime_check``)."""
+    """``evaluate``'s second action: report.html, with a warning (also on the console)
+    when the set is too small to decide the bars; fail if a gated model misses a bar, or
+    if the runtime computes it grossly differently from onnxruntime (``runtime_check``)."""
     import json
 
+    from ..accuracy.evidence import set_summary
+    from ..report.html import evaluate_html
+
     report = json.loads(ctx.inputs["report.json"].read_text())
+    if "evaluation_set" in report:
+        report["evaluation_set"] = set_summary(report["evaluation_set"],
+                                               _count_bars(ctx.params), "evaluation")
+        warning = report["evaluation_set"].get("warning")
+        if warning and ctx.params["set_warnings"]:
+            ctx.warn(warning)
+    ctx.output("report.html").write_text(evaluate_html(report), encoding="utf-8")
     failures: list[tuple[str, str]] = []
     for label in ctx.params["gated"]:
         entry = report["models"][label]

@@ -210,6 +210,9 @@ class AutoQuantize(OnnxRule):
         # change).
         a = ctx.attrs
         labels = {k: a[k] for k in ("model", "candidates")}
+        # the selection set must share no image with the calibration set
+        ctx.action(check_sets, inputs=["calibration_data", "evaluation_data"], outputs=[],
+                   mnemonic="CheckSets", heavy=False)
         ctx.action(trial_info, inputs=["model", "candidates"], outputs=["trials.json"],
                    mnemonic="Trials", heavy=False,
                    params={"trial_names": a["trial_names"], "labels": labels})
@@ -231,6 +234,21 @@ class AutoQuantize(OnnxRule):
                    outputs=[ctx.output("{name}.onnx")], mnemonic="Copy", heavy=False,
                    params={"trial_names": a["trial_names"],
                            "out": ctx.output("{name}.onnx")})
+
+
+def check_sets(ctx: RunContext) -> None:
+    """``auto_quantize``'s check that it does not choose on its calibration data: the
+    two datasets share no source image (image datasets) or no sample (others)."""
+    from ..source.splits import shared_content
+
+    what, shared = shared_content(ctx.inputs["calibration_data"][DatasetInfo].path,
+                                  ctx.inputs["evaluation_data"][DatasetInfo].path)
+    if shared:
+        listed = ", ".join(shared[:3]) + (", ..." if len(shared) > 3 else "")
+        raise ctx.fail(f"evaluation_data shares {len(shared)} {what[:-1]}(s) with "
+                       f"calibration_data ({listed}): a search judged on its calibration "
+                       "data looks better than it is; give disjoint sets (image_dataset's "
+                       "split)", attr="evaluation_data")
 
 
 def trial_info(ctx: RunContext) -> None:
@@ -294,6 +312,7 @@ def time_trials(ctx: RunContext) -> None:
 def auto_select(ctx: RunContext) -> None:
     """``auto_quantize``'s selection: the cheapest trial that meets the bar (or the float
     model); report.json, report.html and chosen.json. Reads JSON only."""
+    from ..accuracy.evidence import set_summary
     from ..auto.select import detector_warning, select
     from ..report.html import auto_html
 
@@ -340,6 +359,10 @@ def auto_select(ctx: RunContext) -> None:
                              trial_doc["model_outputs"], a["max_drop"])
     if blind:
         result["bar_warning"] = blind
+    counts = next((r["evaluation_set"] for r in reports
+                   if r is not None and "evaluation_set" in r), None)
+    if counts is not None:
+        result["selection_set"] = set_summary(counts, a["bar"], "selection")
     result = _clean(result)
     sens = None
     if deps["sensitivity"] is not None and deps["sensitivity"].failed is not None:
@@ -391,6 +414,8 @@ def _tell(ctx: RunContext, result: dict[str, Any], failed: dict[str, str], total
                  f"choice ({result['chosen']}) was made among few: {reasons}")
     if blind:
         ctx.warn(blind)
+    if (result.get("selection_set") or {}).get("warning"):
+        ctx.warn(result["selection_set"]["warning"])
 
 
 def copy_chosen(ctx: RunContext) -> OnnxModelInfo:

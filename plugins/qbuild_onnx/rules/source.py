@@ -199,6 +199,19 @@ _IMAGE_ATTRS = {
     "seed": attr.int(default=0, doc="Augmentation seed."),
     "flip": attr.bool(default=True, doc="Augmentation may flip horizontally."),
     "min_scale": attr.float(default=0.5, doc="Smallest crop area fraction in augmentation."),
+    "split": attr.enum(["all", "calibration", "selection", "evaluation"], default="all",
+                       doc="Keep one set of a disjoint split of the images: each image goes "
+                           "to calibration, selection or evaluation by a hash of its "
+                           "content and split_seed (never its name or place), so the sets "
+                           "never share an image, on any machine; all: every image."),
+    "split_fractions": attr.float_list(default=[0.3, 0.35, 0.35],
+                                       doc="Expected shares of calibration, selection and "
+                                           "evaluation (sum 1; actual sizes vary around "
+                                           "them, and report.json records them).",
+                                       when={"split": ["calibration", "selection",
+                                                       "evaluation"]}),
+    "split_seed": attr.int(default=0, doc="Another seed, another split.",
+                           when={"split": ["calibration", "selection", "evaluation"]}),
     **_DATASET_COMMON,
 }
 
@@ -219,7 +232,9 @@ class ImageDataset(_DatasetRule):
     heavy = True
     doc = ("A dataset from images: decode (alpha, greyscale, palette, 16-bit handled), "
            "resize/letterbox/crop, colour order, scale/mean/std, layout and dtype; optional "
-           "seeded augmentation to get more samples than images.")
+           "seeded augmentation to get more samples than images; `split` keeps one set "
+           "of a disjoint calibration / selection / evaluation split of the images, by "
+           "content.")
     attrs = {
         **_IMAGE_ATTRS,
         "variants": attr.mapping(default={}, doc="Other datasets with these settings: "
@@ -261,6 +276,12 @@ class ImageDataset(_DatasetRule):
             if len(attrs[name]) not in (1, 1 if attrs["color"] == "GRAY" else 3):
                 raise ConfigError(f"{name} must be one value or one per channel, got "
                                   f"{attrs[name]}", attr=name)
+        if attrs["split"] != "all":
+            from ..source.splits import check_fractions
+
+            problem = check_fractions(attrs["split_fractions"])
+            if problem:
+                raise ConfigError(problem, attr="split_fractions")
 
     def analyze(self, ctx: AnalysisContext) -> None:
         params = {k: v for k, v in ctx.attrs.items()
@@ -284,7 +305,8 @@ def build_images(ctx: RunContext) -> DatasetInfo:
     out = ctx.output("data/")
     try:
         build_image_dataset(out, ctx.inputs["images"], a["input"], opts,
-                            batch_size=a["batch_size"])
+                            batch_size=a["batch_size"], split=a["split"],
+                            split_fractions=a["split_fractions"], split_seed=a["split_seed"])
     except OnnxError as e:
         if e.file is not None:  # a staged image: named as the user knows it
             e.file = ctx.workspace_path(e.file)

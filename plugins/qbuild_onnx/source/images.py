@@ -7,6 +7,8 @@ crops and flips, so a few images give many calibration samples), geometry (stret
 letterbox with a pad value at the top-left or centred, or resize-and-centre-crop),
 colour order, ``(pixel * scale - mean) / std`` and NCHW/NHWC layout. Pixels are kept
 in float32 in the 0..255 range until normalisation, so 16-bit sources keep precision.
+Which images of a folder a dataset takes (one set of a disjoint split) is ``splits``'s;
+the manifest records every source image's content digest.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from qbuild_onnx_common.allocation import check_shape
 from qbuild_onnx_common.errors import OnnxError
 
 from .datasets import DatasetWriter
+from .splits import ALL, DEFAULT_FRACTIONS, split_files
 
 if TYPE_CHECKING:
     import numpy as np
@@ -265,29 +268,43 @@ def image_to_sample(path: str | Path, opts: ImageOptions,
 
 
 def build_image_dataset(out_dir: str | Path, sources: Iterable[str | Path], input_name: str,
-                        opts: ImageOptions, batch_size: int = 1) -> dict[str, Any]:
+                        opts: ImageOptions, batch_size: int = 1, split: str = ALL,
+                        split_fractions: Sequence[float] = DEFAULT_FRACTIONS,
+                        split_seed: int = 0) -> dict[str, Any]:
     """Write a dataset with one input from images, in sorted file order.
 
-    With ``opts.count`` larger than the number of images, sample ``k`` comes from image
-    ``k mod n``; the first ``n`` are the images as they are, later ones are augmented with
-    a generator seeded by ``(seed, k)``, so every sample is reproducible on its own.
+    ``split`` (``calibration``, ``selection`` or ``evaluation``) keeps only the images
+    of that set of the split of ``sources`` by content (``splits``); ``all`` keeps them
+    all. With ``opts.count`` larger than the number of images, sample ``k`` comes from
+    image ``k mod n``; the first ``n`` are the images as they are, later ones are
+    augmented with a generator seeded by ``(seed, k)``, so every sample is reproducible
+    on its own.
     """
     import numpy as np
 
     opts.check()
-    files = list_images(sources)
-    if not files:
+    found = list_images(sources)
+    if not found:
         raise OnnxError("no image files found")
+    files, digests, set_sizes = split_files(found, split, split_fractions, split_seed)
+    if not files:
+        raise OnnxError(f"the {split} set of these {len(found)} images is empty "
+                        f"(split_fractions {list(split_fractions)}, split_seed "
+                        f"{split_seed}): add images or give it a larger fraction",
+                        attr="split")
     count = opts.count or len(files)
     # each sample is made in float32 at the requested size before its dtype is applied
     check_shape(f"a sample of input '{input_name}'", opts.sample_shape(), np.float32)
-    w = DatasetWriter(out_dir, {input_name: (np.dtype(opts.dtype), opts.sample_shape())},
-                      batch_size=batch_size,
-                      meta={"kind": "images", "images": [f.name for f in files],
-                            "count": count,
+    meta: dict[str, Any] = {"kind": "images", "images": [f.name for f in files],
+                            "image_sha256": digests, "count": count,
                             # what labelled metrics need to map boxes to the images
                             "geometry": {"size": [opts.height, opts.width],
-                                         "resize": opts.resize, "align": opts.align}})
+                                         "resize": opts.resize, "align": opts.align}}
+    if split != ALL:
+        meta["split"] = {"set": split, "fractions": list(split_fractions),
+                         "seed": split_seed, "sizes": set_sizes}
+    w = DatasetWriter(out_dir, {input_name: (np.dtype(opts.dtype), opts.sample_shape())},
+                      batch_size=batch_size, meta=meta)
     sizes: list[list[int]] = []
     # Augmented samples revisit every image in turn; keep decoded images while they fit.
     cache: dict[int, Any] = {}
