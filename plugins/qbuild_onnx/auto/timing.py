@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 #: the name of the float model's second session in the timing result
@@ -32,11 +32,14 @@ COVERAGE = 0.90
 
 
 def time_candidates(sessions: Mapping[str, Any], feed: Mapping[str, Any], rounds: int,
-                    warmup: int = 3) -> dict[str, list[float]]:
+                    warmup: int = 3, progress: Callable[[int, int], None] | None = None
+                    ) -> dict[str, list[float]]:
     """Per session name, its CPU times (ms, timing thread) over ``rounds`` interleaved
-    rounds, each round running every session once in a rotated order."""
+    rounds, each round running every session once in a rotated order. ``progress(done,
+    total)`` is told the runs made so far (warm-up rounds included), after each run."""
     names = list(sessions)
     cpu: dict[str, list[float]] = {n: [] for n in names}
+    total, done = (warmup + rounds) * len(names), 0
     for r in range(warmup + rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:
@@ -45,6 +48,9 @@ def time_candidates(sessions: Mapping[str, Any], feed: Mapping[str, Any], rounds
             c1 = time.thread_time()
             if r >= warmup:
                 cpu[name].append((c1 - c0) * 1000.0)
+            done += 1
+            if progress is not None:  # (outside the timed span)
+                progress(done, total)
     return cpu
 
 

@@ -232,7 +232,9 @@ def trial_info(ctx: RunContext) -> None:
 def time_trials(ctx: RunContext) -> None:
     """``auto_quantize``'s timing: the float model (twice: the twin measures the noise
     between two sessions of one model) and every candidate that did not fail, timed in
-    one interleaved run on the first evaluation sample; latency.json (``auto.timing``)."""
+    one interleaved run on the first evaluation sample; latency.json (``auto.timing``).
+    Its progress: the models loaded, then the timed runs (every round runs every model),
+    of all there are to do."""
     from qbuild_onnx_common.errors import OnnxError
     from qbuild_onnx_common.ort import session
 
@@ -245,17 +247,25 @@ def time_trials(ctx: RunContext) -> None:
     doc: dict[str, Any] = {"rounds": 0, "candidates": {}}
     if rounds > 0:
         ref = ctx.inputs["model"][OnnxModelInfo].model
+        models = {FLOAT: ref, TWIN: ref}
+        for name, dep in zip(ctx.params["trial_names"], ctx.inputs["candidates"],
+                             strict=True):
+            if "failed" not in trials[name] and dep.failed is None:
+                models[name] = dep[OnnxModelInfo].model
+        warmup = 3
+        loads, runs = len(models), (warmup + rounds) * len(models)
         try:
             feed = model_feeds(ctx.inputs["evaluation_data"][DatasetInfo].path, ref, 1)[0]
-            sessions = {FLOAT: session(ref), TWIN: session(ref)}
-            for name, dep in zip(ctx.params["trial_names"], ctx.inputs["candidates"],
-                                 strict=True):
-                if "failed" not in trials[name] and dep.failed is None:
-                    sessions[name] = session(dep[OnnxModelInfo].model)
+            sessions: dict[str, Any] = {}
+            for name, path in models.items():
+                sessions[name] = session(path)
+                ctx.progress(len(sessions), loads + runs)
         except OnnxError as e:
             raise ctx.fail(e.message, attr="model") from None
-        warmup = 3
-        doc = summarise(time_candidates(sessions, feed, rounds, warmup), warmup)
+        doc = summarise(time_candidates(sessions, feed, rounds, warmup,
+                                        lambda done, _runs: ctx.progress(loads + done,
+                                                                         loads + runs)),
+                        warmup)
         ctx.log(f"timed {len(sessions) - 2} candidate(s) and float interleaved, "
                 f"{rounds} rounds: noise floor {doc['noise_floor']} (float twin)")
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
