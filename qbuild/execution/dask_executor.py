@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..core import live
 from ..core.errors import ConfigError, RuleError, UsageError
 from ..core.labels import Label
 from ..core.records import ActionResult, KeyParts, Outcome, OutputEntry, TargetActions
@@ -179,6 +180,10 @@ class DaskExecutor:
         self._futures: set[Any] = set()
         self._workers_seen: tuple[float, dict[str, Any]] = (float("-inf"), {})
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        # Workers send a running action's ctx.progress as Dask events on this client's
+        # own topic; shown on the live line while the action is in flight (_remote).
+        self._progress_topic = f"qbuild-progress-{uuid.uuid4().hex}"
+        self._in_flight: set[str] = set()
         self._connect()
 
     # -- the cluster ----------------------------------------------------------------------
@@ -211,6 +216,10 @@ class DaskExecutor:
             self.fell_back = why
             self.message(f"WARNING: {why}; --remote_local_fallback: building here")
             return
+        try:
+            self.client.subscribe_topic(self._progress_topic, self._progress)
+        except Exception:  # noqa: BLE001 - progress is a courtesy: builds go on without it
+            pass
         workers = info.get("workers", {})
         self.threads = sum(int(w.get("nthreads", 0)) for w in workers.values())
         for worker in workers.values():
@@ -231,6 +240,19 @@ class DaskExecutor:
             return dict(self.client.scheduler_info(n_workers=-1))
         except TypeError:
             return dict(self.client.scheduler_info())
+
+    def _progress(self, event: Any) -> None:
+        """A worker's ``(timestamp, {"label", "done", "total"})`` event (called on the
+        client's event loop): shown while that label's action is in flight."""
+        try:
+            message = event[1]
+            label, done, total = str(message["label"]), int(message["done"]), \
+                int(message["total"])
+        except (TypeError, KeyError, IndexError, ValueError):
+            return
+        with self._lock:  # (a late event for an action that ended is dropped)
+            if label in self._in_flight:
+                live.report(label, done, total)
 
     def submit(self, action: TargetActions) -> concurrent.futures.Future[Outcome]:
         """Run ``action`` on the cluster or here, from a thread of this executor's (one
@@ -284,6 +306,20 @@ class DaskExecutor:
                 raise
             return self._here(action)
         self._ensure_inputs(action)
+        label = str(action.label)
+        with self._lock:
+            self._in_flight.add(label)
+        try:
+            return self._remote(action, parts, resources)
+        finally:
+            with self._lock:
+                self._in_flight.discard(label)
+                live.forget(label)
+
+    def _remote(self, action: TargetActions, parts: KeyParts, resources: dict[str, float]
+                ) -> Outcome:
+        """Run ``action`` on the cluster (asking other workers when one refuses), or here
+        once the cluster is gone and the fallback allows it."""
         excluded: set[str] = set()
         for _attempt in range(_MAX_REFUSALS):
             reply = self._submit(action, parts, resources, excluded)
@@ -410,7 +446,7 @@ class DaskExecutor:
 
         config = self.store.remote_config
         return {"protocol": PROTOCOL, "action": action, "parts": parts,
-                "pins": self.pins,
+                "pins": self.pins, "progress_topic": self._progress_topic,
                 "remote": {"url": config.url, "timeout": config.timeout,
                            "headers": dict(config.headers), "upload": config.upload}}
 

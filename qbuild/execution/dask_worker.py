@@ -2,7 +2,9 @@
 machine, with the remote cache as the only way bytes come in and go out.
 
 Owns: ``run_remote(request)`` (the function a Dask worker runs; it imports nothing from
-Dask, so any executor that can call a function by reference could run it), the identity
+Dask but ``get_worker``, to send the action's progress to the client as a Dask event on
+the request's ``progress_topic``, so any executor that can call a function by reference
+could run it), the identity
 check that refuses an action when this machine's qbuild, plugin, rule code, declared
 environment facts or toolchain pins differ from the client's, and the per-process state
 (a local cache under ``QBUILD_WORKER_CACHE_DIR``, one ``LocalExecutor`` per remote cache).
@@ -25,6 +27,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from ..core import live
 from ..core.errors import QbuildError, RuleError
 from ..core.files import SourceDigests, stat_key
 from ..core.generation import new_fact_generation
@@ -132,6 +135,56 @@ def _worker_name() -> tuple[str, int]:
         return f"{socket.gethostname()}:{os.getpid()}", os.cpu_count() or 1
 
 
+_PROGRESS_EVERY = 0.25  # seconds between looks at a running action's progress
+
+
+class _Progress:
+    """While an action runs here, send each new ``ctx.progress`` it reports to the
+    client: a Dask event ``{"label", "done", "total"}`` on the request's topic. Nothing
+    is sent outside a Dask worker, or when the client named no topic."""
+
+    def __init__(self, label: str, topic: str | None) -> None:
+        self.label = label
+        self.stop = threading.Event()
+        self.thread: threading.Thread | None = None
+        send = _event_sender(topic) if topic else None
+        if send is not None:
+            self.thread = threading.Thread(target=self._watch, args=(send,),
+                                           name="qbuild-progress", daemon=True)
+
+    def __enter__(self) -> _Progress:
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()
+
+    def _watch(self, send: Any) -> None:
+        last = None
+        while not self.stop.wait(_PROGRESS_EVERY):
+            now = live.read(self.label)
+            if now is not None and now != last:
+                last = now
+                try:
+                    send({"label": self.label, "done": now[0], "total": now[1]})
+                except Exception:  # noqa: BLE001 - progress never fails an action
+                    return
+
+
+def _event_sender(topic: str) -> Any:
+    """``send(message)`` logging a Dask event on ``topic`` from this worker, or None."""
+    try:
+        from distributed import get_worker
+
+        worker: Any = get_worker()
+    except (ImportError, ValueError):
+        return None
+    return lambda message: worker.log_event(topic, message)
+
+
 def _rule_class(rule_ref: str) -> Any:
     import importlib
 
@@ -220,7 +273,8 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
         return {**reply, "status": "refused", "reason": "; ".join(problems)}
     executor.executable[action.key] = set(request["parts"]["executable_sources"])
     try:
-        outcome = executor.execute(action)
+        with _Progress(str(action.label), request.get("progress_topic")):
+            outcome = executor.execute(action)
     except ActionFailed as exc:
         return {**reply, "status": "failed", "error": str(exc.error), "log_tail": exc.log_tail,
                 "started": exc.started}

@@ -1,5 +1,6 @@
 """Rules for the distributed tests: one that blocks until its worker is killed (the retry,
-seeing the marker the first run left, finishes at once with the same bytes)."""
+seeing the marker the first run left, finishes at once with the same bytes), and one that
+reports its progress and waits until the test has seen it."""
 
 from __future__ import annotations
 
@@ -37,6 +38,24 @@ class GpuBlock(Block):
     accelerators = {"GPU": 1.0}
 
 
+class Progress(Rule):
+    """Report 2 of 5 done, then wait (60 s at most) for the file ``release`` before
+    writing the output."""
+
+    kind = "progress"
+    heavy = True
+    attrs = {"release": attr.string(required=True, doc="A file outside the sandbox.")}
+    outputs = ["out.txt"]
+
+    def run(self, ctx: ActionContext) -> None:
+        ctx.progress(2, 5)
+        release = Path(ctx.attrs["release"])
+        deadline = time.monotonic() + 60
+        while not release.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ctx.output("out.txt").write_text("released" if release.exists() else "timed out")
+
+
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    return [Block, GpuBlock]
+    return [Block, GpuBlock, Progress]

@@ -114,6 +114,38 @@ def test_light_actions_stay_local_by_default(tmp_path, cache_server, local_clust
     assert executed["remote_actions"] == 1 and executed["local_actions"] == 2
 
 
+def test_progress_of_an_action_on_a_worker_reaches_the_client(tmp_path, cache_server,
+                                                              local_cluster):
+    from qbuild.core import live
+
+    release = tmp_path / "release"
+    ws = make(tmp_path, "ws")
+    ws.write("g/BUILD.toml", f'[long]\nrule = "progress"\nrelease = "{release}"\n')
+    outcome = {}
+
+    def build() -> None:
+        outcome["result"] = ws.build("//g:long", remote_cache=_prefix(cache_server, tmp_path),
+                                     remote_executor=_address(local_cluster))
+
+    thread = threading.Thread(target=build)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        # what the console's live line shows for the running action (ctx.progress)
+        while live.read("//g:long") != (2, 5):
+            assert time.monotonic() < deadline and thread.is_alive(), \
+                "the worker's progress never reached the client"
+            time.sleep(0.02)
+    finally:
+        release.touch()
+    thread.join(120)
+    result = outcome["result"]
+    assert result.ok, result.error + result.log
+    assert result.remote_execution["remote_actions"] == 1  # it ran on a worker
+    assert result.output("//g:long").read_text() == "released"
+    assert live.read("//g:long") is None  # forgotten once the action ended
+
+
 def test_a_worker_killed_mid_action_is_survived(tmp_path, cache_server, local_cluster):
     markers = tmp_path / "markers"
     markers.mkdir()

@@ -217,17 +217,36 @@ def test_a_chain_of_1100_targets_is_analysed(ws):
     assert graph.code == 0, graph.stderr
 
 
+def _waiting_for_a_flock(proc, seconds=60):
+    """Wait until ``proc`` is blocked taking an ``flock`` (a ``->`` line of /proc/locks:
+    the only lock a build waits for is an action key's)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        with open("/proc/locks") as handle:
+            for line in handle:
+                fields = line.split()
+                if fields[1:3] == ["->", "FLOCK"] and fields[5] == str(proc.pid):
+                    return
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the second build never waited for the key lock"
+        time.sleep(0.02)
+
+
 def test_two_processes_building_the_same_target_run_it_once(ws, tmp_path):
-    counter = tmp_path / "runs"
+    counter, release = tmp_path / "runs", tmp_path / "release"
     ws.write("p/BUILD.toml", f"""
         [slow]
         rule = "command"
         outs = ["x"]
-        cmd = "echo run >> {counter}; sleep 2; echo done > $(OUT)"
-    """)
+        cmd = "echo run >> {counter}; while [ ! -e {release} ]; do sleep 0.02; done; echo done > $(OUT)"
+    """)  # noqa: E501
     first = _cli(ws, "build", "//p:slow")
     _wait_for(counter, first)
     second = _cli(ws, "build", "//p:slow")
+    try:
+        _waiting_for_a_flock(second)  # the first build holds the key while its action runs
+    finally:
+        release.touch()
     assert first.wait(60) == 0, first.communicate()
     out, err = second.communicate(timeout=60)
     assert second.returncode == 0, err

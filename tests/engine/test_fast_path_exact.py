@@ -29,7 +29,7 @@ def _start(ws, *args):
 
 
 def test_a_source_saved_during_the_build_is_picked_up_next_time(ws, tmp_path):
-    marker = tmp_path / "b_started"
+    marker, edited = tmp_path / "b_started", tmp_path / "edited"
     ws.write("p/a.txt", "old\n")
     ws.write("p/BUILD.toml", f"""
         [a]
@@ -42,12 +42,15 @@ def test_a_source_saved_during_the_build_is_picked_up_next_time(ws, tmp_path):
         rule = "command"
         srcs = [":a"]
         outs = ["b.out"]
-        cmd = "touch {marker}; sleep 1.5; cat $(SRCS) > $(OUT)"
-    """)
+        cmd = "touch {marker}; while [ ! -e {edited} ]; do sleep 0.02; done; cat $(SRCS) > $(OUT)"
+    """)  # noqa: E501
     time.sleep(0.1)
     proc = _start(ws, "//p:a", "//p:b")
-    _wait_for(marker, proc)  # :a has read a.txt and finished; :b is running
-    ws.write("p/a.txt", "new\n")
+    try:
+        _wait_for(marker, proc)  # :a has read a.txt and finished; :b is running
+        ws.write("p/a.txt", "new\n")
+    finally:
+        edited.touch()  # :b ends only after the edit
     assert proc.wait(60) == 0, proc.communicate()
     again = _build(ws, "//p:a", "//p:b")
     assert "nothing changed" not in again.stderr

@@ -224,7 +224,8 @@ cmd = \"\"\"echo j > $(OUT) && touch ../left && mkdir -p ../deep/er ws-extra && 
 rule = "command"
 srcs = [":junk"]
 outs = ["s.txt"]
-cmd = "sleep 1 && cp $(SRCS) $(OUT)"
+cmd = \"\"\"for i in $(seq 1500); do [ -z "$(find {sandboxes} -maxdepth 2 -name left)" ] && \\
+    break; sleep 0.02; done; cp $(SRCS) $(OUT)\"\"\"
 
 [look]
 rule = "command"
@@ -241,7 +242,8 @@ def test_a_reused_sandbox_looks_exactly_like_a_new_one(qbuild_workspace, tmp_pat
     sandbox holds."""
     ws = qbuild_workspace
     ws.write("p/a.txt", "alpha\n")
-    ws.write("p/BUILD.toml", LOOKER)
+    # slow waits (30 s at most) until junk's sandbox is emptied (its file 'left' gone)
+    ws.write("p/BUILD.toml", LOOKER.format(sandboxes=ws.cache_dir / "tmp"))
     # junk, slow (while junk's sandbox is emptied), then look in what junk left
     reused = ws.build("//p:look", jobs=1)
     assert reused.ok, reused.failed
@@ -249,7 +251,7 @@ def test_a_reused_sandbox_looks_exactly_like_a_new_one(qbuild_workspace, tmp_pat
 
     fresh_ws = Workspace(tmp_path / "ws2", tmp_path / "cache2")
     fresh_ws.write("p/a.txt", "alpha\n")
-    fresh_ws.write("p/BUILD.toml", LOOKER)
+    fresh_ws.write("p/BUILD.toml", LOOKER.format(sandboxes=fresh_ws.cache_dir / "tmp"))
     assert fresh_ws.build("//p:slow", jobs=1).ok  # another build: its sandboxes are gone
     fresh = fresh_ws.build("//p:look", jobs=1)
     assert fresh.ok, fresh.failed

@@ -161,9 +161,10 @@ def test_credentials_are_sent_but_never_printed_or_logged(fault, tmp_path):
     assert all(h.get("Authorization", "").startswith("Basic ") for h in sent)
     fault.mode = "error"
     shutil.rmtree(ws.cache_dir)
+    # (500s are retried until the remote timeout: a short one, not the default minute)
     failing = ws.cli("build", "//c:hello", f"--remote_cache={fault.url}", "--verbose",
-                     "--remote_header=X-Cache-Token=h3ader-s3cret", f"--event_log={events}",
-                     env=env)
+                     "--remote_timeout=0.5", "--remote_header=X-Cache-Token=h3ader-s3cret",
+                     f"--event_log={events}", env=env)
     assert failing.code == 0 and "WARNING: remote cache" in failing.stderr
     bad_flag = ws.cli("build", "//c:hello", "--remote_cache=" + fault.url,
                       "--remote_header=h3ader-s3cret")

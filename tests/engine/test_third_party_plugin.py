@@ -2,31 +2,17 @@
 environment and build with its rule through the real CLI."""
 
 import os
-import site
 import subprocess
 import sys
-import venv
 from pathlib import Path
+
+from plugin_env import venv_with_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_installed_third_party_plugin_is_found_and_builds(tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    # The new environment sees this interpreter's packages (qbuild and its dependencies)
-    # even when that interpreter is itself a virtual environment, whose packages
-    # system_site_packages would not reach.
-    purelib = subprocess.run([str(python), "-c",
-                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    host = [p for p in site.getsitepackages() if Path(p).is_dir()]
-    Path(purelib, "qbuild_host.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in host))
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
-                    str(ROOT / "examples" / "plugin-wordcount")],
-                   check=True, capture_output=True)
+    python = venv_with_plugin(tmp_path / "venv", ROOT / "examples" / "plugin-wordcount")
     ws = tmp_path / "ws"
     (ws / "docs").mkdir(parents=True)
     (ws / "qbuild.toml").write_text(f'[settings]\ncache_dir = "{tmp_path / "cache"}"\n')
@@ -53,8 +39,9 @@ def test_installed_third_party_plugin_is_found_and_builds(tmp_path):
     code = subprocess.run([str(python), "-c", probe], cwd=tmp_path, env=env,
                           capture_output=True, text=True)
     assert code.stdout.startswith("0 ['qbuild_wordcount/__init__.py'"), code.stdout + code.stderr
+    # (without this repository's pytest options: no workers for the plugin's few tests)
     tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            str(ROOT / "examples/plugin-wordcount/tests")], cwd=tmp_path,
-                           env=env, capture_output=True, text=True)
+                            "-o", "addopts=", str(ROOT / "examples/plugin-wordcount/tests")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
     assert tests.returncode == 0, tests.stdout + tests.stderr
     assert sys.executable  # the host interpreter is untouched

@@ -3,27 +3,16 @@ and listed with ``qbuild aquery`` through the real CLI, and its own tests run th
 
 import json
 import os
-import site
 import subprocess
-import venv
 from pathlib import Path
+
+from plugin_env import venv_with_plugin
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_installed_v2_plugin_builds_and_aquery_lists_its_actions(tmp_path):
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(env_dir)
-    python = env_dir / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c",
-                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             check=True, capture_output=True, text=True).stdout.strip()
-    host = [p for p in site.getsitepackages() if Path(p).is_dir()]
-    Path(purelib, "qbuild_host.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in host))
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
-                    str(ROOT / "examples" / "plugin-textstats")],
-                   check=True, capture_output=True)
+    python = venv_with_plugin(tmp_path / "venv", ROOT / "examples" / "plugin-textstats")
     ws = tmp_path / "ws"
     (ws / "docs").mkdir(parents=True)
     (ws / "qbuild.toml").write_text(f'[settings]\ncache_dir = "{tmp_path / "cache"}"\n')
@@ -53,7 +42,8 @@ def test_installed_v2_plugin_builds_and_aquery_lists_its_actions(tmp_path):
     assert bad.stderr.strip().splitlines() == [
         "ERROR: docs/BUILD.toml, target //docs:bad, attribute 'texts': //docs:files (rule "
         "'filegroup') does not provide TextStatsInfo (it provides: DefaultInfo)"]
+    # (without this repository's pytest options: no workers for the plugin's few tests)
     tests = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                            str(ROOT / "examples/plugin-textstats/tests")], cwd=tmp_path,
-                           env=env, capture_output=True, text=True)
+                            "-o", "addopts=", str(ROOT / "examples/plugin-textstats/tests")],
+                           cwd=tmp_path, env=env, capture_output=True, text=True)
     assert tests.returncode == 0, tests.stdout + tests.stderr

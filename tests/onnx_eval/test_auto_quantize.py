@@ -122,3 +122,31 @@ def test_bad_bar_and_generated_attributes_are_config_errors(ws):
     ws.write("m/BUILD.toml", BUILD.format(bar="min_score = 0.5") + 'candidates = [":fp"]\n')
     r = ws.build("//m:auto")
     assert r.exit_code == 2 and "candidates" in r.error
+
+
+def test_the_search_s_timing_reports_its_progress(ws, monkeypatch):
+    from qbuild.core import live
+
+    seen: list[tuple[int, int] | None] = []
+    forget = live.forget
+
+    def spy(label: str) -> None:  # what the live line shows as each action ends
+        if label == "//m:auto":
+            seen.append(live.read(label))
+        forget(label)
+
+    monkeypatch.setattr(live, "forget", spy)
+    timed = BUILD.format(bar="max_top1_drop = 0.2").replace(
+        "latency_runs = 0", "latency_runs = 2").replace(
+        '"per_channel", "bias_correction", "percentile_region", "float_top_k"', '"per_channel"')
+    ws.write("m/BUILD.toml", timed)
+    r = ws.build("//m:auto")
+    assert r.ok, r.error
+    assert r.actions["//m:auto"]["Time"] == "ran"
+    latency = json.loads(next(p for p in r.outputs("//m:auto")
+                              if p.name == "latency.json").read_text())
+    models = len(latency["candidates"]) + 2  # and the float model and its twin
+    assert models == 4  # u8, u8_per_tensor
+    # each model loaded, then (3 warm-up + 2) rounds of every model
+    done = models + (3 + 2) * models
+    assert seen == [None, (done, done), None, None]  # Trials, Time, Select, Copy

@@ -95,7 +95,7 @@ def test_the_evaluation_split_of_the_photographs_is_large_enough(qbuild_workspac
     ws.write("d/BUILD.toml", EVALUATE.format(split="evaluation", min_f1=0.99))
     r = ws.build("//d:ev")
     assert r.ok, r.error
-    assert r.steps["//d:ev"] == {"Evaluate": "cached", "CheckBars": "ran"}
+    assert r.actions["//d:ev"] == {"Evaluate": "cached", "CheckBars": "ran"}
     (line,) = _warnings(r.log)
     assert "min_f1 = 0.99 allows 1 missed detection among" in line
     assert "fewer than 3 (rule of three: 152 reference detections would allow 3)" in line

@@ -22,7 +22,7 @@ any runtime); the selection reads the result as JSON.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from qbuild_onnx_common.runtimes.base import Session
@@ -46,12 +46,14 @@ def float_sessions(form: str) -> tuple[str, str]:
 
 
 def time_candidates(sessions: Mapping[str, Session], feed: Mapping[str, Any], rounds: int,
-                    warmup: int = 3) -> dict[str, list[float]]:
+                    warmup: int = 3, progress: Callable[[int, int], None] | None = None
+                    ) -> dict[str, list[float]]:
     """Per session name, its CPU times (ms, timing thread) over ``rounds`` interleaved
-    rounds, each round running every session once in a rotated order."""
+    rounds, each round running every session once in a rotated order. ``progress(done,
+    total)`` is told the runs made so far (warm-up rounds included), after each run."""
     from qbuild_onnx_common.runtimes.timing import interleaved
 
-    return interleaved(sessions, feed, rounds, warmup).cpu
+    return interleaved(sessions, feed, rounds, warmup, progress).cpu
 
 
 def _bootstrap_median(ratios: Sequence[float], seed: int) -> tuple[float, float]:

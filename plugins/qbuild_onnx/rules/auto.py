@@ -270,7 +270,8 @@ def time_trials(ctx: RunContext) -> None:
     """``auto_quantize``'s timing: the float model (twice per float form the runtime
     offers: the twin measures the noise between two sessions of one model) and every
     candidate that did not fail, timed on the search's runtime in one interleaved run on
-    the first evaluation sample; latency.json (``auto.timing``)."""
+    the first evaluation sample; latency.json (``auto.timing``). Its progress: the models
+    loaded, then the timed runs (every round runs every model), of all there are to do."""
     from qbuild_onnx_common.errors import OnnxError
     from qbuild_onnx_common.runtimes import get
     from qbuild_onnx_common.runtimes.base import DEFAULT, Session
@@ -284,23 +285,31 @@ def time_trials(ctx: RunContext) -> None:
     doc: dict[str, Any] = {"rounds": 0, "candidates": {}}
     if rounds > 0:
         ref = ctx.inputs["model"][OnnxModelInfo].model
+        candidates = {name: dep[OnnxModelInfo].model for name, dep in
+                      zip(ctx.params["trial_names"], ctx.inputs["candidates"], strict=True)
+                      if "failed" not in trials[name] and dep.failed is None}
+        warmup = 3
         try:
             runtime = get(ctx.params["runtime"])
             feed = model_feeds(ctx.inputs["evaluation_data"][DatasetInfo].path, ref, 1)[0]
             forms = runtime.float_forms()
             sessions: dict[str, Session] = {}
+            names = [name for form in forms for name in float_sessions(form.name)]
+            loads = len(names) + len(candidates)
+            runs = (warmup + rounds) * loads
             for form in forms:
                 for name in float_sessions(form.name):
                     sessions[name] = runtime.load(ref, precision=form.precision)
-            for name, dep in zip(ctx.params["trial_names"], ctx.inputs["candidates"],
-                                 strict=True):
-                if "failed" not in trials[name] and dep.failed is None:
-                    sessions[name] = runtime.load(dep[OnnxModelInfo].model, precision=DEFAULT)
+                    ctx.progress(len(sessions), loads + runs)
+            for name, path in candidates.items():
+                sessions[name] = runtime.load(path, precision=DEFAULT)
+                ctx.progress(len(sessions), loads + runs)
         except OnnxError as e:
             raise ctx.fail(e.message, attr=e.attr or "model") from None
-        warmup = 3
-        doc = summarise(time_candidates(sessions, feed, rounds, warmup), warmup,
-                        [f.name for f in forms])
+        doc = summarise(time_candidates(sessions, feed, rounds, warmup,
+                                        lambda done, _runs: ctx.progress(loads + done,
+                                                                         loads + runs)),
+                        warmup, [f.name for f in forms])
         doc["runtime"] = {"name": runtime.name, "version": runtime.version(),
                           **runtime.facts()}
         ctx.log(f"timed {len(sessions) - 2 * len(forms)} candidate(s) and float interleaved "

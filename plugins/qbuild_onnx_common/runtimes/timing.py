@@ -11,7 +11,7 @@ speed check) and ``auto_quantize``'s timing summarise what it measures.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +28,14 @@ class Times:
 
 
 def interleaved(sessions: Mapping[str, Session], feed: Mapping[str, Any], rounds: int,
-                warmup: int = 3) -> Times:
+                warmup: int = 3, progress: Callable[[int, int], None] | None = None
+                ) -> Times:
     """Time ``sessions`` on ``feed`` for ``warmup + rounds`` interleaved rounds (the
-    first ``warmup`` untimed)."""
+    first ``warmup`` untimed). ``progress(done, total)`` is told the runs made so far
+    (warm-up rounds included), after each run, outside the timed span."""
     names = list(sessions)
     times = Times({n: [] for n in names}, {n: [] for n in names})
+    total, done = (warmup + rounds) * len(names), 0
     for r in range(warmup + rounds):
         k = r % len(names) if names else 0
         for name in names[k:] + names[:k]:
@@ -44,6 +47,9 @@ def interleaved(sessions: Mapping[str, Session], feed: Mapping[str, Any], rounds
             if r >= warmup:
                 times.wall[name].append((t1 - t0) * 1000.0)
                 times.cpu[name].append((c1 - c0) * 1000.0)
+            done += 1
+            if progress is not None:
+                progress(done, total)
     return times
 
 
