@@ -378,11 +378,8 @@ class DaskExecutor:
                 if remote.cas_size(digest) is None:
                     if rel is not None:
                         self._upload_source(action, rel, digest)
-                    else:
-                        path = self.store.local._blob_path(digest)
-                        if path is None:
-                            raise MissingBlob(label)
-                        remote.put_cas(digest, path, path.stat().st_size)
+                    elif not self.store.send_blob(digest):  # gone or damaged here
+                        raise MissingBlob(label)
             except (OSError, _remote_error()) as exc:
                 raise ActionFailed(RuleError(f"cannot send the inputs of the action to the "
                                              f"remote cache ({_short(exc)})",

@@ -257,7 +257,6 @@ def _send_blobs(store: LayeredStore, result: Any) -> None:
     for entry in result.outputs:
         if store.remote.cas_size(entry.digest) == entry.size:
             continue
-        path = store.local._blob_path(entry.digest)
-        if path is None:
-            raise RemoteError("an output blob left the worker's cache before its upload")
-        store.remote.put_cas(entry.digest, path, entry.size)
+        if not store.send_blob(entry.digest, entry.size):
+            raise RemoteError("an output blob left the worker's cache (or was damaged) "
+                              "before its upload")
