@@ -21,7 +21,11 @@ worker whose code differs refuses (the action is sent again, to the other worker
 action no remaining worker can run (the only one offering its resources was lost) is
 cancelled and runs here with the fallback, or fails saying so; an unreachable scheduler,
 or a port that does not answer in Dask's protocol, is one error (exit 2) within the
-connect timeout, or local execution with the fallback.
+connect timeout, or local execution with the fallback. An input blob the server lost
+between the client's check and the worker's fetch (evicted) is checked and sent again,
+twice at most; a cache server failing (here, or on the worker: errors, wrong bytes)
+fails the action in one line, or with the fallback runs it here, and once this client
+has given up on the server every remote action of the build runs here.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ if TYPE_CHECKING:
 
 STRATEGIES = ("remote", "local")
 _MAX_REFUSALS = 8  # different workers asked before an action gives up
+_MAX_RESENDS = 2  # sends again of an action whose input left the server meanwhile
 _CHECK_EVERY = 2.0  # seconds between checks that a worker able to run a task is left
 
 
@@ -176,6 +181,7 @@ class DaskExecutor:
         self.ran_here = 0
         self.fell_back = ""  # why remote actions run here, once the cluster is gone
         self._present: set[str] = set()  # digests known to be on the cache server
+        self._cache_warned = False
         self._lock = threading.Lock()
         self._futures: set[Any] = set()
         self._workers_seen: tuple[float, dict[str, Any]] = (float("-inf"), {})
@@ -299,13 +305,16 @@ class DaskExecutor:
             return self._here(action)
         if self.settings.where(str(parts.get("rule", "")), action.heavy) == "local":
             return self._here(action)
+        if not self.store.usable and self.settings.local_fallback:
+            # The cache, the cluster's data plane, was given up on in this build: what a
+            # worker makes could not be fetched (nor its inputs checked) from here.
+            return self._here(action)
         try:
             action, resources = self._placement(action)
         except ActionFailed:
             if not self.settings.local_fallback:
                 raise
             return self._here(action)
-        self._ensure_inputs(action)
         label = str(action.label)
         with self._lock:
             self._in_flight.add(label)
@@ -321,23 +330,41 @@ class DaskExecutor:
         """Run ``action`` on the cluster (asking other workers when one refuses), or here
         once the cluster is gone and the fallback allows it."""
         excluded: set[str] = set()
-        for _attempt in range(_MAX_REFUSALS):
+        resent = 0
+        while True:
+            try:
+                self._ensure_inputs(action)
+            except _CacheTrouble as exc:
+                return self._cache_failed(action, str(exc))
             reply = self._submit(action, parts, resources, excluded)
             if reply is None:  # the cluster went away; fallback chosen
                 return self._here(action)
             status = reply["status"]
             if status == "refused":
-                with self._lock:
-                    first = reply["worker"] not in self.refused
-                    self.refused[reply["worker"]] = reply["reason"]
-                if first:
-                    self.message(f"WARNING: worker {reply['worker']} refused {action.label}: "
-                                 f"{reply['reason']}")
-                excluded.add(reply["worker"])
-                if not self._others(excluded):
-                    break
+                if self._refusal(action, reply, excluded):
+                    continue
+                return self._all_refused(action, excluded)
+            if status in ("missing", "missing_source") and resent < _MAX_RESENDS:
+                # Evicted from the server since it was checked: check and send again.
+                resent += 1
+                self._forget(action)
                 continue
+            if status in ("missing_source", "error") and self.settings.local_fallback:
+                return self._cache_failed(action, _worker_trouble(reply))
             return self._accept(action, parts, reply)
+
+    def _refusal(self, action: TargetActions, reply: dict[str, Any], excluded: set[str]) -> bool:
+        """Note a worker's refusal; True if other workers are left to ask."""
+        with self._lock:
+            first = reply["worker"] not in self.refused
+            self.refused[reply["worker"]] = reply["reason"]
+        if first:
+            self.message(f"WARNING: worker {reply['worker']} refused {action.label}: "
+                         f"{reply['reason']}")
+        excluded.add(reply["worker"])
+        return len(excluded) < _MAX_REFUSALS and bool(self._others(excluded))
+
+    def _all_refused(self, action: TargetActions, excluded: set[str]) -> Outcome:
         if self.settings.local_fallback:
             return self._here(action)
         reasons = "; ".join(f"{w}: {r}" for w, r in sorted(self.refused.items())
@@ -346,6 +373,26 @@ class DaskExecutor:
                                      f"installation differs from this client's ({reasons}); "
                                      "install the same lock on the workers",
                                      target=str(action.label)), started=False)
+
+    def _cache_failed(self, action: TargetActions, why: str) -> Outcome:
+        """The remote cache failed the action's inputs (here or on its worker): it runs
+        here with the fallback (one warning per build), else it fails saying why."""
+        if not self.settings.local_fallback:
+            raise ActionFailed(RuleError(why, target=str(action.label)), started=False)
+        with self._lock:
+            first, self._cache_warned = not self._cache_warned, True
+        if first:
+            self.message(f"WARNING: {action.label}: {why}; --remote_local_fallback: building "
+                         "it here (and any other action the cache fails)")
+        return self._here(action)
+
+    def _forget(self, action: TargetActions) -> None:
+        """Check the action's inputs on the server again before the next send."""
+        digests = {digest for digest, _key in action.sources.values()}
+        for dep in action.deps.values():
+            digests.update(e.digest for e in dep.outputs)
+        with self._lock:
+            self._present -= digests
 
     def _here(self, action: TargetActions) -> Outcome:
         taken = self.slots.take(action.threads)
@@ -415,16 +462,11 @@ class DaskExecutor:
                 if remote.cas_size(digest) is None:
                     if rel is not None:
                         self._upload_source(action, rel, digest)
-                    else:
-                        path = self.store.local._blob_path(digest)
-                        if path is None:
-                            raise MissingBlob(label)
-                        remote.put_cas(digest, path, path.stat().st_size)
+                    elif not self.store.send_blob(digest):  # gone or damaged here
+                        raise MissingBlob(label)
             except (OSError, _remote_error()) as exc:
-                raise ActionFailed(RuleError(f"cannot send the inputs of the action to the "
-                                             f"remote cache ({_short(exc)})",
-                                             target=str(action.label)),
-                                   started=False) from None
+                raise _CacheTrouble(f"cannot send the inputs of the action to the remote "
+                                    f"cache ({_short(exc)})") from None
             with self._lock:
                 self._present.add(digest)
 
@@ -551,10 +593,19 @@ class DaskExecutor:
         status = reply["status"]
         if status == "missing":
             raise MissingBlob(reply["dep"])
+        if status == "missing_source":
+            raise ActionFailed(RuleError(f"input {reply['source']} left the remote cache "
+                                         f"each of the {1 + _MAX_RESENDS} times it was sent "
+                                         "(is the server evicting that fast?); pass "
+                                         "--remote_local_fallback to build such actions here",
+                                         target=str(action.label)), started=False)
         if status == "failed":
             raise ActionFailed(reply["error"], reply.get("log_tail", ""),
                                where=f"on worker {reply['worker']}",
                                started=reply.get("started", True) is not False)
+        if status == "error":
+            raise ActionFailed(RuleError(_worker_trouble(reply), target=str(action.label)),
+                               started=False)
         if status != "ok":
             raise ActionFailed(RuleError(f"worker {reply['worker']}: {reply.get('error')}",
                                          target=str(action.label)),
@@ -600,6 +651,17 @@ def _client_within(client_class: Any, address: str, timeout: float) -> Any:
     if "error" in made:
         raise made["error"]
     return made["client"]
+
+
+class _CacheTrouble(Exception):
+    """The cache server failed while the client sent an action's inputs."""
+
+
+def _worker_trouble(reply: dict[str, Any]) -> str:
+    if reply["status"] == "missing_source":
+        return (f"input {reply['source']} kept leaving the remote cache before worker "
+                f"{reply['worker']} could fetch it")
+    return f"worker {reply['worker']} could not use the remote cache ({reply.get('error')})"
 
 
 def _remote_error() -> type[Exception]:

@@ -28,7 +28,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from ..core import live
-from ..core.errors import QbuildError, RuleError
+from ..core.errors import QbuildError
 from ..core.files import SourceDigests, stat_key
 from ..core.generation import new_fact_generation
 from ..core.records import TargetActions
@@ -41,7 +41,17 @@ from .failures import ActionFailed, MissingBlob
 from .local import LocalExecutor
 from .sandbox import Sandboxes, clean_stale_sandboxes
 
-PROTOCOL = 2  # bump when the request or reply changes shape (2: "upload" in "remote")
+PROTOCOL = 3  # bump when the request or reply changes shape (2: "upload" in "remote";
+# 3: the "missing_source" reply)
+
+
+class SourceMissing(Exception):
+    """A source file's blob is not on the cache server (evicted since the client checked
+    it): the client sends it again."""
+
+    def __init__(self, rel: str) -> None:
+        super().__init__(rel)
+        self.rel = rel
 
 
 class _Unchanging:
@@ -63,10 +73,7 @@ class WorkerSandboxes(Sandboxes):
         digest = action.sources[rel][0]
         executable = rel in self.executable.get(action.key, ())
         if not self.store.restore_blob(digest, dest, executable):
-            raise ActionFailed(RuleError(f"input {rel} ({digest[:12]}) is not in the remote "
-                                         "cache (the client uploads sources before sending "
-                                         "an action; was it evicted?)",
-                                         target=str(action.label)), started=False)
+            raise SourceMissing(rel)
         return stat_key(os.lstat(dest))
 
     def run_in_worker(self, action: TargetActions, log_path: Path, function: Any, *args: Any
@@ -251,9 +258,10 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
 
     Reply ``status``: ``ok`` (outputs in the remote cache, entry written last),
     ``failed`` (the rule failed: ``error``, ``log_tail``), ``missing`` (a dependency's
-    blob is not in the remote cache: ``dep``), ``refused`` (``reason``: what differs),
-    ``error`` (the remote cache could not be used: ``error``). A failure before the
-    rule's code ran says ``"started": false``.
+    blob is not in the remote cache: ``dep``), ``missing_source`` (a source file's blob
+    is not: ``source``), ``refused`` (``reason``: what differs), ``error`` (the remote
+    cache could not be used: ``error``). A failure before the rule's code ran says
+    ``"started": false``.
     """
     started = time.monotonic()
     new_fact_generation()  # no memo the identity check rests on outlives one request
@@ -282,6 +290,10 @@ def run_remote(request: dict[str, Any]) -> dict[str, Any]:
         if not store.usable:
             return {**reply, "status": "error", "error": store.problem, "started": False}
         return {**reply, "status": "missing", "dep": exc.dep_label}
+    except SourceMissing as exc:
+        if not store.usable:
+            return {**reply, "status": "error", "error": store.problem, "started": False}
+        return {**reply, "status": "missing_source", "source": exc.rel}
     except (QbuildError, OSError) as exc:
         return {**reply, "status": "error", "error": f"{type(exc).__name__}: {exc}"}
     finally:
@@ -313,7 +325,6 @@ def _send_blobs(store: LayeredStore, result: Any) -> None:
     for entry in result.outputs:
         if store.remote.cas_size(entry.digest) == entry.size:
             continue
-        path = store.local._blob_path(entry.digest)
-        if path is None:
-            raise RemoteError("an output blob left the worker's cache before its upload")
-        store.remote.put_cas(entry.digest, path, entry.size)
+        if not store.send_blob(entry.digest, entry.size):
+            raise RemoteError("an output blob left the worker's cache (or was damaged) "
+                              "before its upload")

@@ -409,10 +409,8 @@ class LayeredStore:
         for entry in [*outputs, *log]:
             if self.remote.cas_size(entry["digest"]) == entry["size"]:
                 continue
-            path = self.local._blob_path(entry["digest"])
-            if path is None:
-                return False  # evicted meanwhile: better no entry than one without blobs
-            self.remote.put_cas(entry["digest"], path, entry["size"])
+            if not self.send_blob(entry["digest"], entry["size"]):
+                return False  # gone or damaged: better no entry than one without blobs
         if self.remote.cas_size(meta_digest) != len(meta_bytes):
             self.remote.put_cas_bytes(meta_digest, meta_bytes)
         self.remote.put_ac(key, to_action_result(outputs, meta_digest, len(meta_bytes)))
@@ -442,14 +440,32 @@ class LayeredStore:
         with self._lock:
             bad, self._bad_blobs = self._bad_blobs, set()
         for digest in sorted(bad):
-            path = self.local._blob_path(digest)
-            if path is None or not path.exists():
-                continue
             try:
-                self.remote.put_cas(digest, path, path.stat().st_size)
+                if not self.send_blob(digest):
+                    continue
             except (RemoteError, OSError):
                 return
             self.blobs_repaired += 1
+
+    def send_blob(self, digest: str, size: int | None = None) -> bool:
+        """Upload the local blob of ``digest`` (of ``size`` bytes, when given) from a
+        private copy checked against the digest first (``LocalStore.restore_blob``:
+        hashed while copied unless this store verified the file and it is untouched
+        since), so the server is never sent bytes that are not the blob, whatever
+        happened to the file after it was stored. False, nothing sent, when the local
+        copy is gone or damaged (a damaged one is dropped). Raises RemoteError or
+        OSError."""
+        temp = self.tmp / f"{os.getpid()}-send-{os.urandom(6).hex()}"
+        try:
+            if not self.local.restore_blob(digest, temp):
+                return False
+            length = temp.stat().st_size
+            if size is not None and length != size:
+                return False
+            self.remote.put_cas(digest, temp, length)
+        finally:
+            temp.unlink(missing_ok=True)
+        return True
 
     def flush(self) -> None:
         """Wait for the uploads started so far."""

@@ -9,7 +9,8 @@
   results, answer slowly, trickle status lines and error pages, redirect, answer 5xx
   storms, serve compression bombs and bodies far longer than the blob. Tests put wrong
   entries for a key, truncated or garbage JSON and huge claimed sizes straight into its
-  ``blobs``. It records every request it receives (method, path, headers).
+  ``blobs``. It records every request it receives (method, path, headers); ``on_request``
+  sees each one before it is answered (to evict a blob between a check and a fetch).
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ class FaultServer:
         self.delay = 0.0
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self.on_put: Callable[[str], None] | None = None  # called after a PUT is stored
+        # called with (method, path) as each request arrives, before it is answered
+        self.on_request: Callable[[str, str], None] | None = None
         self.redirect_to = ""
         self.errors_left = 0
         self.bomb_size = 64 << 20
@@ -82,6 +85,8 @@ class FaultServer:
                 pass
 
             def _record(self) -> str:
+                if server.on_request is not None:
+                    server.on_request(self.command, self.path)
                 with server.lock:
                     server.requests.append((self.command, self.path, dict(self.headers)))
                     mode = server.mode
