@@ -7,7 +7,8 @@ results and REAPI ``ActionResult`` JSON; fetching action results lazily ("build 
 the bytes": a remote hit records the result, and a blob is downloaded only when
 ``restore_blob`` is asked for it, i.e. when a dependent runs or the user requested the
 target); uploading local results in background threads (every blob before the entry
-that references it, so no entry ever points at a missing blob).
+that references it, so no entry ever points at a missing blob; each blob from a private
+copy checked against its digest, ``send_blob``, so no damaged local file is ever sent).
 
 Every entry read from the server passes ``gate.admit`` before anything uses it: bound to
 the key it was fetched for (its uploaded key parts must hash to that key), paths inside

@@ -513,7 +513,9 @@ def run_sequence(base: Path, seed: int, services: Services, steps: int | None) -
     print(f"sequence seed {seed}", flush=True)
     rng = random.Random(seed)
     world = World(base, rng, services)
-    replay = f"seed {seed} (replay: QB_DIFF_SEED={seed} pytest {__file__})"
+    how = (f"QB_DIFF_SEED={seed}" if steps is None else
+           f"QB_DIFF_SEED={seed} QB_DIFF_LONG=1 QB_DIFF_STEPS={steps}")
+    replay = f"seed {seed} (replay: {how} pytest {__file__})"
     history = ["initial build"]
     first = world.build(world.root)
     assert first[0] == 0 and first == world.clean(), f"{replay}: {history}\n{world.last_log}"
