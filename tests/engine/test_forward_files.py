@@ -59,16 +59,18 @@ def test_a_source_edited_after_it_was_keyed_is_never_stored_under_the_old_key(
     ws.write("p/a.txt", "before")
     ws.write("p/b.txt", "one")
     # -j 1: the slow target runs first (analysis order), the filegroup after it.
-    ws.write("p/BUILD.toml", '[s]\nrule = "slow"\nsrcs = ["a.txt"]\nseconds = 1.0\n\n'
+    ws.write("p/BUILD.toml", '[s]\nrule = "slow"\nsrcs = ["a.txt"]\nseconds = 0.0\n\n'
                              '[g]\nrule = "filegroup"\nsrcs = ["b.txt"]\n')
-    started = tmp_path / "started"
+    started, edited = tmp_path / "started", tmp_path / "edited"
     monkeypatch.setenv("TOY_STARTED", str(started))
+    monkeypatch.setenv("TOY_WAIT_FOR", str(edited))  # the slow action ends after the edit
 
     def edit():
         deadline = time.monotonic() + 60
         while not started.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
         ws.write("p/b.txt", "two, longer")
+        edited.touch()
 
     thread = threading.Thread(target=edit)
     thread.start()
