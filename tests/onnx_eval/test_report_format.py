@@ -291,3 +291,25 @@ def test_a_point_left_off_the_chart_is_named_with_the_reason():
     assert "not plotted: float (worst SQNR ∞ dB); c (worst SQNR ∞ dB)" in html
     assert sorted(re.findall(r'<text class="point-label"[^>]*>([^<]*)</text>', html)) == [
         "a", "b"]
+
+
+def test_the_pages_say_which_runtime_ran_and_timed_the_models():
+    # evaluate: the runtime's record and a model the target computes differently
+    report = _evaluation(runtime={"name": "openvino", "version": "2026.4.1",
+                                  "default_precision": "f32", "float_forms": ["fp32"]})
+    report["models"]["//d:slow"]["runtime_check"] = {
+        "ok": False, "reason": "openvino computes this model differently from onnxruntime"}
+    html = evaluate_html(report)
+    line = re.search(r'<p id="runtime">(.*?)</p>', html).group(1)
+    assert "openvino" in line and "2026.4.1" in line and "f32" in line
+    box = html[html.index('id="warnings"'):html.index("</div>")]
+    assert "//d:slow" in box and "computes this model differently" in box
+    assert "//d:q" not in box.split("runtime-check")[-1]
+    # a search: the runtime and the float baseline its speeds are against
+    html = auto_html("//m:auto", _search(
+        runtime={"name": "openvino", "version": "2026.4.1"},
+        float_baseline={"form": "fp32", "forms_ms": {"fp32": 27.1}}))
+    line = re.search(r'<p id="runtime">(.*?)</p>', html).group(1)
+    assert "openvino" in line and "<b>fp32</b>" in line and "27.1 ms" in line
+    # nothing recorded (an older report): no line
+    assert 'id="runtime"' not in evaluate_html(_evaluation())

@@ -324,7 +324,8 @@ def evaluate_html(report: Mapping[str, Any]) -> str:
     basis = _eval_basis(report)
     rows = _eval_rows(report, basis)
     ref_det = detections({"task": _first_task(report)})
-    sections = [warnings_box(_eval_warnings(report, rows, basis)),
+    sections = [warnings_box(_eval_warnings(report, rows, basis) + _runtime_failures(report)),
+                runtime_line(report.get("runtime")),
                 f"<p>{_counts_line(report.get('samples'), ref_det, 'the reference')} "
                 f"Task <b>{escape(str(report.get('task', 'sqnr')))}</b>.</p>",
                 *set_summaries(report)[0],
@@ -482,11 +483,45 @@ def _timing_note(result: Mapping[str, Any]) -> str:
                "slow end of its interval" if need else "") + ".</p>")
 
 
+def runtime_line(runtime: Mapping[str, Any] | None,
+                 baseline: Mapping[str, Any] | None = None) -> str:
+    """Where the models ran and were timed: the runtime, its version and default
+    precision, and the float form the speeds are against ("" when not recorded)."""
+    if not runtime or not runtime.get("name"):
+        return ""
+    text = f"Run and timed on <b>{escape(str(runtime['name']))}</b>"
+    if runtime.get("version"):
+        text += f" {escape(str(runtime['version']))}"
+    if runtime.get("default_precision"):
+        text += f" (default precision {escape(str(runtime['default_precision']))})"
+    forms = (baseline or {}).get("forms_ms") or {}
+    if baseline and baseline.get("form"):
+        shown = ", ".join(f"{escape(str(k))} {fmt.ms(v)}" for k, v in forms.items())
+        text += (f"; float baseline: the fastest float form, "
+                 f"<b>{escape(str(baseline['form']))}</b>" + (f" ({shown})" if shown else ""))
+    elif runtime.get("float_forms"):
+        text += "; float forms: " + escape(", ".join(map(str, runtime["float_forms"])))
+    return f'<p id="runtime">{text}.</p>'
+
+
+def _runtime_failures(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """A warning for each model the target runtime computes differently from
+    onnxruntime (``runtime_check``)."""
+    items: list[tuple[str, str]] = []
+    for label, entry in (report.get("models") or {}).items():
+        check = entry.get("runtime_check") if isinstance(entry, Mapping) else None
+        if isinstance(check, Mapping) and check.get("ok") is False:
+            items.append((f"runtime-check-{len(items)}", f"<b>{escape(str(label))}</b>: "
+                                           f"{escape(str(check.get('reason', '')))}"))
+    return items
+
+
 def _summary(result: Mapping[str, Any]) -> str:
     det = (result["float"].get("detections") or None)
     counts = _counts_line(result.get("samples"), det, "the float model") \
         if result.get("samples") is not None else ""
-    return (f"<p>{counts} Objective: <b>{escape(result['objective'])}</b>; bar: "
+    return (runtime_line(result.get("runtime"), result.get("float_baseline")) +
+            f"<p>{counts} Objective: <b>{escape(result['objective'])}</b>; bar: "
             f"{escape(_bar_text(result['bar'], result.get('max_drop')))}.</p>" +
             "".join(set_summaries(result)[0]) +
             f"<p>Chosen: <b id=\"chosen\">{escape(result['chosen'])}</b> — "
