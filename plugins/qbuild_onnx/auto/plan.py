@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qbuild_onnx_common.runtimes import NAMES, ONNXRUNTIME
-from qbuild_onnx_common.runtimes.presets import CONV_INPUT_OPS, CONV_INPUTS, PLACEMENT
+from qbuild_onnx_common.runtimes.presets import CONV_INPUTS, PLACEMENT
 
 from qbuild import ConfigError
 
@@ -128,19 +128,10 @@ def runtime_of(raw: dict[str, Any]) -> str:
 
 def placement_attrs(runtime: str) -> dict[str, Any]:
     """The quantize attributes of ``runtime``'s placement preset: none for onnxruntime's
-    own; for convolution inputs only, quantize's ``placement`` when it has one, else the
-    same placement said in onnxruntime quantizer options: only those operators
-    quantized (``op_types``), and not their outputs (its extra option
-    ``OpTypesToExcludeOutputQuantization``)."""
+    own (quantize's default), ``placement = "conv_inputs"`` for convolution inputs
+    only."""
     placement = PLACEMENT[runtime]
-    if placement != CONV_INPUTS:
-        return {}
-    from ..rules.quantize import Quantize
-
-    if "placement" in Quantize.attrs:
-        return {"placement": placement}
-    ops = list(CONV_INPUT_OPS)
-    return {"op_types": ops, "extra_options": {"OpTypesToExcludeOutputQuantization": ops}}
+    return {"placement": placement} if placement == CONV_INPUTS else {}
 
 
 def _checked(raw: dict[str, Any]) -> tuple[list[str], list[str], list[int], list[int]]:

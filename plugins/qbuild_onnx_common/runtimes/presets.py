@@ -22,5 +22,3 @@ CONV_INPUTS = "conv_inputs"
 #: runtime name -> the placement ``auto_quantize``'s trials use on it
 PLACEMENT = {"onnxruntime": AROUND_OPS, "openvino": CONV_INPUTS}
 
-#: the operators whose inputs the ``conv_inputs`` placement quantizes
-CONV_INPUT_OPS = ("Conv", "MatMul", "Gemm")
