@@ -67,6 +67,22 @@ def slower_verdict(model: Mapping[str, Any], reference: Mapping[str, Any]) -> di
             "ms": m["median_ms"], "reference_ms": r["median_ms"]}
 
 
+def inside_noise(timing: Mapping[str, Any]) -> bool:
+    """Whether one timing (a ``summaries`` entry, or its ``cpu`` part) is as fast as its
+    reference within the noise: the speed the reports print, 1 / ``ratio_to_reference``
+    ± half the width of [1 / (ratio + n), 1 / (ratio - n)] with n half the interquartile
+    range of the per-round ratios, includes 1.0. False without per-round ratios."""
+    r, q1, q3 = (timing.get(k) for k in ("ratio_to_reference", "ratio_q1", "ratio_q3"))
+    if not isinstance(r, (int, float)) or not isinstance(q1, (int, float)) \
+            or not isinstance(q3, (int, float)) or r <= 0:
+        return False
+    n = (q3 - q1) / 2.0
+    if r <= n:
+        return True
+    half = (1.0 / (r - n) - 1.0 / (r + n)) / 2.0
+    return abs(1.0 / r - 1.0) <= half
+
+
 def _ratio_summary(times: list[float], ref: list[float]) -> dict[str, float | None]:
     """The median of the per-round ratios to the reference (``ratio_to_reference``) and
     their quartiles (``ratio_q1``, ``ratio_q3``: the spread a report shows)."""

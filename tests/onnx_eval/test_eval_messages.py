@@ -58,3 +58,28 @@ def test_a_search_gathers_its_trials_findings_in_one_line():
                                       "with noisy latency; 1 of 4 trials failed and left out "
                                       "(each in the report's rows: report.html)")
     assert findings_line([{"name": "d"}], 1) is None
+
+
+def _timed(median: float, ratio: float, q1: float, q3: float) -> dict[str, object]:
+    return {"median_ms": median, "cpu": {"median_ms": median, "ratio_to_reference": ratio,
+                                         "ratio_q1": q1, "ratio_q3": q3}}
+
+
+def test_slower_than_the_reference_means_beyond_the_noise_in_one_line():
+    from qbuild_onnx.rules.accuracy import slower_line
+    from qbuild_onnx_common.latency import inside_noise
+
+    # the walkthrough's float model timed against itself: median 2 % above, spread 9 %
+    assert inside_noise(_timed(1.60, 1.0275, 0.9268, 1.103)["cpu"])
+    # the unprocessed float model: 10 % slower, every round in [1.05, 1.13]
+    assert not inside_noise(_timed(1.73, 1.0969, 1.0467, 1.1344)["cpu"])
+    assert not inside_noise({"median_ms": 1.0})  # no per-round ratios: no noise to hide in
+    ref = _timed(1.57, 1.0, 1.0, 1.0)
+    report = {"latency": {"reference": ref, "slower_than_reference": ["//p:a", "//p:b"]},
+              "models": {"//p:a": {"latency": _timed(1.73, 1.1, 1.05, 1.13)},
+                         "//p:b": {"latency": _timed(1.80, 1.15, 1.1, 1.2)}}}
+    assert slower_line(report) == (
+        "//p:a (1.73 vs 1.57 ms), //p:b (1.8 vs 1.57 ms) are slower than the reference "
+        "beyond the timing noise (CPU time, median, 1 thread)")
+    report["latency"]["slower_than_reference"] = []
+    assert slower_line(report) is None
