@@ -16,8 +16,8 @@ node names, no per-model tuning. Built through the real `qbuild` command:
   chosen model and plain together, interleaved in one process on one thread (the
   table's metric and speed-up; spread = the per-round ratios' interquartile range).
 
-Each model's row is appended as JSON to ``BENCH_ROWS`` (default
-``bench-auto-rows.jsonl``); ``--table FILE`` prints the markdown table of a rows file.
+With ``BENCH_ROWS=file.jsonl`` each model's row is appended to that file and the table
+printed holds every row in it (one model per run); ``--table FILE`` prints it again.
 Run from the repository root:
 python bench/bench_auto_quantize.py [model ...]
 (models: mobilenet yolov8 yolox superres ultraface silero gtcrn; fastestdet ppocr_cls
@@ -260,7 +260,8 @@ def _speed(entry: dict) -> dict:
 
 def _said_about(said: str, label: str) -> list[str]:
     """The console lines a build printed about one target (warnings and failures)."""
-    return [ln.strip() for ln in said.splitlines() if label in ln]
+    return [ln.strip() for ln in said.splitlines()
+            if label in ln and not ln.lstrip().startswith("[")]
 
 
 def bench(name: str, tmp: Path) -> dict:
@@ -318,7 +319,9 @@ def _f(v) -> str:
 
 def _verdict(r: dict) -> str:
     if r["chosen"] == "float":
-        why = "; ".join(r["said"]) or "**the build printed no reason**"
+        kept = "WARNING: //m:auto: kept the float model: "
+        why = next((ln[len(kept):] for ln in r["said"] if ln.startswith(kept)),
+                   "**the build printed no reason**")
         return f"keeps float: {why}"
     if r["held_out_meets"]:
         return "meets bar (held out too)"
@@ -352,7 +355,8 @@ def main(names: list[str]) -> None:
 
     # BENCH_DIR reuses a folder (and its cache) of an earlier run
     tmp = Path(os.environ.get("BENCH_DIR") or tempfile.mkdtemp(prefix="qbuild-bench-auto-"))
-    rows_file = Path(os.environ.get("BENCH_ROWS", "bench-auto-rows.jsonl"))
+    rows_file = Path(os.environ["BENCH_ROWS"]) if os.environ.get("BENCH_ROWS") else None
+    rows: list[dict] = []
     versions = (f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}, Python "
                 f"{platform.python_version()}")
     try:
@@ -363,13 +367,16 @@ def main(names: list[str]) -> None:
                 row = bench(name, tmp)
                 row["versions"] = versions
                 row["sets"] = _set_sizes(tmp / name)
-            with rows_file.open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            rows.append(row)
+            if rows_file:
+                with rows_file.open("a") as fh:
+                    fh.write(json.dumps(row) + "\n")
             print(json.dumps(row), file=sys.stderr)
     finally:
         if not os.environ.get("KEEP") and not os.environ.get("BENCH_DIR"):
             shutil.rmtree(tmp, ignore_errors=True)
-    rows = [json.loads(ln) for ln in rows_file.read_text().splitlines() if ln.strip()]
+    if rows_file:  # every row of the file: models measured one run at a time
+        rows = [json.loads(ln) for ln in rows_file.read_text().splitlines() if ln.strip()]
     print(table(rows))
 
 
