@@ -222,8 +222,8 @@ def _qbuild(ws: Path, *args: str) -> tuple[float, str]:
     r = subprocess.run([sys.executable, "-m", "qbuild", *args], cwd=ws, capture_output=True,
                        text=True)
     said = r.stdout + r.stderr
-    (ws / "build.log").open("a").write(f"$ qbuild {' '.join(args)} (exit {r.returncode})\n"
-                                       f"{said}\n")
+    with (ws / "build.log").open("a") as log:
+        log.write(f"$ qbuild {' '.join(args)} (exit {r.returncode})\n{said}\n")
     if r.returncode not in (0, 1):
         raise SystemExit(f"qbuild {' '.join(args)} failed:\n{r.stderr[-3000:]}")
     if r.returncode == 1:  # a failed target: say which, the table would hide it
@@ -330,7 +330,8 @@ def _verdict(r: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | bar | sets: calibrate / select / held out | chosen (trials passing) | "
-             "held-out metric (plain ORT) | speed-up vs float, IQR | verdict | slower than "
+             "held-out metric (selection; plain ORT) | speed-up vs float, IQR | verdict | "
+             "slower than "
              "float? |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "unavailable" in r:
@@ -344,7 +345,8 @@ def table(rows: list[dict]) -> str:
         lines.append(
             f"| {r['label']} | {r['bar']} | {r['sets']} / {h.get('samples')}{dets} | "
             f"{r['chosen']} ({r['passing']} of {r['trials']}) | {_f(r['held_out_metric'])} "
-            f"({_f(r['plain_metric'])}) | {_f(s['speedup'])}x ({_f(s['low'])}–{_f(s['high'])}) "
+            f"({_f(r['selection_metric'])}; {_f(r['plain_metric'])}) | "
+            f"{_f(s['speedup'])}x ({_f(s['low'])}–{_f(s['high'])}) "
             f"| {_verdict(r)} | {slower} |")
     return "\n".join(lines)
 
