@@ -106,6 +106,12 @@ def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
                            if p.name == "report.json").read_text())
     assert rep2["chosen"] == "float" and "no quantized trial meets the bar" in rep2["note"]
     assert not any(t["passes"] for t in rep2["trials"])
+    # the note names the closest trial and its miss, and the console says it (issue 25:
+    # a search that keeps float used to exit 0 printing nothing about why)
+    best = max((t for t in rep2["trials"] if t["status"] == "misses the bar"),
+               key=lambda t: t["worst_sqnr_db"] if t.get("score") is None else t["score"])
+    assert f"(closest: {best['name']}, min_sqnr_db: " in rep2["note"]
+    assert f"kept the float model: {rep2['note']}" in again.log
 
     # a bar change that keeps the choice: one action in the whole build
     ws.write("m/BUILD.toml", BUILD.format(bar="min_sqnr_db = 300"))

@@ -3,6 +3,7 @@ search findings in the search's report, progress inside long actions."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,3 +84,25 @@ def test_slower_than_the_reference_means_beyond_the_noise_in_one_line():
         "beyond the timing noise (CPU time, median, 1 thread)")
     report["latency"]["slower_than_reference"] = []
     assert slower_line(report) is None
+
+
+def test_the_reference_itself_is_never_slower_than_the_reference(qbuild_workspace):
+    """A search that keeps float hands on a byte-identical copy of the float model; an
+    evaluate of it used to warn it was "slower than the reference" whenever its median
+    came out a hair above float's (half the time: noise)."""
+    ws = qbuild_workspace
+    ws.copy(MNIST, "m/mnist.onnx")
+    ws.copy(MNIST, "m/copy.onnx")
+    ws.write("m/BUILD.toml", EVAL.replace('task = "detection"\ntask_options = {{ {options} }}',
+                                          "latency_runs = 5").replace(
+        'models = [":fp"]', 'models = [":copy"]') + '\n[copy]\nrule = "onnx_model"\n'
+        'src = "copy.onnx"\n')
+    r = ws.build("//m:ev")
+    assert r.ok, r.error
+    report = json.loads(next(p for p in r.outputs("//m:ev")
+                             if p.name == "report.json").read_text())
+    entry = report["models"]["//m:copy"]
+    assert entry["same_as_reference"] is True
+    assert entry["latency"]["slower_than_reference"] is False
+    assert report["latency"]["slower_than_reference"] == []
+    assert "slower than the reference" not in r.log

@@ -146,6 +146,8 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
         chosen, note, choice = _by_latency(passing, float_row, min_speedup)
     else:
         chosen, note = _by_cost(passing, float_row, OBJECTIVES[objective], objective)
+    if not passing:
+        note = _nothing_passes(rows)
     if chosen is float_row and not passing and all(
             r["status"] in ("failed", "quantizes nothing") for r in rows):
         note = ("no trial quantized anything that could be evaluated (failed or kept "
@@ -168,6 +170,17 @@ def select(names: Sequence[str], entries: Sequence[Mapping[str, Any] | None],
     if choice is not None:
         out["latency_choice"] = choice
     return out
+
+
+def _nothing_passes(rows: Sequence[Mapping[str, Any]]) -> str:
+    """Why the float model is kept when no trial meets the bar: the most accurate trial
+    that was evaluated and what it misses, so the console line says how far off it was."""
+    missed = [r for r in rows if r["status"] == "misses the bar"]
+    if not missed:
+        return "no quantized trial meets the bar: the float model is kept"
+    near = min(missed, key=lambda r: (-_accuracy(r), r["order"]))
+    return (f"no quantized trial meets the bar (closest: {near['name']}, "
+            f"{'; '.join(near['misses'])}): the float model is kept")
 
 
 _WHERE = re.compile(r"^(?:[^,\n]*, )?target //\S+?: ")

@@ -409,6 +409,10 @@ def _tell(ctx: RunContext, result: dict[str, Any], failed: dict[str, str], total
     from ..auto.select import findings_line
 
     ctx.log(f"chose {result['chosen']}: {result['note']}")
+    if result["chosen"] == "float":
+        # the build succeeds with the model it was given: say why on the console, not
+        # only in the report (a search that quantized nothing looks like one that worked)
+        ctx.warn(f"kept the float model: {result['note']}")
     for name, why in failed.items():
         ctx.log(f"trial {name} failed and was left out: {why}")
     line = findings_line(result["trials"], total)
