@@ -117,16 +117,21 @@ def build_once(search: str, jobs: int, keep: bool) -> dict[str, Any]:
 
 
 def _fmt_margin(r: dict[str, Any]) -> str:
-    if r.get("ratio") is None:
+    if "error" in r:
+        return r["error"].strip().splitlines()[-1][:200] if r["error"].strip() else "—"
+    if r.get("chosen") == "float":
+        s = f"float kept ({r.get('decided_by') or 'no trial passes'})"
+    elif r.get("ratio") is None:
         return "—"
-    s = f"{r['ratio']} ± {r['noise']}"
-    if r.get("decided_by"):
+    else:
+        s = f"{r['ratio']} ± {r['noise']}"
+    if r.get("decided_by") and r.get("chosen") != "float":
         s += f", decided by {r['decided_by']}"
         if r.get("inside_noise"):
             s += f" (tied inside the noise: {', '.join(r['tied'] or [])})"
     if r.get("next"):
         n = r["next"]
-        s += f"; next {n['name']} {n['ratio']} ± {n['noise']}"
+        s += f"; fastest other {n['name']} {n['ratio']} ± {n['noise']}"
     return s
 
 
@@ -154,7 +159,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path, help="also write every build's record here")
     ap.add_argument("--keep", action="store_true", help="keep the clones and caches")
+    ap.add_argument("--table", type=Path, help="only print the table of a --json file")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return
     searches = args.searches or (DEFAULT + [WALKTHROUGH] if args.all else DEFAULT)
     records = []
     for search in searches:
