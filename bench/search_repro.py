@@ -81,6 +81,9 @@ def _margin(report: dict[str, Any]) -> dict[str, Any]:
             "tied": choice.get("tied"), "decided_by": choice.get("decided_by"),
             "inside_noise": choice.get("inside_noise"),
             "passing": sum(1 for r in report["trials"] if r["passes"]),
+            "trials": len(report["trials"]),
+            "passing_trials": {r["name"]: r.get("score") for r in report["trials"]
+                               if r["passes"]},
             "next": ({"name": others[0]["name"], "ratio": others[0]["relative_latency"],
                       "noise": others[0].get("latency_noise")} if others else None),
             "note": report.get("note")}
@@ -136,18 +139,23 @@ def _fmt_margin(r: dict[str, Any]) -> str:
 
 
 def table(records: list[dict[str, Any]]) -> str:
-    lines = ["| search | build | chosen | ratio to float ± noise (the search's report) | "
-             "wall | load before → after |", "|---|---|---|---|---|---|"]
+    lines = ["| search | build | chosen | trials passing | ratio to float ± noise (the "
+             "search's report) | wall | load before → after |", "|---|---|---|---|---|---|---|"]
     by: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         by.setdefault(r["search"], []).append(r)
     for search, rs in by.items():
         for i, r in enumerate(rs, 1):
-            lines.append(f"| `{search}` | {i} | `{r['chosen']}` | {_fmt_margin(r)} | "
-                         f"{r['wall_s']:.0f} s | {r['load_before']} → {r['load_after']} |")
+            passing = f"{r.get('passing', '—')} of {r.get('trials', '?')}"
+            lines.append(f"| `{search}` | {i} | `{r['chosen']}` | {passing} | "
+                         f"{_fmt_margin(r)} | {r['wall_s']:.0f} s | "
+                         f"{r['load_before']} → {r['load_after']} |")
         same = len({r["chosen"] for r in rs}) == 1
+        sets = {tuple(sorted(r.get("passing_trials") or {})) for r in rs
+                if "passing_trials" in r}
         lines.append(f"| `{search}` | all {len(rs)} | **{'same' if same else 'DIFFERENT'}** "
-                     f"| | | |")
+                     f"| {'' if not sets else 'same set' if len(sets) == 1 else 'sets differ'}"
+                     f" | | | |")
     return "\n".join(lines)
 
 
