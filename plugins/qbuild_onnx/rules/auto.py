@@ -317,7 +317,8 @@ def trial_info(ctx: RunContext) -> None:
 def time_trials(ctx: RunContext) -> None:
     """``auto_quantize``'s timing: the float model (twice per float form the runtime
     offers: the twin measures the noise between two sessions of one model) and every
-    candidate that did not fail, timed on the search's runtime in one interleaved run on
+    candidate that did not fail (twice too: its ratio is its two sessions' mean, its
+    noise at least their spread), timed on the search's runtime in one interleaved run on
     the first evaluation sample; latency.json (``auto.timing``). Its progress: the models
     loaded, then the timed runs (every round runs every model), of all there are to do."""
     from qbuild_onnx_common.errors import OnnxError
@@ -325,7 +326,7 @@ def time_trials(ctx: RunContext) -> None:
     from qbuild_onnx_common.runtimes.base import DEFAULT, Session
 
     from ..accuracy.feeds import model_feeds
-    from ..auto.timing import float_sessions, summarise, time_candidates
+    from ..auto.timing import float_sessions, summarise, time_candidates, twin_of
 
     out = ctx.output("latency.json")
     rounds = ctx.params["rounds"]
@@ -343,15 +344,16 @@ def time_trials(ctx: RunContext) -> None:
             forms = runtime.float_forms()
             sessions: dict[str, Session] = {}
             names = [name for form in forms for name in float_sessions(form.name)]
-            loads = len(names) + len(candidates)
+            loads = len(names) + 2 * len(candidates)
             runs = (warmup + rounds) * loads
             for form in forms:
                 for name in float_sessions(form.name):
                     sessions[name] = runtime.load(ref, precision=form.precision)
                     ctx.progress(len(sessions), loads + runs)
-            for name, path in candidates.items():
-                sessions[name] = runtime.load(path, precision=DEFAULT)
-                ctx.progress(len(sessions), loads + runs)
+            for name, path in candidates.items():  # twice: its session-to-session spread
+                for session in (name, twin_of(name)):
+                    sessions[session] = runtime.load(path, precision=DEFAULT)
+                    ctx.progress(len(sessions), loads + runs)
         except OnnxError as e:
             raise ctx.fail(e.message, attr=e.attr or "model") from None
         doc = summarise(time_candidates(sessions, feed, rounds, warmup,
@@ -360,7 +362,7 @@ def time_trials(ctx: RunContext) -> None:
                         warmup, [f.name for f in forms])
         doc["runtime"] = {"name": runtime.name, "version": runtime.version(),
                           **runtime.facts()}
-        ctx.log(f"timed {len(sessions) - 2 * len(forms)} candidate(s) and float interleaved "
+        ctx.log(f"timed {len(candidates)} candidate(s) and float interleaved, each twice "
                 f"on {runtime.name}, {rounds} rounds: baseline float {doc['baseline']}, "
                 f"noise floor {doc['noise_floor']} (float twin)")
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
