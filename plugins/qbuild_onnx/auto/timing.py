@@ -122,12 +122,13 @@ def summarise(cpu: Mapping[str, Sequence[float]], warmup: int,
     for name, times in cpu.items():
         if name in skip or (name.endswith(" (twin)") and name[:-7] in cpu):
             continue
-        twin = cpu.get(twin_of(name))
-        s = ratio_stats(times if twin is None else _mean(times, twin), both)
+        second = cpu.get(twin_of(name))
+        s = ratio_stats(times if second is None else _mean(times, second), both)
         if s["ratio"] is not None:
             noise = max(s["ci_half"], floor)
-            if twin is not None:  # the candidate's own session-to-session spread
-                one, two = ratio_stats(times, both)["ratio"], ratio_stats(twin, both)["ratio"]
+            if second is not None:  # the candidate's own session-to-session spread
+                one = ratio_stats(times, both)["ratio"]
+                two = ratio_stats(second, both)["ratio"]
                 s["sessions"] = [one, two]
                 noise = max(noise, abs(one - two))
             s["noise"] = round(noise, 4)
