@@ -100,7 +100,7 @@ def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
     # choice changed, Copy; no trial, calibration or evaluate action (their keys do not
     # hold the bar), and not Trials (what each candidate kept float) or Time (the
     # candidates' interleaved timing)
-    assert again.actions == {"//m:auto": {"CheckSets": "cached", "Trials": "cached",
+    assert again.actions == {"//m:auto": {"Trials": "cached",
                                         "Time": "cached", "Select": "ran", "Copy": "ran"}}
     rep2 = json.loads(next(p for p in again.outputs("//m:auto")
                            if p.name == "report.json").read_text())
@@ -117,7 +117,7 @@ def test_trials_are_targets_and_the_bar_reruns_only_the_selection(ws):
     ws.write("m/BUILD.toml", BUILD.format(bar="min_sqnr_db = 300"))
     third = ws.build("//m:auto")
     assert third.ok and third.ran == ["//m:auto"]
-    assert third.actions == {"//m:auto": {"CheckSets": "cached", "Trials": "cached",
+    assert third.actions == {"//m:auto": {"Trials": "cached",
                                         "Time": "cached", "Select": "ran", "Copy": "cached"}}
 
 

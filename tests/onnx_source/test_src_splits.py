@@ -159,12 +159,21 @@ def test_a_search_refuses_a_selection_set_that_shares_calibration_images(qbuild_
     _photos(ws, FIRST_24[:12])
     # calibrating on every image: the selection set's images are among them
     ws.write("d/BUILD.toml", SEARCH.format(calibration="all"))
-    r = ws.build("//d:aq")
-    assert not r.ok
-    line = r.failed["//d:aq"]
-    assert line.count("\n") == 0, line
-    assert "d/BUILD.toml" in line and "attribute 'evaluation_data'" in line, line
-    assert "shares" in line and "image(s) with calibration_data" in line, line
+    for keep_going in (False, True):
+        r = ws.build("//d:aq", keep_going=keep_going)
+        assert not r.ok
+        # one line naming the file, the search and its attribute, from the one target
+        # that failed: the check every trial's calibration data goes through
+        assert list(r.failed) == ["//d:aq.calibration_data"], r.failed
+        line = r.failed["//d:aq.calibration_data"]
+        assert line.count("\n") == 0, line
+        assert line.startswith("d/BUILD.toml, target //d:aq, attribute 'evaluation_data': "), \
+            line
+        assert "shares" in line and "image(s) with calibration_data" in line, line
+        # refused first: nothing calibrated, quantized or evaluated (a failed target is
+        # not among those that ran)
+        assert not [t for t in r.ran if t.startswith("//d:aq")], r.ran
+        assert "//d:aq" in r.skipped, r.skipped
     # the calibration split: disjoint, the search runs
     ws.write("d/BUILD.toml", SEARCH.format(calibration="calibration"))
     r = ws.build("//d:aq")

@@ -3,6 +3,10 @@
 For ``[aq] rule = "auto_quantize"`` the package gains, in this order (cheapest ideas
 first), every one an ordinary cached target:
 
+* ``aq.calibration_data``: ``disjoint_dataset``, the calibration data passed on only when
+  it shares no image (or sample) with the evaluation data; every target below that reads
+  calibration data reads this one, so an overlapping selection set is refused in one
+  line before anything calibrates;
 * ``aq.calib_<method>``: ``calibrate`` of the model on the calibration data, one per
   method, shared by every trial that uses the method;
 * trials (``quantize`` unless noted), each with an ``evaluate`` target ``aq.ev_<trial>``
@@ -68,7 +72,7 @@ STEPS = ("activation_type", "per_channel", "calibration", "symmetric", "nncf", "
 #: float there, so the default onnxruntime search would only time it to drop it).
 OPT_IN_STEPS = ("symmetric", "nncf", "adaround")
 NNCF_METHOD = "mean_minmax"
-_GENERATED = ("candidates", "reports", "trial_names", "sensitivity")
+_GENERATED = ("candidates", "reports", "trial_names", "sensitivity", "checked_data")
 
 
 def _list(raw: dict[str, Any], key: str, default: list[Any], kind: type) -> list[Any]:
@@ -100,6 +104,12 @@ class _Plan:
     def model(self) -> str:
         return str(self.raw["model"])
 
+    @property
+    def data(self) -> str:
+        """The calibration data as every trial reads it: through the check that it
+        shares nothing with the evaluation data (``<name>.calibration_data``)."""
+        return f"{self.me}.calibration_data"
+
     def add(self, suffix: str, table: dict[str, Any]) -> None:
         self.tables[f"{self.name}.{suffix}"] = table
 
@@ -113,7 +123,7 @@ class _Plan:
         """The trial ``<trial>_bc``: ``trial``'s model with its biases corrected."""
         self.add(f"{trial}_bc", {"rule": "bias_correction", "model": f"{self.me}.{trial}",
                                  "reference": self.model,
-                                 "dataset": self.raw["calibration_data"], **attrs})
+                                 "dataset": self.data, **attrs})
         self.trials.append(f"{trial}_bc")
 
 
@@ -164,7 +174,7 @@ def _calibrations(plan: _Plan, steps: list[str]) -> None:
              if step in steps and m not in plan.methods]
     for m in [*plan.methods, *extra]:
         plan.add(f"calib_{m}", {"rule": "calibrate", "model": plan.model,
-                                "dataset": plan.raw["calibration_data"], "method": m})
+                                "dataset": plan.data, "method": m})
         if m == "percentile":  # one calibration, shared by every trial that uses it
             plan.tables[f"{plan.name}.calib_{m}"]["percentile"] = plan.raw.get("percentile",
                                                                                99.99)
@@ -198,7 +208,7 @@ def _preset_trials(plan: _Plan, steps: list[str]) -> None:
 
 def _algorithm_trials(plan: _Plan, steps: list[str]) -> None:
     """Cross-layer equalization, bias correction and AdaRound trials."""
-    me, model, data = plan.me, plan.model, plan.raw["calibration_data"]
+    me, model, data = plan.me, plan.model, plan.data
     if "cle" in steps:  # algorithms.cle: equalized float model, its own calibration
         plan.add("cle_model", {"rule": "equalize", "model": model, "clip": "relu"})
         plan.add("calib_cle", {"rule": "calibrate", "model": f"{me}.cle_model",
@@ -222,7 +232,7 @@ def _sensitivity(plan: _Plan, task_attrs: dict[str, Any]) -> None:
     """The ``sens`` ranking of the u8 trial's activations (in shards, then merged)."""
     me, raw = plan.me, plan.raw
     sens = {"rule": "sensitivity", "model": f"{me}.u8", "reference": plan.model,
-            "dataset": raw["calibration_data"], "kinds": ["activation"],
+            "dataset": plan.data, "kinds": ["activation"],
             "max_samples": raw.get("sensitivity_samples", 4), **task_attrs}
     shards = raw.get("sensitivity_shards", 2)
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
@@ -302,7 +312,7 @@ def _lowered_trials(plan: _Plan) -> None:
                   and not t.startswith("region3")]:
         plan.add(f"{trial}_int", {"rule": "lower_integer", "model": f"{plan.me}.{trial}",
                                   "mode": "ort", "float_model": "copy",
-                                  "dataset": plan.raw["calibration_data"],
+                                  "dataset": plan.data,
                                   "max_samples": 2, "min_agreement": 1.0})
         plan.trials.append(f"{trial}_int")
 
@@ -314,6 +324,11 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     if runtime != ONNXRUNTIME:
         steps = [s for s in steps if s != "lower"]  # onnxruntime's integer operators
     plan = _Plan(name, raw, methods, placement_attrs(runtime))
+    # first: nothing calibrates before the selection set is shown to share no image
+    # with the calibration set (a refusal stops the build before any trial runs)
+    plan.add("calibration_data", {"rule": "disjoint_dataset",
+                                  "dataset": raw["calibration_data"],
+                                  "disjoint_from": raw["evaluation_data"], "search": name})
     _calibrations(plan, steps)
     _plain_trials(plan, steps)
     _preset_trials(plan, steps)
@@ -344,6 +359,7 @@ def expand(name: str, raw: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], d
     own["candidates"] = [f"{me}.{t}" for t in trials]
     own["reports"] = [f"{me}.ev_{t}" for t in trials]
     own["trial_names"] = list(trials)
+    own["checked_data"] = plan.data
     if f"{name}.sens" in plan.tables:
         own["sensitivity"] = f"{me}.sens"
     return plan.tables, own

@@ -15,6 +15,14 @@ on every candidate's noise. That floor is what within-run
 spread misses and what made trials a few per cent apart swap places between builds:
 two sessions of one model in one process already differ by it.
 
+Each candidate is loaded twice as well (``twin_of``), and so is the baseline: a ratio
+is the per-round mean of the candidate's two sessions over the mean of the baseline's
+two, so the session a build happens to get moves it half as much, and a candidate's
+noise is at least how far its own two sessions' ratios lie apart (about the 90 %
+half-width of their mean). With one session each, the walkthrough's MobileNetV2 search
+measured its fastest trial at 0.913 ± 0.026 in one cold build and 0.945 ± 0.023 in the
+next: 1.05x clearly faster than float in one, not in the other, and the choice flipped.
+
 Pure statistics apart from ``time_candidates`` (which runs the sessions it is given, of
 any runtime); the selection reads the result as JSON.
 """
@@ -35,6 +43,15 @@ FP32 = "fp32"
 #: bootstrap resamplings of a median ratio, and the interval's coverage
 RESAMPLES = 1000
 COVERAGE = 0.90
+
+
+def twin_of(name: str) -> str:
+    """The name of a candidate's second session in the timing run."""
+    return f"{name} (twin)"
+
+
+def _mean(a: Sequence[float], b: Sequence[float]) -> list[float]:
+    return [(x + y) / 2.0 for x, y in zip(a, b, strict=True)]
 
 
 def float_sessions(form: str) -> tuple[str, str]:
@@ -100,13 +117,21 @@ def summarise(cpu: Mapping[str, Sequence[float]], warmup: int,
     if twin["ratio"] is not None:
         floor = max(abs(twin["ci"][0] - 1.0), abs(twin["ci"][1] - 1.0))
     skip = {n for f in forms for n in float_sessions(f)}
+    both = _mean(ref, cpu[base_twin]) if base_twin in cpu else ref  # the baseline's sessions
     out: dict[str, Any] = {}
     for name, times in cpu.items():
-        if name in skip:
+        if name in skip or (name.endswith(" (twin)") and name[:-7] in cpu):
             continue
-        s = ratio_stats(times, ref)
+        second = cpu.get(twin_of(name))
+        s = ratio_stats(times if second is None else _mean(times, second), both)
         if s["ratio"] is not None:
-            s["noise"] = round(max(s["ci_half"], floor), 4)
+            noise = max(s["ci_half"], floor)
+            if second is not None:  # the candidate's own session-to-session spread
+                one = ratio_stats(times, both)["ratio"]
+                two = ratio_stats(second, both)["ratio"]
+                s["sessions"] = [one, two]
+                noise = max(noise, abs(one - two))
+            s["noise"] = round(noise, 4)
         out[name] = s
     return {"basis": "cpu", "threads": 1, "order": "interleaved, rotated each round",
             "rounds": len(ref), "warmup": warmup,

@@ -888,7 +888,7 @@ def bias_correction(ctx: RunContext) -> OnnxModelInfo:
 
 @hookimpl
 def qbuild_rule_types() -> list[type[Rule]]:
-    from .auto import AutoQuantize, SensitiveRegion
+    from .auto import AutoQuantize, DisjointDataset, SensitiveRegion
 
     return [Evaluate, Sensitivity, SensitivityMerge, MixedPrecision, BiasCorrection,
-            SelectBest, AutoQuantize, SensitiveRegion]
+            SelectBest, AutoQuantize, SensitiveRegion, DisjointDataset]

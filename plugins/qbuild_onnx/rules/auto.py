@@ -1,7 +1,10 @@
 """``auto_quantize`` (a macro: its trials are ordinary cached targets, see ``auto_plan``;
-the target itself selects, see ``auto_select``) and ``sensitive_region`` (the stem or
-head region around the most sensitive activation, as quantize overrides). Registered by
-``rules.accuracy``'s hook. Rule API v2: ``sensitive_region`` is one action,
+the target itself selects, see ``auto_select``), ``sensitive_region`` (the stem or
+head region around the most sensitive activation, as quantize overrides) and
+``disjoint_dataset`` (a dataset passed on only when it shares nothing with another: the
+search's trials read their calibration data through one, so an overlapping selection
+set stops the search before anything calibrates). Registered by ``rules.accuracy``'s
+hook. Rule API v2: ``sensitive_region`` and ``disjoint_dataset`` are one action each,
 ``auto_quantize`` four (Trials, Time, Select, Copy: see ``AutoQuantize.analyze``); the
 selection names trials and the float model by label (report.json, report.html), so
 ``analyze`` passes those labels, and the target's own for the page title, as params.
@@ -19,7 +22,7 @@ from qbuild_onnx_common.providers import DatasetInfo, OnnxModelInfo
 from qbuild_onnx_common.rule import OnnxRule
 from qbuild_onnx_common.runtimes import check_runtime, key_facts, runtime_attr
 
-from qbuild import AnalysisContext, ConfigError, RunContext, attr
+from qbuild import AnalysisContext, ConfigError, RuleError, RunContext, attr
 
 from ..accuracy.labelled import check_attrs as check_labelled
 from ..accuracy.tasks import check_task_options
@@ -87,6 +90,63 @@ def sensitive_region(ctx: RunContext) -> OverridesInfo:
     ctx.log(f"region {doc['region']['where']} around {doc['region']['tensor']}: "
             f"{doc['region']['nodes']} node(s) float")
     return OverridesInfo(overrides=out)
+
+
+class DisjointDataset(OnnxRule):
+    kind = "disjoint_dataset"
+    version = 1
+    heavy = False
+    doc = ("A dataset passed on unchanged once it is shown to share no source image (image "
+           "datasets) or sample (others) with `disjoint_from`; refused in one line "
+           "otherwise. auto_quantize reads its calibration data through one "
+           "(<name>.calibration_data, with `search` set), so a selection set that shares "
+           "images with it stops the search before any calibration or trial runs.")
+    attrs = {
+        "dataset": attr.label(doc="The dataset passed on.", required=True,
+                              providers=[DatasetInfo]),
+        "disjoint_from": attr.label(doc="The dataset it must share nothing with.",
+                                    required=True, providers=[DatasetInfo]),
+        "search": attr.string(default="", doc="The auto_quantize target (name, same "
+                              "package) this check is for: the refusal names it and its "
+                              "evaluation_data instead of this target's disjoint_from."),
+    }
+    outputs = ["data/"]
+    provides = (DatasetInfo,)
+
+    def analyze(self, ctx: AnalysisContext) -> None:
+        search = ctx.attrs["search"]
+        blame = ({"target": f"{ctx.label.rsplit(':', 1)[0]}:{search}",
+                  "attr": "evaluation_data", "what": "evaluation_data",
+                  "other": "calibration_data"} if search else
+                 {"target": None, "attr": "disjoint_from", "what": "disjoint_from",
+                  "other": "dataset"})
+        ctx.action(disjoint_dataset, inputs=["dataset", "disjoint_from"],
+                   outputs=["data/"], mnemonic="CheckSets", params={"blame": blame})
+
+
+def disjoint_dataset(ctx: RunContext) -> DatasetInfo:
+    """``disjoint_dataset``'s action: refuse shared content, else pass the dataset on."""
+    import os
+    import shutil
+
+    from ..source.splits import shared_content
+    from .datasets import dataset_provider
+
+    given = ctx.inputs["dataset"][DatasetInfo]
+    what, shared = shared_content(given.path, ctx.inputs["disjoint_from"][DatasetInfo].path)
+    if shared:
+        b = ctx.params["blame"]
+        listed = ", ".join(shared[:3]) + (", ..." if len(shared) > 3 else "")
+        message = (f"{b['what']} shares {len(shared)} {what[:-1]}(s) with {b['other']} "
+                   f"({listed}): a search judged on its calibration data looks better "
+                   "than it is; give disjoint sets (image_dataset's split)")
+        raise RuleError(message, target=b["target"], attr=b["attr"])
+    out = ctx.output("data/")
+    try:  # a staged input is this action's private copy: moving it costs no I/O
+        os.rename(given.path, out)
+    except OSError:
+        shutil.copytree(given.path, out, dirs_exist_ok=True)
+    return dataset_provider(out)
 
 
 class AutoQuantize(OnnxRule):
@@ -173,6 +233,12 @@ class AutoQuantize(OnnxRule):
         "trial_names": attr.string_list(default=[], doc="(filled in by the expansion)"),
         "sensitivity": attr.label(doc="(filled in by the expansion)",
                                   providers=[SensitivityInfo], tolerate_failures=True),
+        # not tolerated: a refused selection set fails the search (and, without
+        # --keep_going, stops the build before any trial starts)
+        "checked_data": attr.label(doc="(filled in by the expansion: the calibration data "
+                                   "as the trials read it, <name>.calibration_data, a "
+                                   "disjoint_dataset checked against evaluation_data)",
+                                   providers=[DatasetInfo]),
     }
     outputs = ["{name}.onnx", "report.json", "report.html", "trials.json", "chosen.json",
                "latency.json"]
@@ -210,9 +276,6 @@ class AutoQuantize(OnnxRule):
         # change).
         a = ctx.attrs
         labels = {k: a[k] for k in ("model", "candidates")}
-        # the selection set must share no image with the calibration set
-        ctx.action(check_sets, inputs=["calibration_data", "evaluation_data"], outputs=[],
-                   mnemonic="CheckSets", heavy=False)
         ctx.action(trial_info, inputs=["model", "candidates"], outputs=["trials.json"],
                    mnemonic="Trials", heavy=False,
                    params={"trial_names": a["trial_names"], "labels": labels})
@@ -236,21 +299,6 @@ class AutoQuantize(OnnxRule):
                            "out": ctx.output("{name}.onnx")})
 
 
-def check_sets(ctx: RunContext) -> None:
-    """``auto_quantize``'s check that it does not choose on its calibration data: the
-    two datasets share no source image (image datasets) or no sample (others)."""
-    from ..source.splits import shared_content
-
-    what, shared = shared_content(ctx.inputs["calibration_data"][DatasetInfo].path,
-                                  ctx.inputs["evaluation_data"][DatasetInfo].path)
-    if shared:
-        listed = ", ".join(shared[:3]) + (", ..." if len(shared) > 3 else "")
-        raise ctx.fail(f"evaluation_data shares {len(shared)} {what[:-1]}(s) with "
-                       f"calibration_data ({listed}): a search judged on its calibration "
-                       "data looks better than it is; give disjoint sets (image_dataset's "
-                       "split)", attr="evaluation_data")
-
-
 def trial_info(ctx: RunContext) -> None:
     """``auto_quantize``'s first action: per trial, the nodes it kept float or promoted
     and the joins it kept float (from the candidates' providers)."""
@@ -269,7 +317,8 @@ def trial_info(ctx: RunContext) -> None:
 def time_trials(ctx: RunContext) -> None:
     """``auto_quantize``'s timing: the float model (twice per float form the runtime
     offers: the twin measures the noise between two sessions of one model) and every
-    candidate that did not fail, timed on the search's runtime in one interleaved run on
+    candidate that did not fail (twice too: its ratio is its two sessions' mean, its
+    noise at least their spread), timed on the search's runtime in one interleaved run on
     the first evaluation sample; latency.json (``auto.timing``). Its progress: the models
     loaded, then the timed runs (every round runs every model), of all there are to do."""
     from qbuild_onnx_common.errors import OnnxError
@@ -277,7 +326,7 @@ def time_trials(ctx: RunContext) -> None:
     from qbuild_onnx_common.runtimes.base import DEFAULT, Session
 
     from ..accuracy.feeds import model_feeds
-    from ..auto.timing import float_sessions, summarise, time_candidates
+    from ..auto.timing import float_sessions, summarise, time_candidates, twin_of
 
     out = ctx.output("latency.json")
     rounds = ctx.params["rounds"]
@@ -295,15 +344,16 @@ def time_trials(ctx: RunContext) -> None:
             forms = runtime.float_forms()
             sessions: dict[str, Session] = {}
             names = [name for form in forms for name in float_sessions(form.name)]
-            loads = len(names) + len(candidates)
+            loads = len(names) + 2 * len(candidates)
             runs = (warmup + rounds) * loads
             for form in forms:
                 for name in float_sessions(form.name):
                     sessions[name] = runtime.load(ref, precision=form.precision)
                     ctx.progress(len(sessions), loads + runs)
-            for name, path in candidates.items():
-                sessions[name] = runtime.load(path, precision=DEFAULT)
-                ctx.progress(len(sessions), loads + runs)
+            for name, path in candidates.items():  # twice: its session-to-session spread
+                for session in (name, twin_of(name)):
+                    sessions[session] = runtime.load(path, precision=DEFAULT)
+                    ctx.progress(len(sessions), loads + runs)
         except OnnxError as e:
             raise ctx.fail(e.message, attr=e.attr or "model") from None
         doc = summarise(time_candidates(sessions, feed, rounds, warmup,
@@ -312,7 +362,7 @@ def time_trials(ctx: RunContext) -> None:
                         warmup, [f.name for f in forms])
         doc["runtime"] = {"name": runtime.name, "version": runtime.version(),
                           **runtime.facts()}
-        ctx.log(f"timed {len(sessions) - 2 * len(forms)} candidate(s) and float interleaved "
+        ctx.log(f"timed {len(candidates)} candidate(s) and float interleaved, each twice "
                 f"on {runtime.name}, {rounds} rounds: baseline float {doc['baseline']}, "
                 f"noise floor {doc['noise_floor']} (float twin)")
     out.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
