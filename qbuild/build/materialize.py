@@ -21,7 +21,7 @@ from ..core.labels import Label, output_folder
 from ..core.protocols import Store
 from ..core.records import ActionResult, OutputEntry
 from ..execution.failures import ActionFailed
-from ..store.gate import safe_path
+from ..store.gate import unsafe_name
 from .state import WorkspaceState
 
 
@@ -149,8 +149,7 @@ def _abandoned(path: Path) -> bool:
 def _refuse_unsafe(label: Label, result: ActionResult) -> None:
     """Whoever handed over ``result`` (the local or remote store checked it when they
     read it), no file is placed outside the target's folder."""
-    bad = next((name for name in [e.path for e in result.outputs] + [
-        d.removesuffix("/") for d in result.declared] if not safe_path(name)), None)
+    bad = unsafe_name(result)
     if bad is not None:
         raise ActionFailed(f"refusing to place the outputs of {label}: output path "
                            f"{bad[:80]!r} is not a relative path inside its folder")
