@@ -219,10 +219,7 @@ def check_result(record: Any, origin: str | None = "local") -> ActionResult:
         raise Refused("the declared outputs is not a list of strings")
     for name in declared:
         if not (isinstance(name, str) and (name in _SAFE_DECLARED or _safe_declared(name))):
-            if not isinstance(name, str):
-                raise Refused("the declared outputs is not a list of strings")
-            raise Refused(f"declared output {name[:80]!r} is not a relative path inside "
-                          "the output folder")
+            raise _bad_declared(name)
     info, warnings, providers = get("info"), get("warnings", _NONE), get("providers") or {}
     if not isinstance(info, dict) or not isinstance(providers, dict):
         raise Refused("the info or providers are not tables")
@@ -248,6 +245,13 @@ def check_result(record: Any, origin: str | None = "local") -> ActionResult:
                          origin="remote" if origin == "remote" else "local",
                          providers=providers, log=log, sources=sources, failed=None)
     return made
+
+
+def _bad_declared(name: Any) -> Refused:
+    if not isinstance(name, str):
+        return Refused("the declared outputs is not a list of strings")
+    return Refused(f"declared output {name[:80]!r} is not a relative path inside the "
+                   "output folder")
 
 
 _new = object.__new__

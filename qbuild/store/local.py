@@ -49,6 +49,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from json.scanner import make_scanner
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -199,7 +200,7 @@ def _misshapen(path: Path) -> bool:
         return False
 
 
-_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[no-untyped-call]
+_scan = make_scanner(json.JSONDecoder())  # type: ignore[arg-type]  # (typeshed: a context)
 
 
 def _parse(raw: Any) -> Any:
