@@ -56,7 +56,7 @@ class Graph:
     def __init__(self, workspace: Workspace, registry: Registry) -> None:
         self.workspace = workspace
         self.registry = registry
-        self.loader = PackageLoader(workspace, self._macro)
+        self.loader = PackageLoader(workspace, registry.expander)
         self.targets: dict[Label, Target] = {}
         # sha-256 of the analysis cache entry these targets came from or went into
         # (``_analysis_cache``); None when they are not cached
@@ -66,10 +66,6 @@ class Graph:
         self._real_tops = (os.path.realpath(workspace.root),
                            os.path.realpath(workspace.output_dir))
         self._real_dirs: dict[str, str] = {}
-
-    def _macro(self, kind: str) -> Any:
-        entry = self.registry.get(kind)
-        return getattr(entry.cls, "expand_targets", None) if entry is not None else None
 
     # -- patterns -----------------------------------------------------------------------
     def expand(self, patterns: Iterable[str], current_package: str | None, *,

@@ -68,6 +68,12 @@ class Registry:
     def kinds(self) -> list[str]:
         return sorted(self.entries)
 
+    def expander(self, kind: str) -> Any:
+        """The ``expand_targets`` of the rule ``kind`` if it is a macro, else None (what
+        the package loader asks of each target it loads)."""
+        entry = self.entries.get(kind)
+        return getattr(entry.cls, "expand_targets", None) if entry is not None else None
+
     def hook_plugins(self, target: Any) -> dict[str, list[tuple[str, str]]]:
         """The plugins implementing each hook ``target``'s rule calls (its ``code()``
         names them ``hook:<name>``), resolved here in the main process once per hook:

@@ -18,7 +18,7 @@ still succeeds (``Build`` reports it as tolerated).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from ..core.labels import Label
 
@@ -27,13 +27,14 @@ class Plan:
     """Waiting counts, a ready queue ordered critical path first, and the skip set."""
 
     def __init__(self, order: Sequence[Label], deps: Mapping[Label, Iterable[Label]],
-                 weight: Callable[[Label], int] = lambda _label: 1,
+                 groups: Iterable[Label] = (),
                  tolerant: Mapping[Label, Iterable[Label]] | None = None,
                  requested: Iterable[Label] = ()) -> None:
-        """``order``: every target, dependencies first (analysis order); ``weight``:
-        the cost of a target on the critical path (0 for groups, which run nothing);
-        ``tolerant``: per target, the dependencies whose failure it accepts;
-        ``requested``: what the user asked for (never soft)."""
+        """``order``: every target, dependencies first (analysis order); ``groups``: the
+        targets that run nothing (done once their dependencies are; no cost on the
+        critical path); ``tolerant``: per target, the dependencies whose failure it
+        accepts; ``requested``: what the user asked for (never soft)."""
+        self.groups = frozenset(groups)
         self._index = {label: i for i, label in enumerate(order)}
         self.deps = {label: list(dict.fromkeys(deps[label])) for label in order}
         self.tolerant = {label: frozenset(ds) for label, ds in (tolerant or {}).items()}
@@ -53,12 +54,13 @@ class Plan:
         self._waiting = {label: len(before) for label, before in self.deps.items()}
         # Length of the longest chain from each target to the end of the build.
         priority: dict[Label, int] = {}
+        groups = self.groups
         for label in reversed(order):
             after = 0
             for parent in dependents[label]:
                 if priority[parent] > after:
                     after = priority[parent]
-            priority[label] = weight(label) + after
+            priority[label] = after if label in groups else after + 1
         self.priority = priority
         self._ready: list[tuple[int, int, Label]] = []
         for label in order:

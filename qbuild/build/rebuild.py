@@ -48,7 +48,7 @@ class Rebuilder:
 
     def __init__(self, keyer: Keyer, graph: Graph, store: Store, root: Path,
                  executor: Executor, state: WorkspaceState,
-                 jobs: int, started: Callable[[Label], None] = lambda _label: None,
+                 jobs: int, started: Callable[[str], None] = lambda _label: None,
                  message: Callable[[str], None] = lambda _text: None) -> None:
         self.keyer = keyer
         self.graph = graph
@@ -136,7 +136,7 @@ class Rebuilder:
     def run(self, action: TargetActions) -> Outcome:
         """Run one miss: the boundary where anything the rule, the store or a worker
         raises becomes this label's ``ActionFailed``."""
-        self.started(action.label)
+        self.started(str(action.label))
         try:
             return self._run(action)
         except ActionFailed:

@@ -1,41 +1,40 @@
 """One ``qbuild build`` run: the composition of the build's parts over a session.
 
 ``Build.run`` analyses the requested targets, makes a ``Plan`` of them, lets the
-``Scheduler`` drive it (cache hits finish at once; misses run through the ``Rebuilder``
-on the session's ``Executor``), has the ``Materializer`` place the requested outputs,
-and reports: events to the reporter and the hooks (``qbuild.events``), explanations for
-``--explain``, and a ``BuildResult`` for the command line and the test helpers.
+``Scheduler`` drive it (asking the build's ``Outcomes`` about each target: cache hits
+finish at once; misses run through the ``Rebuilder`` on the session's ``Executor``), has
+the ``Materializer`` place the requested outputs, and reports: events to the reporter
+and the hooks (``qbuild.events``), explanations for ``--explain``, and a
+``BuildResult`` for the command line and the test helpers. Nothing it drives calls
+back into it.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
-import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..analysis.graph import Graph, Target
 from ..analysis.plugins import Registry
 from ..analysis.workspace import Workspace, claim_output_dir
-from ..api.actions import RunContext
 from ..core.errors import QbuildError
-from ..core.files import SourceDigests
 from ..core.generation import new_fact_generation
 from ..core.labels import Label
-from ..core.protocols import Executor, Origin, Store
-from ..core.records import ActionResult, KeyParts, Outcome, TargetActions
+from ..core.protocols import Executor, Store
+from ..core.records import ActionResult, TargetActions
 from ..events import ActionEvent, BuildSummary, Failure
 from ..execution.failures import ActionFailed
 from ..execution.local import LocalExecutor
 from ..keys.keyer import Keyer
-from ..keys.parts import diff
+from ..store.digests import SourceDigests
 from .materialize import Materializer
+from .outcomes import BuildResult, Outcomes, cached_record
 from .plan import Plan
 from .progress import Reporter
-from .rebuild import Rebuilder, one_line
+from .rebuild import Rebuilder
 from .scheduler import Scheduler
 from .state import WorkspaceState
 
@@ -63,40 +62,6 @@ def _default_memory_mib() -> int:
     except (ValueError, OSError, AttributeError):
         return 1 << 20
     return max(1, int(total * 2 / 3) >> 20)
-
-
-@dataclass
-class BuildResult:
-    """What a build did; the testing helpers and the CLI read it."""
-
-    ok: bool = True
-    requested: list[str] = field(default_factory=list)
-    ran: list[str] = field(default_factory=list)
-    cached: list[str] = field(default_factory=list)
-    remote_hits: list[str] = field(default_factory=list)
-    remote: dict[str, Any] | None = None
-    remote_execution: dict[str, Any] | None = None
-    failed: dict[str, str] = field(default_factory=dict)
-    skipped: list[str] = field(default_factory=list)
-    # failed or skipped targets only their tolerating dependents needed (``_plan``):
-    # label -> the reason their dependents were given; the build is still ok
-    tolerated: dict[str, str] = field(default_factory=dict)
-    failed_ran: list[str] = field(default_factory=list)  # failed while running (not before)
-    skip_reasons: dict[str, str] = field(default_factory=dict)
-    outputs: dict[str, list[str]] = field(default_factory=dict)  # absolute paths
-    infos: dict[str, dict[str, Any]] = field(default_factory=dict)
-    providers: dict[str, dict[str, Any]] = field(default_factory=dict)
-    actions: dict[str, dict[str, str]] = field(default_factory=dict)  # action -> ran/cached
-    explanations: dict[str, list[str]] = field(default_factory=dict)
-    bytes_hashed: int = 0
-    seconds: float = 0.0
-
-
-def cached_record(label: str, key: str, origin: str = "local_cache") -> dict[str, Any]:
-    """``ActionEvent(label, "cached", key=key, origin=origin).to_json()``, made
-    directly (a test holds them equal)."""
-    return {"label": label, "status": "cached", "seconds": 0.0, "key": key,
-            "origin": origin}
 
 
 _TOLERANT: dict[type, bool] = {}  # rule class -> has an attribute tolerating failures
@@ -139,22 +104,19 @@ def _expand_groups(graph: Graph, labels: list[Label]) -> list[Label]:
     return list(dict.fromkeys(out))
 
 
-class BuildSession(Protocol):
-    """What a build runs over: the parts a ``Session`` wires (``build.session``)."""
+@dataclass(frozen=True)
+class BuildSession:
+    """What a build runs over: the parts a ``Session`` wires (``build.session``), handed
+    down made (the build never calls back into the session that made them)."""
 
     workspace: Workspace
     registry: Registry
     graph: Graph
     remote: RemoteConfig | None
-
-    @property
-    def store(self) -> Store: ...
-    @property
-    def digests(self) -> SourceDigests: ...
-    @property
-    def keyer(self) -> Keyer: ...
-    @property
-    def remote_store(self) -> LayeredStore | None: ...
+    store: Store
+    digests: SourceDigests
+    keyer: Keyer
+    remote_store: LayeredStore | None
 
 
 class Build:
@@ -170,10 +132,7 @@ class Build:
         self.store = session.store
         claim_output_dir(session.workspace.output_dir)
         self.state = WorkspaceState(session.workspace.output_dir)
-        self.result = BuildResult()
         self._action_hook = session.registry.pm.hook.qbuild_action_finished
-        self.plan = Plan([], {})  # (the build's own, from ``scheduler``)
-        self._soft_skips: set[str] = set()
         # The remote layer, when configured.
         self.remote: LayeredStore | None = session.remote_store
         if self.remote is not None:
@@ -200,18 +159,22 @@ class Build:
             self.cpu_budget = self.memory_budget = 1 << 40
         self.rebuilder = Rebuilder(session.keyer, session.graph, self.store,
                                    session.workspace.root, inner, self.state, options.jobs,
-                                   started=lambda label: reporter.action_started(str(label)),
+                                   started=reporter.action_started,
                                    message=reporter.message)
         if self.remote_executor is not None:
             self.remote_executor.parts = self.rebuilder.parts  # what workers check
+        # What the scheduler asks about each target, and the record of how each ended.
+        self.outcomes = Outcomes(
+            graph=self.graph, rebuilder=self.rebuilder, reporter=reporter, store=self.store,
+            state=self.state, keyer=session.keyer, root=session.workspace.root,
+            action_hook=self._action_hook, explain=options.explain,
+            cpu_budget=self.cpu_budget, reuse=reuse)
+        self.result = self.outcomes.result
+        self.plan = self.outcomes.plan  # (the build's own, from ``scheduler``)
         self.materializer = Materializer(session.workspace.output_dir, self.store, self.state,
                                          self.rebuilder.results.__getitem__,
                                          self.rebuilder.rebuild)
-        # Requested targets placed as soon as their action ran: {label: (the result
-        # placed, the paths)}; kept if that is still the target's result at the end.
-        self._requested: set[Label] = set()
-        self._placed_early: dict[Label, tuple[ActionResult, list[str]]] = {}
-        self.rebuilder.ran = self._place_early
+        self.rebuilder.ran = self.materializer.place_early
 
     @property
     def results(self) -> dict[Label, ActionResult]:
@@ -226,7 +189,7 @@ class Build:
         order = self.graph.analyze(roots)
         requested = _expand_groups(self.graph, roots)
         self.result.requested = [str(x) for x in requested]
-        self._requested = set(requested)
+        self.materializer.requested = set(requested)
         actionable = [x for x in order if not self.graph.targets[x].is_group]
         self.reporter.build_started(len(actionable))
         if self.reuse is None:
@@ -242,7 +205,7 @@ class Build:
             self.scheduler(order, requested).run()
             for label in requested:
                 if label in self.results:
-                    early = self._placed_early.get(label)
+                    early = self.materializer.early.get(label)
                     if early is not None and early[0] is self.results[label]:
                         self.result.outputs[str(label)] = early[1]
                     else:
@@ -271,7 +234,7 @@ class Build:
         untouched = self.reuse.untouched(order, self.graph.targets)
         if not untouched:
             return order
-        reuse, cached, event = self.rebuilder.reuse, self.result.cached, self._event
+        reuse, cached, event = self.rebuilder.reuse, self.result.cached, self.outcomes.event
         report = self.reporter.action_finished
         hooked = bool(self._action_hook.get_hookimpls())
         for label, (key, result, sources) in untouched.items():
@@ -295,11 +258,11 @@ class Build:
             planned = set(order)
             deps = {label: [dep for dep in targets[label].deps if dep in planned]
                     for label in order}
-        plan = self.plan = Plan(
-            order, deps, weight=lambda label: 0 if targets[label].entry is None else 1,
+        plan = self.plan = self.outcomes.plan = Plan(
+            order, deps, groups=[label for label in order if targets[label].entry is None],
             tolerant={label: ds for label in order if (ds := _tolerated(targets[label]))},
             requested=order if requested is None else requested)
-        return Scheduler(plan, self.rebuilder, self, jobs=self.options.jobs,
+        return Scheduler(plan, self.rebuilder, self.outcomes, jobs=self.options.jobs,
                          cpu=self.cpu_budget, memory=self.memory_budget,
                          keep_going=self.options.keep_going)
 
@@ -345,160 +308,13 @@ class Build:
                              else "not_started")
                      for label, error in result.failed.items())
 
-    # -- scheduler.Targets: what the scheduler asks of the build ---------------------------
-    def is_group(self, label: Label) -> bool:
-        return self.graph.targets[label].is_group
-
-    def queued(self, label: Label) -> None:
-        self.reporter.action_queued(str(label))
-
-    def prepare(self, label: Label) -> TargetActions | bool:
-        """Key a ready target and look it up: True for a hit, False when it cannot even
-        be keyed (a source vanished), else the action to run with its grant."""
-        target = self.graph.targets[label]
-        for dep in self.plan.tolerated_deps(label):
-            # the stand-in the action gets; its reason is part of the key, so a result
-            # made without the dependency is never served once the dependency builds
-            name = str(dep)
-            reason = (self.result.tolerated.get(name) or self.result.failed.get(name)
-                      or self.result.skip_reasons.get(name, "did not build"))
-            self.rebuilder.results.setdefault(dep, ActionResult.failure(reason))
-        if self.reuse is not None:
-            taken = self.reuse.take(label, target.deps, self.results)
-            if taken is not None:
-                key, result, sources = taken
-                self.rebuilder.reuse(label, key, result, sources)
-                self.result.cached.append(str(label))
-                self._event(ActionEvent(str(label), "cached", key=key, origin="local_cache"))
-                return True
-        try:
-            action, cached, origin = self.rebuilder.lookup(target)
-        except (OSError, QbuildError, RecursionError, ValueError) as exc:
-            self._failed(label, self._scrub(one_line(exc)), "")
-            return False
-        if cached is not None:
-            self._cached(label, action.key, cached, origin)
-            return True
-        if self.options.explain:
-            self._explain(label, self.rebuilder.parts[label])
-        assert target.rule is not None
-        cores, mib = target.rule.resources(target.attrs)
-        from dataclasses import replace
-
-        action = replace(action, threads=max(1, min(int(cores), self.cpu_budget)),
-                         memory_mib=max(0, int(mib)),
-                         accelerators=target.rule.accelerators_for(target.attrs))
-        self.rebuilder.actions[label] = action
-        return action
-
-    def finished(self, label: Label, future: concurrent.futures.Future[Outcome]) -> bool:
-        try:
-            outcome = future.result()
-        except ActionFailed as exc:
-            if exc.started:  # (refused, or its inputs could not be staged: it never ran)
-                self.result.failed_ran.append(str(label))
-            self._failed(label, self._scrub(str(exc.error)), self._scrub(exc.log_tail),
-                         key=self.rebuilder.actions[label].key, where=exc.where)
-            return False
-        if outcome.status == "cached":  # another process ran it while this one waited
-            self._cached(label, self.rebuilder.actions[label].key, outcome.result, "local")
-            return True
-        self.result.ran.append(str(label))
-        if outcome.actions:
-            self.result.actions[str(label)] = {name: status for name, _, status in outcome.actions}
-        self._event(ActionEvent(str(label), "ran", outcome.seconds,
-                                key=self.rebuilder.actions[label].key, origin="ran",
-                                rule=self.graph.targets[label].kind,
-                                warnings=tuple(w.replace(RunContext.THIS_TARGET, str(label))
-                                               for w in outcome.result.warnings),
-                                worker=outcome.worker or None))
-        return True
-
-    def skipped(self, label: Label, failed_deps: list[Label]) -> None:
-        if label in self.plan.soft and failed_deps:
-            first = str(failed_deps[0])
-            reason = self.result.tolerated.get(first) or self.result.failed.get(first, "")
-            if first not in self._soft_skips:  # the failure itself: name it
-                reason = f"{first} failed: {reason}"
-            self._soft_skips.add(str(label))
-            self.result.tolerated[str(label)] = reason
-            self._event(ActionEvent(str(label), "skipped", tolerated=True))
-            return
-        if not failed_deps:
-            reason = "not started: the build stops at the first failure (see --keep_going)"
-        else:
-            first = str(failed_deps[0])
-            reason = (f"depends on failed {first}" if first in self.result.failed
-                      else f"depends on skipped {first}")
-        self.result.skipped.append(str(label))
-        self.result.skip_reasons[str(label)] = reason
-        self._event(ActionEvent(str(label), "skipped"))
-
-    # -- outcomes --------------------------------------------------------------------------
-    def _cached(self, label: Label, key: str, result: ActionResult, origin: Origin) -> None:
-        self.rebuilder.hit(label, key, result)
-        name = str(label)
-        self.result.cached.append(name)
-        if origin == "remote":
-            self.result.remote_hits.append(name)
-        if self._action_hook.get_hookimpls():
-            self._event(ActionEvent(name, "cached", key=key, origin=f"{origin}_cache"))
-        else:  # (no hook to hand the event to: only its record)
-            self.reporter.action_finished(cached_record(name, key, f"{origin}_cache"))
-
-    def _failed(self, label: Label, error: str, log_tail: str, key: str | None = None,
-                where: str = "") -> None:
-        soft = label in self.plan.soft
-        shown = f"{error} ({where})" if where else error
-        if soft:  # the reason its dependents get, in their keys: not where it ran
-            self.result.tolerated[str(label)] = error
-        else:
-            self.result.failed[str(label)] = shown
-        self._event(ActionEvent(str(label), "failed", key=key, error=shown,
-                                log_tail=log_tail, tolerated=soft))
-
-    def _event(self, event: ActionEvent) -> None:
-        self.reporter.action_finished(event.to_json())
-        if self._action_hook.get_hookimpls():  # (none in most builds: no call at all)
-            self._action_hook(event=event)
-
-    def _scrub(self, text: str) -> str:
-        """Error text with sandbox paths written as the workspace-relative paths they
-        stand for (sources are staged at those paths, outputs under qbuild-out/)."""
-        for tmp in dict.fromkeys((str(self.store.tmp), os.path.realpath(self.store.tmp))):
-            text = re.sub(re.escape(tmp) + r"/\d+-[0-9a-f]+/?", "", text)
-        for root in dict.fromkeys((str(self.session.workspace.root),
-                                   os.path.realpath(self.session.workspace.root))):
-            text = text.replace(root + os.sep, "")
-        return text
-
-    def _explain(self, label: Label, parts: KeyParts) -> None:
-        last = self.state.last_keys.get(str(label))
-        old = self.store.get_components(last) if last else None
-        lines = diff(old, parts, self.session.keyer.code_files) or [
-            "no recorded difference (the cached result was removed)"]
-        self.result.explanations[str(label)] = lines
-        self.reporter.message(f"{label} will run: " + "; ".join(lines))
-
     # -- outputs ------------------------------------------------------------------------
-    def _place_early(self, label: Label, result: ActionResult) -> None:
-        """Place a requested target's new outputs in the action's thread, overlapping
-        the actions still running (placing 10,000 outputs one after another at the end
-        was a fifth of a cold build). Anything that goes wrong is left to the placing
-        at the end, which also retries by running the action again."""
-        if label not in self._requested:
-            return
-        try:
-            paths = self.materializer.place(label, rebuild=False)
-        except Exception:  # noqa: BLE001 - placed (or reported) at the end instead
-            return
-        self._placed_early[label] = (result, paths)
-
     def _materialize(self, label: Label) -> None:
         try:
             self.result.outputs[str(label)] = self.materializer.place(label)
         except (ActionFailed, QbuildError, OSError) as exc:
-            self._failed(label, str(exc.error if isinstance(exc, ActionFailed) else exc), "")
+            self.outcomes.fail(label, str(exc.error if isinstance(exc, ActionFailed) else exc),
+                               "")
             self.materializer.remove(label)
             self.result.outputs.pop(str(label), None)
 

@@ -6,8 +6,8 @@ The scheduler knows nothing of keys, stores or rules. It talks to two parties, e
 through a declared protocol: the ``Executor`` runs actions, and the build's ``Targets``
 answer for each target (``prepare`` a ready one: a hit, a failure or the action to run;
 record a ``finished`` one; report a ``skipped`` one). It imports neither: the build
-implements ``Targets`` (``build.run.Build``), as an executor implements ``Executor``.
-Waiting is ``concurrent.futures.wait`` unless an executor brings its own clock
+implements ``Targets`` (``build.outcomes.Outcomes``), as an executor implements
+``Executor``. Waiting is ``concurrent.futures.wait`` unless an executor brings its own clock
 (``qbuild.testing.FakeExecutor``), which makes scheduling tests exact.
 """
 
@@ -39,9 +39,6 @@ def _wait(fs: Iterable[concurrent.futures.Future[Outcome]], *, return_when: str
 
 class Targets(Protocol):
     """What the scheduler asks of the build about its targets."""
-
-    def is_group(self, label: Label) -> bool:
-        """Is ``label`` a group (no action of its own: done once its dependencies are)?"""
 
     def prepare(self, label: Label) -> TargetActions | bool:
         """Key a ready target and look it up: True (done: a hit), False (failed before
@@ -76,10 +73,10 @@ class Scheduler:
     def _resolve_ready(self, queue: list[tuple[Label, TargetActions]],
                        enough: Callable[[], bool] = lambda: False) -> None:
         """Prepare ready targets until none is left or ``enough()`` (asked before each)."""
-        plan, targets = self.plan, self.targets
+        plan, targets, groups = self.plan, self.targets, self.plan.groups
         while plan.has_ready() and not enough():
             label = plan.pop_ready()
-            group = targets.is_group(label)
+            group = label in groups
             if plan.blocked(label) or (plan.stopped and not group):
                 if not group:
                     targets.skipped(label, plan.failed_deps(label))

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 from ..analysis.graph import Graph
 from ..analysis.plugins import Registry, load_registry
 from ..analysis.workspace import Workspace, load_workspace
-from ..core.files import SourceDigests
 from ..core.protocols import Store
 from ..keys.keyer import Keyer
+from ..store.digests import SourceDigests
 
 if TYPE_CHECKING:
     from ..store.http import RemoteConfig
@@ -123,7 +123,7 @@ class Session:
         """
         from ..shortcuts import analysis_cache as _analysis_cache
         from ..shortcuts import incremental as _incremental
-        from .run import Build
+        from .run import Build, BuildSession
 
         labels = None
         if started is not None:
@@ -140,7 +140,9 @@ class Session:
             reuse = _incremental.Reuse.load(record, self.workspace.root,
                                             self.graph.analysis_digest, incremental,
                                             self.store)
-        build = Build(self, options, reporter, reuse=reuse)
+        parts = BuildSession(self.workspace, self.registry, self.graph, self.remote,
+                             self.store, self.digests, self.keyer, self.remote_store)
+        build = Build(parts, options, reporter, reuse=reuse)
         build.run(labels)
         if started is not None and analysed:
             _analysis_cache.save(self.graph, patterns, package, labels, started)

@@ -18,11 +18,11 @@ from typing import Any
 from ..build.progress import Reporter
 from ..build.run import Build, BuildOptions
 from ..build.session import Session
-from ..core.files import load_known, save_known
 from ..execution.sandbox import clean_stale_sandboxes
 from ..keys import environ
 from ..keys.toolchain import check as check_toolchain
 from ..shortcuts.noop import forget, record
+from ..store.digests import load_known, save_known
 
 
 @dataclass(frozen=True)

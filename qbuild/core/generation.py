@@ -10,6 +10,9 @@ upgraded on a worker's machine is seen by the worker's identity check of the nex
 from __future__ import annotations
 
 _generation = [0]
+GENERATION = _generation
+"""``GENERATION[0]`` is ``fact_generation()``, read without a call where every target
+asks (never written but by ``new_fact_generation``)."""
 
 
 def fact_generation() -> int:

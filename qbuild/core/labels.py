@@ -8,7 +8,7 @@ never escape the workspace.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
@@ -22,9 +22,25 @@ class Label:
 
     package: str
     name: str
+    # A label keys every table of a build (plan, results, graph: some fifty lookups
+    # per target) and is written out a dozen times per target, so its hash and text
+    # are made once, with it (not fields compared, shown or pickled: another process
+    # hashes strings with another seed).
+    _hash: int = field(init=False, repr=False, compare=False)
+    _text: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.package, self.name)))
+        object.__setattr__(self, "_text", f"//{self.package}:{self.name}")
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Label], tuple[str, str]]:
+        return Label, (self.package, self.name)
 
     def __str__(self) -> str:
-        return f"//{self.package}:{self.name}"
+        return self._text
 
 
 OUT_PREFIX = "qbuild-out"  # the output folder's name inside every action's sandbox

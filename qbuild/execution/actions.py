@@ -33,7 +33,7 @@ from ..core.files import hash_file, stat_key
 from ..core.labels import OUT_PREFIX, output_folder, parse_label
 from ..core.records import ActionResult, Outcome, OutputEntry, TargetActions
 from ..keys.action_keys import Made, declared_action_key, declared_action_parts, package_path
-from ..store.gate import safe_path
+from ..store.gate import unsafe_name
 from .failures import ActionFailed, MissingBlob, log_tail
 from .linked import Linked, release, stage_link
 from .sandbox import Sandboxes, SandboxFolders
@@ -131,8 +131,7 @@ def _place(sandboxes: Sandboxes, entry: OutputEntry, dest: Path,
 def _stage_dep(sandboxes: Sandboxes, label: str, dep: ActionResult, base: Path,
                staged: dict[Path, tuple[str, str]], linked: list[Linked] | None = None,
                dirs: SandboxFolders | None = None) -> Dep:
-    bad = next((name for name in [e.path for e in dep.outputs] + [
-        d.removesuffix("/") for d in dep.declared] if not safe_path(name)), None)
+    bad = unsafe_name(dep)
     if bad is not None:  # whoever handed this result over: nothing is staged outside
         raise ActionFailed(RuleError(f"refusing to stage the outputs of {label}: output "
                                      f"path {bad[:80]!r} is not a relative path inside "

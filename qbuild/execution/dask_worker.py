@@ -29,11 +29,12 @@ from typing import Any
 
 from ..core import live
 from ..core.errors import QbuildError
-from ..core.files import SourceDigests, stat_key
+from ..core.files import stat_key
 from ..core.generation import new_fact_generation
 from ..core.records import TargetActions
 from ..core.versions import __version__, dist_version
 from ..keys.code import CodeDigests
+from ..store.digests import SourceDigests
 from ..store.http import RemoteConfig, RemoteError
 from ..store.local import LocalStore
 from ..store.remote import LayeredStore

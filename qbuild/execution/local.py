@@ -18,10 +18,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..core.files import SourceDigests
 from ..core.labels import output_folder
 from ..core.protocols import Store
 from ..core.records import Outcome, TargetActions
+from ..store.digests import SourceDigests
 from .actions import execute_actions
 from .sandbox import Sandboxes
 

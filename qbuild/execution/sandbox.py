@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..core.errors import RuleError
-from ..core.files import SourceDigests, copy_new, copy_new_hashing, hash_file, stat_key
+from ..core.files import copy_new, copy_new_hashing, hash_file, stat_key
 from ..core.protocols import Store
 from ..core.records import OutputEntry, TargetActions
+from ..store.digests import SourceDigests
 from ..store.keylock import flock_fd
 from .failures import ActionFailed, log_tail
 from .linked import Linked, modified

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ..core.files import SourceDigests
+from ..store.digests import SourceDigests
 
 ENGINE_UNIT = "qbuild"
 _SKIP_DIRS = {"__pycache__"}

@@ -24,16 +24,12 @@ EVERYTHING = "*"
 
 _read: dict[str, str | None] = {}
 _lock = _thread.RLock()  # (threading costs the fast path an import)
-_depth = 0
-# Threads asking a rule for facts now: only their reads count (an action running in
-# another thread meanwhile may list the environment; that is not a key fact).
+_get_ident = _thread.get_ident
+# Threads asking a rule for facts now, each with its depth of ``watched`` calls: only
+# their reads count (an action running in another thread meanwhile may list the
+# environment; that is not a key fact). Empty: os.environ is the real one.
 _watching: dict[int, int] = {}
 _wrapper: _Watched | None = None  # (one for every call: made once)
-
-
-def _noted(name: str, value: str | None) -> None:
-    if _thread.get_ident() in _watching:
-        _read[name] = value
 
 
 class _Watched(MutableMapping[str, str]):
@@ -43,22 +39,26 @@ class _Watched(MutableMapping[str, str]):
         self.real = real
 
     # Each read is one lookup in the real environment (its keys and values are encoded
-    # and decoded on every lookup): every target's facts read PATH at least.
+    # and decoded on every lookup): every target's facts read PATH at least. Noted
+    # in place (no call): a thread not watching reads what it reads unnoted.
     def __getitem__(self, name: str) -> str:
         value = self.real.get(name)
-        _noted(name, value)
+        if _get_ident() in _watching:
+            _read[name] = value
         if value is None:
             raise KeyError(name)
         return value
 
     def get(self, name: str, default: Any = None) -> Any:
         value = self.real.get(name)
-        _noted(name, value)
+        if _get_ident() in _watching:
+            _read[name] = value
         return default if value is None else value
 
     def __contains__(self, name: object) -> bool:
         value = self.real.get(name) if isinstance(name, str) else None
-        _noted(str(name), value)
+        if _get_ident() in _watching:
+            _read[str(name)] = value
         return value is not None
 
     def __setitem__(self, name: str, value: str) -> None:
@@ -81,28 +81,39 @@ class _Watched(MutableMapping[str, str]):
         return dict(self.real)
 
 
-def watched(call: Callable[[], T]) -> T:
-    """``call()`` with every environment variable it reads noted (see ``reads``)."""
-    global _depth, _wrapper
-    me = _thread.get_ident()
+def _noted(name: str, value: str | None) -> None:
+    if _get_ident() in _watching:
+        _read[name] = value
+
+
+def watched(call: Callable[..., T], *args: Any) -> T:
+    """``call(*args)`` with every environment variable it reads noted (see ``reads``).
+
+    os.environ is swapped for the watching wrapper while any thread is watching (the
+    same variables, reads noted, os.getenv too), and put back when none is: a call per
+    target, so kept to a few dictionary operations under the lock."""
+    global _wrapper
+    me = _get_ident()
+    watching = _watching
     with _lock:
-        _watching[me] = _watching.get(me, 0) + 1
-        if _depth == 0:
-            # Swapped, not changed: the same variables, reads noted (os.getenv too).
-            if _wrapper is None or _wrapper.real is not os.environ:
-                _wrapper = _Watched(os.environ)
-            os.environ = _wrapper  # type: ignore[assignment]  # noqa: B003
-        _depth += 1
+        if not watching:
+            environ = os.environ
+            wrapper = _wrapper
+            if wrapper is None or wrapper.real is not environ:
+                wrapper = _wrapper = _Watched(environ)
+            os.environ = wrapper  # type: ignore[assignment]  # noqa: B003
+        depth = watching.get(me, 0)
+        watching[me] = depth + 1
         try:
-            return call()
+            return call(*args)
         finally:
-            _depth -= 1
-            _watching[me] -= 1
-            if not _watching[me]:
-                del _watching[me]
-            if _depth == 0:
-                environ = os.environ
-                os.environ = getattr(environ, "real", environ)  # noqa: B003
+            if depth:
+                watching[me] = depth
+            else:
+                del watching[me]
+                if not watching:
+                    environ = os.environ
+                    os.environ = getattr(environ, "real", environ)  # noqa: B003
 
 
 def forget() -> None:

@@ -23,10 +23,10 @@ from ..analysis.plugins import Registry
 from ..api.providers import provider_name
 from ..api.rule import RUN_RULE
 from ..core import versions
-from ..core.files import SourceDigests
 from ..core.labels import Label
 from ..core.protocols import Store
 from ..core.records import ActionResult, KeyParts, TargetActions
+from ..store.digests import SourceDigests
 from .action_keys import declared_action_key, declared_action_parts
 from .code import CodeDigests
 from .parts import components, target_env, target_key

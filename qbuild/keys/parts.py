@@ -18,14 +18,14 @@ from typing import Any
 
 from ..analysis.graph import Target
 from ..core import versions
-from ..core.generation import fact_generation
+from ..core.generation import GENERATION
 from ..core.keyhash import key_hash
 from ..core.records import ActionResult, KeyParts
 from ..store.gate import Refused, check_parts
 from .environ import watched
 
 _env_cache: dict[type, dict[str, str]] = {}
-_env_generation = [fact_generation()]  # the generation _env_cache was filled in
+_env_generation = [GENERATION[0]]  # the generation _env_cache was filled in
 
 
 def rule_env(target: Target) -> dict[str, str]:
@@ -33,9 +33,9 @@ def rule_env(target: Target) -> dict[str, str]:
     machine-dependent), asked once per fact generation (one build, one worker request)
     with the variables they read noted."""
     cls = type(target.rule)
-    if _env_generation[0] != fact_generation():  # a new build or worker request
+    if _env_generation[0] != GENERATION[0]:  # a new build or worker request
         _env_cache.clear()
-        _env_generation[0] = fact_generation()
+        _env_generation[0] = GENERATION[0]
     env = _env_cache.get(cls)
     if env is None:
         declared = watched(target.rule.env) or {}  # type: ignore[union-attr]
@@ -52,7 +52,7 @@ def target_env(target: Target) -> dict[str, str]:
     """The rule's class-wide facts plus the facts of this target's attributes."""
     env = dict(rule_env(target))
     rule: Any = target.rule
-    extra = watched(lambda: rule.target_env(target.attrs)) or {}
+    extra = watched(rule.target_env, target.attrs) or {}
     env.update({str(k): str(v) for k, v in extra.items()})
     return env
 

@@ -61,7 +61,17 @@ computes every key with (``keys.parts.target_key``,
 
 
 def is_digest(text: object) -> bool:
-    return isinstance(text, str) and len(text) == 64 and _DIGEST.fullmatch(text) is not None
+    return isinstance(text, str) and len(text) == 64 and _hex64(text) is not None
+
+
+_hex64 = _DIGEST.fullmatch
+# Names ``safe_path`` accepted, as an output's path (``_SAFE``) or a declared output's
+# name (``_SAFE_DECLARED``, a folder's with its "/"): output names repeat across targets
+# and builds ("model.onnx"), so each is checked once per process, then found in a set.
+# (Bounded: a process reading millions of distinct names checks the rest each time.)
+_SAFE: set[str] = set()
+_SAFE_DECLARED: set[str] = set()
+_SAFE_LIMIT = 1 << 16
 
 
 def load_json(raw: bytes, limit: int) -> Any:
@@ -124,6 +134,8 @@ def safe_path(path: object) -> bool:
     again, whoever handed them the entry."""
     if not isinstance(path, str) or not path or path[0] == "/" or "\0" in path:
         return False
+    if path in _SAFE:
+        return True
     try:
         # Text of n characters encodes to at most 4n bytes: short names (nearly all) are
         # checked without encoding the whole path, on the path every entry read takes.
@@ -137,7 +149,37 @@ def safe_path(path: object) -> bool:
             path.encode("utf-8")  # a lone surrogate (JSON's \ud800) cannot name a file
     except UnicodeEncodeError:
         return False
+    if len(_SAFE) < _SAFE_LIMIT:
+        _SAFE.add(path)
     return True
+
+
+def _safe_declared(name: object) -> bool:
+    """Is ``name`` a declared output's name: a ``safe_path``, or one with a "/" after it
+    (a declared folder)?"""
+    if not isinstance(name, str):
+        return False
+    if name in _SAFE_DECLARED:
+        return True
+    if not safe_path(name[:-1] if name[-1:] == "/" else name):
+        return False
+    if len(_SAFE_DECLARED) < _SAFE_LIMIT:
+        _SAFE_DECLARED.add(name)
+    return True
+
+
+def unsafe_name(result: ActionResult) -> str | None:
+    """The first output path or declared name of ``result`` that is not ``safe_path``
+    (a declared folder's without its "/"), or None: what the places writing a result's
+    files check again, whoever handed it to them."""
+    for entry in result.outputs:
+        path = entry.path
+        if not (isinstance(path, str) and (path in _SAFE or safe_path(path))):
+            return str(path)
+    for name in result.declared:
+        if not (isinstance(name, str) and (name in _SAFE_DECLARED or _safe_declared(name))):
+            return str(name).removesuffix("/")
+    return None
 
 
 def _str_map(value: Any, what: str) -> None:
@@ -151,34 +193,34 @@ def _str_list(value: Any, what: str) -> None:
         raise Refused(f"{what} is not a list of strings")
 
 
-def check_result(record: Any, origin: str = "local") -> ActionResult:
+def check_result(record: Any, origin: str | None = "local") -> ActionResult:
     """The ``ActionResult`` of a parsed entry (as ``ActionResult.to_json`` writes it:
     ``outputs`` of ``{path, digest, size, x}``, ``declared``, ``info``, ``warnings``,
     ``providers``) once its paths, digests, sizes and shapes are checked; ``origin``
-    says where it came from ("remote" for a remote cache's). Raises ``Refused``.
+    says where it came from ("remote" for a remote cache's; None: as the entry records
+    it). Raises ``Refused``.
 
     Every build reads an entry per target, so the checks build the result's records
     directly (no checked copy of the entry to convert again; the parsed tables are
-    the result's own) and skip what cannot fail: the walk of an empty table, a second
-    path check of an output named as declared, the cross-check of one declared file
-    that is present."""
+    the result's own), skip what cannot fail (the walk of an empty table, the
+    cross-check of one declared file that is present) and check each name once per
+    process (``_SAFE``)."""
     if not isinstance(record, dict):
         raise Refused("the entry is not a JSON object")
+    get = record.get
+    outputs, declared = get("outputs"), get("declared")
+    if origin is None:
+        origin = get("origin")
     if "failed" in record:
         raise Refused("the stand-in of a failed action is never cached")
-    outputs, declared = record.get("outputs"), record.get("declared")
     if not isinstance(outputs, list):
         raise Refused("the entry lists no outputs")
     if not isinstance(declared, list):
         raise Refused("the declared outputs is not a list of strings")
     for name in declared:
-        if not isinstance(name, str):
-            raise Refused("the declared outputs is not a list of strings")
-        if not safe_path(name.removesuffix("/")):
-            raise Refused(f"declared output {name[:80]!r} is not a relative path inside "
-                          "the output folder")
-    info, warnings = record.get("info"), record.get("warnings", [])
-    providers = record.get("providers") or {}
+        if not (isinstance(name, str) and (name in _SAFE_DECLARED or _safe_declared(name))):
+            raise _bad_declared(name)
+    info, warnings, providers = get("info"), get("warnings", _NONE), get("providers") or {}
     if not isinstance(info, dict) or not isinstance(providers, dict):
         raise Refused("the info or providers are not tables")
     if warnings:
@@ -187,46 +229,74 @@ def check_result(record: Any, origin: str = "local") -> ActionResult:
         raise Refused("the warnings is not a list of strings")
     if (info and _depth(info) > MAX_DEPTH) or (providers and _depth(providers) > MAX_DEPTH):
         raise Refused(f"info nested deeper than {MAX_DEPTH}")
-    entries = tuple([_output(entry, declared) for entry in outputs])
-    if len(entries) != 1 or entries[0].path != declared[0] or len(declared) != 1:
+    entries = tuple([_output(entry) for entry in outputs])
+    if len(entries) != 1 or len(declared) != 1 or entries[0].path != declared[0]:
         _check_paths([entry.path for entry in entries], declared)
-    log = record.get("log")  # never worth refusing a result for: dropped if malformed
-    if log is not None and not (
-            isinstance(log, dict) and is_digest(log.get("digest")) and
-            isinstance(log.get("path"), str) and _is_size(log.get("size", 0))):
-        log = None
-    sources = record.get("sources") or {}  # names for messages only: dropped if malformed
+    log = get("log")  # never worth refusing a result for: dropped if malformed
+    if log is not None:
+        log = _log(log)
+    sources = get("sources") or {}  # names for messages only: dropped if malformed
     if sources and not (isinstance(sources, dict) and all(
             isinstance(k, str) and safe_path(v) for k, v in sources.items())):
         sources = {}
-    return ActionResult.checked(
-        outputs=entries, declared=tuple(declared), info=info, warnings=tuple(warnings),
-        origin="remote" if origin == "remote" else "local", providers=providers,
-        log=None if log is None else OutputEntry.from_json(log),
-        sources=sources if isinstance(sources, dict) else {})
+    made = _new(ActionResult)
+    made.__dict__.update(outputs=entries, declared=tuple(declared), info=info,
+                         warnings=tuple(warnings) if warnings else (),
+                         origin="remote" if origin == "remote" else "local",
+                         providers=providers, log=log, sources=sources, failed=None)
+    return made
 
 
-def _output(entry: Any, declared: list[str]) -> OutputEntry:
-    """One checked output of an entry whose ``declared`` names are checked already."""
+def _bad_declared(name: Any) -> Refused:
+    if not isinstance(name, str):
+        return Refused("the declared outputs is not a list of strings")
+    return Refused(f"declared output {name[:80]!r} is not a relative path inside the "
+                   "output folder")
+
+
+_new = object.__new__
+_NONE: list[str] = []  # (never changed: the warnings of an entry that has none)
+
+
+def _output(entry: Any) -> OutputEntry:
+    """One checked output (or log) of an entry: ``OutputEntry.checked``'s record, made
+    here without its call."""
     if not isinstance(entry, dict):
         raise Refused("an output is not a JSON object")
-    path, digest = entry.get("path"), entry.get("digest")
-    # A declared file's name is checked already (a declared folder's "name/" is not
-    # a file's path).
-    if not (isinstance(path, str) and path in declared and path[-1] != "/") \
-            and not safe_path(path):
+    get = entry.get
+    path, digest = get("path"), get("digest")
+    if not (isinstance(path, str) and (path in _SAFE or safe_path(path))):
         raise Refused(f"output path {str(path)[:80]!r} is not a relative path inside "
                       "the output folder")
-    assert isinstance(path, str)
-    if not is_digest(digest):
+    if not (isinstance(digest, str) and len(digest) == 64 and _hex64(digest) is not None):
         raise Refused(f"output {path} has no SHA-256 digest")
-    executable = entry.get("x", False)
+    executable = get("x", False)
     if executable is not False and executable is not True:
         raise Refused(f"output {path} has a malformed executable bit")
-    size = entry.get("size", 0)
+    size = get("size", 0)
     if type(size) is not int or not 0 <= size <= MAX_BLOB_BYTES:
         size = size_of(size)
-    return OutputEntry.checked(path, str(digest), size, executable)
+    made = _new(OutputEntry)
+    made.__dict__.update(path=path, digest=digest, size=size, executable=executable)
+    return made
+
+
+def _log(entry: Any) -> OutputEntry | None:
+    """An entry's log reference, or None if it is not of the written shape."""
+    if not isinstance(entry, dict):
+        return None
+    get = entry.get
+    path, digest, size = get("path"), get("digest"), get("size", 0)
+    if not (isinstance(path, str) and isinstance(digest, str) and len(digest) == 64
+            and _hex64(digest) is not None):
+        return None
+    if type(size) is not int or not 0 <= size <= MAX_BLOB_BYTES:
+        if not _is_size(size):
+            return None
+        size = size_of(size)
+    made = _new(OutputEntry)
+    made.__dict__.update(path=path, digest=digest, size=size, executable=bool(get("x")))
+    return made
 
 
 def _is_size(value: Any) -> bool:
@@ -329,9 +399,7 @@ def admit(record: Any, key: str, parts: Any, origin: str = "local"
 def check_entry(record: Any, key: str) -> ActionResult:
     """The ``ActionResult`` of an entry the local store read for ``key`` (its origin as
     recorded), checked as ``check_result`` checks a remote one. Raises ``Refused``."""
-    origin = "remote" if isinstance(record, dict) and record.get("origin") == "remote" \
-        else "local"
-    return check_result(record, origin)
+    return check_result(record, None)
 
 
 def describe(key: str, refused: Refused) -> str:
@@ -341,5 +409,5 @@ def describe(key: str, refused: Refused) -> str:
 
 __all__ = ["MAX_BLOB_BYTES", "MAX_DEPTH", "Refused", "admit", "bound_parts", "check_entry",
            "check_parts", "check_result", "describe", "is_digest", "key_of", "load_json",
-           "safe_path", "size_of"]
+           "safe_path", "size_of", "unsafe_name"]
 

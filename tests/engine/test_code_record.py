@@ -10,8 +10,8 @@ import hashlib
 import os
 
 try:
-    from qbuild.core.files import SourceDigests
     from qbuild.keys import code as _code
+    from qbuild.store.digests import SourceDigests
 except ImportError:  # the flat layout of 05cd88b
     from qbuild._digest import SourceDigests  # type: ignore[no-redef]
 

@@ -6,8 +6,9 @@ import threading
 
 import pytest
 
+from qbuild.build import materialize as _materialize
+from qbuild.build import outcomes as _outcomes
 from qbuild.build import rebuild as _rebuild
-from qbuild.build import run as _build
 from qbuild.core.files import has_reflinks
 
 
@@ -55,8 +56,8 @@ def test_outputs_are_placed_while_other_actions_run_and_keying_overlaps_them(
     ws.write("p/BUILD.toml", "\n".join(
         f'[g{i}]\nrule = "filegroup"\nsrcs = ["f{i}.txt"]\n' for i in range(20)))
     events: list[tuple[str, str]] = []
-    prepare, submit = _build.Build.prepare, _rebuild.Rebuilder.submit
-    place_early = _build.Build._place_early
+    prepare, submit = _outcomes.Outcomes.prepare, _rebuild.Rebuilder.submit
+    place_early = _materialize.Materializer.place_early
 
     def spy_prepare(self, label):
         events.append(("keyed", str(label)))
@@ -70,9 +71,9 @@ def test_outputs_are_placed_while_other_actions_run_and_keying_overlaps_them(
         events.append(("placed in " + threading.current_thread().name, str(label)))
         return place_early(self, label, result)
 
-    monkeypatch.setattr(_build.Build, "prepare", spy_prepare)
+    monkeypatch.setattr(_outcomes.Outcomes, "prepare", spy_prepare)
     monkeypatch.setattr(_rebuild.Rebuilder, "submit", spy_submit)
-    monkeypatch.setattr(_build.Build, "_place_early", spy_place)
+    monkeypatch.setattr(_materialize.Materializer, "place_early", spy_place)
     result = ws.build("//p:*", jobs=1)
     assert result.ok and len(result.ran) == 20, result.error
     keyed = [i for i, (what, _label) in enumerate(events) if what == "keyed"]

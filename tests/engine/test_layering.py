@@ -186,3 +186,15 @@ def test_no_import_cycles_in_the_plugins():
         if (folder / "__init__.py").exists():
             found += _cycles(_package_graph(folder, folder.name))
     assert found == []
+
+
+def test_a_cold_build_calls_no_module_back_and_nothing_up():
+    """At run time too the engine calls downwards: in a traced cold build
+    (``bench/trace_cold_build.py``: every call between two engine modules) no two
+    modules call each other both ways (a callback into the module that called is a
+    cycle in time: hand the callee what it needs, or move the function to the module
+    that owns its concern) and no module calls a function of a higher layer."""
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "trace_cold_build.py")],
+                         capture_output=True, text=True, check=True).stdout
+    assert "exit 0:" in out, out
+    assert " 0 module pairs calling each other both ways, 0 calls up the layering" in out, out

@@ -26,15 +26,12 @@ def schedule(graph: dict[str, list[str]], *, jobs: int = 1, cpu: int = 64,
     plan and scheduler; returns the fake executor and what the callbacks saw."""
     order = [_label(name) for name in graph]
     plan = Plan(order, {_label(n): [_label(d) for d in deps] for n, deps in graph.items()},
-                weight=lambda label: 0 if label.name in groups else 1)
+                groups=[label for label in order if label.name in groups])
     fake = FakeExecutor(durations={f"//p:{k}": v for k, v in (durations or {}).items()},
                         fail={f"//p:{name}" for name in fail})
     seen: dict[str, list] = {"hit": [], "ok": [], "failed": [], "skipped": []}
 
     class Targets:  # the build's side of scheduler.Targets, recording what it saw
-        def is_group(self, label: Label) -> bool:
-            return label.name in groups
-
         def prepare(self, label: Label) -> TargetActions | bool:
             if label.name in hits:
                 seen["hit"].append(label.name)

@@ -305,12 +305,12 @@ def test_placing_and_staging_refuse_a_path_outside_the_folder_whoever_hands_it_o
         tmp_path):
     from qbuild.build.materialize import Materializer
     from qbuild.build.state import WorkspaceState
-    from qbuild.core.files import SourceDigests
     from qbuild.core.labels import parse_label
     from qbuild.core.records import ActionResult, OutputEntry
     from qbuild.execution.actions import _stage_dep
     from qbuild.execution.failures import ActionFailed
     from qbuild.execution.sandbox import Sandboxes
+    from qbuild.store.digests import SourceDigests
 
     source = tmp_path / "f"
     source.write_bytes(b"payload")

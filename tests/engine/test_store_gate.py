@@ -60,6 +60,22 @@ def test_paths_outside_or_unnormalized_are_refused(path):
         gate.check_result(record(path))
 
 
+def test_names_judged_once_per_process_are_judged_the_same_again():
+    """Accepted names are remembered (``_SAFE``), refused ones never: a declared folder
+    "d/" accepted does not make "d/" an output's path, and a bad name is refused on
+    every entry naming it, however often a good one was seen beside it."""
+    for _ in range(2):
+        assert gate.check_result(record("d/a", declared=["d/"])).outputs
+        assert gate.unsafe_name(gate.check_result(record("d/a", declared=["d/"]))) is None
+        for bad in (record("d/", declared=["d/"]), record("../d/a", declared=["d/"]),
+                    record("d/a", declared=["d//"]), record("ok", declared=["ok", ".."])):
+            with pytest.raises(gate.Refused):
+                gate.check_result(bad)
+    placed = gate.check_result(record("x/y"))
+    object.__setattr__(placed, "declared", ("..",))  # whoever hands it on after the gate
+    assert gate.unsafe_name(placed) == ".."
+
+
 def test_files_inside_files_and_undeclared_or_missing_outputs_are_refused():
     assert gate.check_result(record("d/a", "d/b", declared=["d/"])).outputs
     for bad in (record("a", "a/b", declared=["a", "a/"]), record("a", declared=["b"]),

@@ -29,7 +29,7 @@ def test_installed_third_party_plugin_is_found_and_builds(tmp_path):
     assert (ws / "qbuild-out/docs/@words/words.count").read_text() == "6\n"
     # A wheel install: the rule's code is identified by the RECORD hashes, not re-hashed.
     probe = ("from qbuild.keys.code import CodeDigests\n"
-             "from qbuild.core.files import SourceDigests\n"
+             "from qbuild.store.digests import SourceDigests\n"
              "class Memo:\n"
              "    def memo_get(self, key): return None\n"
              "    def memo_put(self, key, digest): pass\n"
