@@ -151,8 +151,9 @@ def test_the_search_s_timing_reports_its_progress(ws, monkeypatch):
     assert r.actions["//m:auto"]["Time"] == "ran"
     latency = json.loads(next(p for p in r.outputs("//m:auto")
                               if p.name == "latency.json").read_text())
-    models = len(latency["candidates"]) + 2  # and the float model and its twin
-    assert models == 4  # u8, u8_per_tensor
-    # each model loaded, then (3 warm-up + 2) rounds of every model
-    done = models + (3 + 2) * models
+    # two sessions of each candidate (u8, u8_per_tensor), the float model and its twin
+    assert len(latency["candidates"]) == 2
+    sessions = 2 * len(latency["candidates"]) + 2
+    # each session loaded, then (3 warm-up + 2) rounds of every session
+    done = sessions + (3 + 2) * sessions
     assert seen == [None, (done, done), None, None]  # Trials, Time, Select, Copy
