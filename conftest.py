@@ -1,8 +1,8 @@
 """Settings of the whole test session: how many pytest-xdist workers ``-n auto`` starts and
 the order in which test files reach them.
 
-Tests wait on subprocesses, servers and the disk for about a third of their time, so one
-worker per core leaves cores idle: ``-n auto`` starts one and a half workers per core
+Tests wait on subprocesses, servers and the disk part of the time (with one worker per
+core the cores were idle a sixth of the run), so ``-n auto`` starts one and a half workers per core
 (the README's command caps them at 4). On 2 cores, quiet, the whole suite took 5 min 6 s
 with 2 workers, 4 min 39 s with 3 and 5 min 42 s with 4 (2026-11-28, one run each; 8.6
 CPU-minutes with 2 or 3 workers, 10.9 with 4: more workers than that only contend).
