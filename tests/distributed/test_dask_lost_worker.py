@@ -12,9 +12,9 @@ import time
 
 import dist_rules
 import pytest
-from conftest import ENGINE_TESTS, HERE
 from test_summary_last import summary_is_last
 
+from conftest import ENGINE_TESTS, HERE
 from qbuild.testing import Workspace
 
 

@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 import toy_rules
-from conftest import ENGINE_TESTS, HERE
 
+from conftest import ENGINE_TESTS, HERE
 from qbuild.testing import Workspace
 
 REPO = Path(__file__).resolve().parents[2]
