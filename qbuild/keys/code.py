@@ -155,6 +155,33 @@ def _unit_files(unit: str) -> tuple[Path, list[Path]] | None:
     return None
 
 
+def drop_stale_bytecode(source: str, st: os.stat_result) -> None:
+    """Delete ``source``'s cached bytecode when Python would run it although the file
+    changed after it was written. Python trusts a ``.pyc`` whose header names the
+    source's size and mtime in whole seconds, so an edit that keeps the size within the
+    second the ``.pyc`` was written (a rule file saved twice, ``one`` to ``two``) runs
+    the old code under a key made from the new: a wrong artifact. A ``.pyc`` written
+    after the source's last change (a later mtime) is kept; one written in the same
+    clock tick or before is dropped, and the next import compiles the source."""
+    try:
+        cached = importlib.util.cache_from_source(source)
+        cached_st = os.stat(cached)
+    except (OSError, ValueError, NotImplementedError):
+        return
+    if cached_st.st_mtime_ns > st.st_mtime_ns:
+        return
+    try:
+        with open(cached, "rb") as f:
+            header = f.read(16)
+        if len(header) < 16 or int.from_bytes(header[4:8], "little") != 0:
+            return  # a hash-based .pyc: Python checks it by the source's content
+        if (int.from_bytes(header[8:12], "little") == (int(st.st_mtime) & 0xFFFFFFFF)
+                and int.from_bytes(header[12:16], "little") == (st.st_size & 0xFFFFFFFF)):
+            os.unlink(cached)
+    except OSError:
+        pass
+
+
 class CodeDigests:
     """Digests of code units for one command, hashing through the stat memo."""
 
@@ -177,6 +204,8 @@ class CodeDigests:
             if record is not None and record[1] == st.st_size and installed is not None \
                     and st.st_ctime_ns < installed:
                 return record[0]
+        if real.endswith(".py"):
+            drop_stale_bytecode(real, st)
         return self._digests.digest(path)[0]
 
     def unit(self, unit: str) -> tuple[str, dict[str, str]]:

@@ -3,10 +3,12 @@ the label, the dependency's output order, the command rule's tools; and what it 
 out (nothing a rule can see)."""
 
 import importlib
+import importlib.util
 import os
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -108,7 +110,11 @@ def test_code_named_by_string_at_run_time_is_keyed(ws, plugin, tmp_path):
     name, _ = plugin
     ws.write("p/BUILD.toml", f'[c]\nrule = "call_by_name"\nfn = "{name}_named:make"\n')
     assert ws.build("//p:c").output("//p:c").read_text() == "one"
-    (tmp_path / "plugins" / f"{name}_named.py").write_text("def make():\n    return 'two'\n")
+    named = tmp_path / "plugins" / f"{name}_named.py"
+    named.write_text("def make():\n    return 'two'\n")
+    # this process imports it afresh, as the next command's would (a same-size edit in
+    # the second its .pyc was written: the keying drops that .pyc, after the reload here)
+    Path(importlib.util.cache_from_source(str(named))).unlink(missing_ok=True)
     importlib.reload(importlib.import_module(f"{name}_named"))
     again = ws.build("//p:c")
     assert again.ran == ["//p:c"]
@@ -245,3 +251,31 @@ def test_the_command_line_sees_a_different_tool_on_path(ws, tmp_path):
     assert ws.cli("build", "//p:t", env={"PATH": f"{one}:{base}"}).code == 0
     assert ws.cli("build", "//p:t", env={"PATH": f"{two}:{base}"}).code == 0
     assert out.read_text() == "two\n"
+
+
+def test_bytecode_python_would_trust_after_a_same_size_edit_is_dropped(tmp_path):
+    """A .pyc names its source's size and mtime in whole seconds: an edit keeping both
+    would run the old code under the new code's key, so keying drops that .pyc."""
+    import importlib.util
+    import py_compile
+
+    from qbuild.keys.code import drop_stale_bytecode
+
+    source = tmp_path / "rule_code.py"
+    source.write_text("VALUE = 'one'\n")
+    cached = Path(py_compile.compile(str(source), doraise=True,
+                                     invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP))
+    assert cached == Path(importlib.util.cache_from_source(str(source)))
+    written = os.stat(cached).st_mtime_ns
+    source.write_text("VALUE = 'two'\n")  # same size
+    os.utime(source, ns=(written, written))  # the same clock tick as the .pyc
+    drop_stale_bytecode(str(source), os.stat(source))
+    assert not cached.exists()
+    # a .pyc written after the source's last change is kept
+    cached = Path(py_compile.compile(str(source), doraise=True,
+                                     invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP))
+    later = os.stat(cached).st_mtime_ns
+    os.utime(source, ns=(later - 1_000_000, later - 1_000_000))
+    os.utime(cached, ns=(later, later))
+    drop_stale_bytecode(str(source), os.stat(source))
+    assert cached.exists()
