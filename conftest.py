@@ -12,27 +12,13 @@ collection order. A long file collected last leaves one core idle while the othe
 finishes it, so the files known to take longest go first (longest-processing-time-first
 scheduling); every other file keeps pytest's order. The list only orders: a file missing
 from it, or a name that no longer exists, changes the suite's duration, never its result.
-
-Under ``PYTHONDONTWRITEBYTECODE`` (some CI sandboxes set it) no process writes bytecode, so
-each of the hundreds of Python processes the tests start (the command line, action
-workers, servers) compiled the engine and plugins from source: 10.2 CPU-minutes against
-8.2 with bytecode on a fresh clone (5 min 54 s against 4 min 59 s). The session then
-compiles them once into a temporary ``PYTHONPYCACHEPREFIX`` that every process it starts
-reads, and the checkout stays as clean as the variable asks.
 """
 
 from __future__ import annotations
 
-import compileall
 import os
-import shutil
-import sys
-import tempfile
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parent
 
 # Longest first, by the summed durations of a full run (``--junitxml``), 2026-11-28.
 SLOWEST_FILES = (
@@ -63,18 +49,6 @@ SLOWEST_FILES = (
     "tests/lower/test_lower_tables.py",
     "tests/onnx_source/test_src_splits.py",
 )
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    if (not sys.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX")
-            or os.environ.get("PYTEST_XDIST_WORKER")):
-        return
-    prefix = tempfile.mkdtemp(prefix="qbuild-tests-pycache-")
-    config.add_cleanup(lambda: shutil.rmtree(prefix, ignore_errors=True))
-    os.environ["PYTHONPYCACHEPREFIX"] = prefix
-    sys.pycache_prefix = prefix
-    for folder in ("qbuild", "plugins"):
-        compileall.compile_dir(ROOT / folder, quiet=2, workers=0)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
